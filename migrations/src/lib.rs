@@ -1,0 +1,76 @@
+//! SeaORM migrations for the outbox SDK's tables: `outbox_event` and `inbox_event`.
+//!
+//! Two ways to apply them:
+//!
+//! - apps without a migrator call [`migrate`], which records what it applied in its own table,
+//!   `outbox_migrations`, so it never clashes with an app's `seaql_migrations`;
+//! - apps with a SeaORM `MigratorTrait` compose [`migrations`] into their own list:
+//!
+//! ```ignore
+//! impl MigratorTrait for Migrator {
+//!     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+//!         let mut all = outbox::migrations();
+//!         all.push(Box::new(m20260101_000001_create_orders::Migration));
+//!         all
+//!     }
+//! }
+//! ```
+//!
+//! Migration names are namespaced (`outbox_0001_…`) and never change once released.
+
+use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::{DatabaseConnection, DbBackend};
+
+mod m0001_outbox_event;
+mod m0002_inbox_event;
+
+/// Every migration of the SDK, in order, for composing into an application's `Migrator`.
+pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+    vec![
+        Box::new(m0001_outbox_event::Migration),
+        Box::new(m0002_inbox_event::Migration),
+    ]
+}
+
+/// A migrator for the SDK's tables alone, tracked in `outbox_migrations`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        migrations()
+    }
+
+    fn migration_table_name() -> DynIden {
+        "outbox_migrations".into_iden()
+    }
+}
+
+/// Apply every pending SDK migration (idempotent).
+pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
+    Migrator::up(db, None).await
+}
+
+/// Run each statement of a backend's script in order.
+async fn run_script(manager: &SchemaManager<'_>, script: &[&str]) -> Result<(), DbErr> {
+    let conn = manager.get_connection();
+    for stmt in script {
+        conn.execute_unprepared(stmt).await?;
+    }
+    Ok(())
+}
+
+/// Pick the script for the connection's backend.
+fn script_for<'a>(
+    backend: DbBackend,
+    postgres: &'a [&'a str],
+    mysql: &'a [&'a str],
+    sqlite: &'a [&'a str],
+) -> &'a [&'a str] {
+    match backend {
+        DbBackend::Postgres => postgres,
+        DbBackend::MySql => mysql,
+        _ => sqlite,
+    }
+}

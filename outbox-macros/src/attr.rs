@@ -1,0 +1,318 @@
+//! Parsing of `#[event(...)]` attributes, on the struct and on its fields.
+//!
+//! Parsing never stops at the first mistake: an error is recorded, the parser skips to the next
+//! `,` and goes on, so every wrong key is reported at once.
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use syn::ext::IdentExt;
+use syn::parse::ParseStream;
+use syn::{Attribute, Error, Ident, Lit, LitInt, LitStr, Token};
+
+mod kw {
+    syn::custom_keyword!(name);
+    syn::custom_keyword!(aggregate);
+    syn::custom_keyword!(version);
+    syn::custom_keyword!(aggregate_id);
+    syn::custom_keyword!(dedup_key);
+    syn::custom_keyword!(aggregate_version);
+}
+
+/// The keys accepted on the struct, for "expected one of" messages.
+const CONTAINER_KEYS: &str = "`name`, `aggregate`, `version`, `crate`";
+/// The keys accepted on a field, for "expected one of" messages.
+const FIELD_KEYS: &str = "`aggregate_id`, `dedup_key`, `aggregate_version`";
+
+/// The struct's `#[event(...)]` keys as written, before validation.
+#[derive(Default)]
+pub(crate) struct Container {
+    /// Whether the struct has at least one `#[event(...)]` attribute.
+    pub(crate) present: bool,
+    /// Whether parsing one of them failed (then "missing key" errors would only be noise).
+    pub(crate) has_errors: bool,
+    /// Whether the `crate` key itself was unusable (then even the fallback cannot name the crate).
+    pub(crate) crate_failed: bool,
+    pub(crate) name: Option<LitStr>,
+    pub(crate) aggregate: Option<LitStr>,
+    pub(crate) version: Option<LitInt>,
+    pub(crate) krate: Option<LitStr>,
+}
+
+/// What a field marked with `#[event(...)]` stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    AggregateId,
+    DedupKey,
+    AggregateVersion,
+}
+
+impl Role {
+    /// The key as written in `#[event(...)]`.
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Role::AggregateId => "aggregate_id",
+            Role::DedupKey => "dedup_key",
+            Role::AggregateVersion => "aggregate_version",
+        }
+    }
+}
+
+/// One role key on a field, with the span of the keyword.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RoleAttr {
+    pub(crate) role: Role,
+    pub(crate) span: Span,
+}
+
+/// A field's `#[event(...)]` keys as written, before validation.
+#[derive(Default)]
+pub(crate) struct FieldAttrs {
+    pub(crate) roles: Vec<RoleAttr>,
+    pub(crate) has_errors: bool,
+}
+
+fn is_event(attr: &Attribute) -> bool {
+    attr.path().is_ident("event")
+}
+
+/// Parses every `#[event(...)]` on the struct, pushing each mistake onto `errors`.
+pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Vec<Error>) -> Container {
+    let mut container = Container::default();
+    for attr in attrs.iter().filter(|attr| is_event(attr)) {
+        container.present = true;
+        let before = errors.len();
+        let list = match attr.meta.require_list() {
+            Ok(list) => list,
+            Err(_) => {
+                errors.push(Error::new_spanned(
+                    &attr.meta,
+                    "expected #[event(name = \"...\", aggregate = \"...\")]",
+                ));
+                container.has_errors = true;
+                continue;
+            }
+        };
+        let parsed = list.parse_args_with(|input: ParseStream<'_>| {
+            parse_items(input, errors, |input| {
+                parse_container_item(input, &mut container)
+            })
+        });
+        if let Err(error) = parsed {
+            errors.push(error);
+        }
+        if errors.len() > before {
+            container.has_errors = true;
+        }
+    }
+    container
+}
+
+/// Parses every `#[event(...)]` on a field, pushing each mistake onto `errors`.
+pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Vec<Error>) -> FieldAttrs {
+    let mut field = FieldAttrs::default();
+    for attr in attrs.iter().filter(|attr| is_event(attr)) {
+        let before = errors.len();
+        match attr.meta.require_list() {
+            Ok(list) => {
+                let parsed = list.parse_args_with(|input: ParseStream<'_>| {
+                    parse_items(input, errors, |input| {
+                        parse_field_item(input, &mut field.roles)
+                    })
+                });
+                if let Err(error) = parsed {
+                    errors.push(error);
+                }
+            }
+            Err(_) => errors.push(Error::new_spanned(
+                &attr.meta,
+                "expected #[event(aggregate_id)], #[event(dedup_key)] or #[event(aggregate_version)]",
+            )),
+        }
+        if errors.len() > before {
+            field.has_errors = true;
+        }
+    }
+    field
+}
+
+/// Runs `item` over a comma-separated list; on an error, records it and skips to the next comma.
+fn parse_items(
+    input: ParseStream<'_>,
+    errors: &mut Vec<Error>,
+    mut item: impl FnMut(ParseStream<'_>) -> syn::Result<()>,
+) -> syn::Result<()> {
+    while !input.is_empty() {
+        if let Err(error) = item(input) {
+            errors.push(error);
+            skip_to_comma(input)?;
+        }
+        if input.is_empty() {
+            break;
+        }
+        if !input.peek(Token![,]) {
+            // A well-formed item was followed by something other than `,`.
+            let rest = take_until_comma(input)?;
+            errors.push(Error::new_spanned(rest, "expected `,` between keys"));
+            continue;
+        }
+        input.parse::<Token![,]>()?;
+    }
+    Ok(())
+}
+
+fn parse_container_item(input: ParseStream<'_>, c: &mut Container) -> syn::Result<()> {
+    if input.peek(kw::name) {
+        let key = input.parse::<kw::name>()?;
+        let lit = string_value(input, key.span, "name", "name = \"order.placed\"")?;
+        set_once(&mut c.name, lit, key.span, "name")
+    } else if input.peek(kw::aggregate) {
+        let key = input.parse::<kw::aggregate>()?;
+        let lit = string_value(input, key.span, "aggregate", "aggregate = \"order\"")?;
+        set_once(&mut c.aggregate, lit, key.span, "aggregate")
+    } else if input.peek(kw::version) {
+        let key = input.parse::<kw::version>()?;
+        let lit = int_value(input, key.span, "version", "version = 2")?;
+        set_once(&mut c.version, lit, key.span, "version")
+    } else if input.peek(Token![crate]) {
+        let key = input.parse::<Token![crate]>()?;
+        let lit = string_value(input, key.span, "crate", "crate = \"my_outbox\"")
+            .inspect_err(|_| c.crate_failed = true)?;
+        set_once(&mut c.krate, lit, key.span, "crate")
+    } else {
+        let key = input.call(Ident::parse_any).map_err(|_| {
+            Error::new(
+                input.span(),
+                format!("expected a key; expected one of {CONTAINER_KEYS}"),
+            )
+        })?;
+        let hint = match key.to_string().as_str() {
+            "aggregate_id" | "dedup_key" | "aggregate_version" => {
+                format!("; `{key}` goes on a field: #[event({key})]")
+            }
+            _ => String::new(),
+        };
+        Err(Error::new(
+            key.span(),
+            format!("unknown key `{key}`; expected one of {CONTAINER_KEYS}{hint}"),
+        ))
+    }
+}
+
+fn parse_field_item(input: ParseStream<'_>, roles: &mut Vec<RoleAttr>) -> syn::Result<()> {
+    let (role, span) = if input.peek(kw::aggregate_id) {
+        (Role::AggregateId, input.parse::<kw::aggregate_id>()?.span)
+    } else if input.peek(kw::dedup_key) {
+        (Role::DedupKey, input.parse::<kw::dedup_key>()?.span)
+    } else if input.peek(kw::aggregate_version) {
+        (Role::AggregateVersion, input.parse::<kw::aggregate_version>()?.span)
+    } else {
+        let key = input.call(Ident::parse_any).map_err(|_| {
+            Error::new(
+                input.span(),
+                format!("expected a key; expected one of {FIELD_KEYS}"),
+            )
+        })?;
+        let hint = match key.to_string().as_str() {
+            "name" | "aggregate" | "version" | "crate" => {
+                format!("; `{key}` goes on the struct's #[event(...)]")
+            }
+            _ => String::new(),
+        };
+        return Err(Error::new(
+            key.span(),
+            format!("unknown key `{key}`; expected one of {FIELD_KEYS}{hint}"),
+        ));
+    };
+    if !input.is_empty() && !input.peek(Token![,]) {
+        let key = role.key();
+        return Err(Error::new(
+            span,
+            format!("`{key}` takes no value: write #[event({key})]"),
+        ));
+    }
+    roles.push(RoleAttr { role, span });
+    Ok(())
+}
+
+/// Records the first value of a key; a second one is an error on its key.
+fn set_once<T>(slot: &mut Option<T>, value: T, key_span: Span, key: &str) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(Error::new(
+            key_span,
+            format!("`{key}` specified more than once"),
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// Parses `= <tokens up to the next comma>` after a key.
+fn value(input: ParseStream<'_>, key_span: Span, key: &str, example: &str) -> syn::Result<Lit> {
+    if !input.peek(Token![=]) {
+        return Err(Error::new(
+            key_span,
+            format!("`{key}` needs a value: `{example}`"),
+        ));
+    }
+    let eq = input.parse::<Token![=]>()?;
+    let tokens = take_until_comma(input)?;
+    if tokens.is_empty() {
+        return Err(Error::new(
+            eq.span,
+            format!("expected a value after `{key} =`, e.g. `{example}`"),
+        ));
+    }
+    syn::parse2::<Lit>(tokens.clone()).map_err(|_| not_a_literal(&tokens, key, example))
+}
+
+fn not_a_literal(tokens: &TokenStream, key: &str, example: &str) -> Error {
+    let kind = if key == "version" {
+        "an integer literal"
+    } else {
+        "a string literal"
+    };
+    Error::new_spanned(tokens, format!("`{key}` must be {kind}, e.g. `{example}`"))
+}
+
+fn string_value(
+    input: ParseStream<'_>,
+    key_span: Span,
+    key: &str,
+    example: &str,
+) -> syn::Result<LitStr> {
+    match value(input, key_span, key, example)? {
+        Lit::Str(lit) => Ok(lit),
+        other => Err(not_a_literal(&quote::quote!(#other), key, example)),
+    }
+}
+
+fn int_value(
+    input: ParseStream<'_>,
+    key_span: Span,
+    key: &str,
+    example: &str,
+) -> syn::Result<LitInt> {
+    match value(input, key_span, key, example)? {
+        Lit::Int(lit) => Ok(lit),
+        other => Err(not_a_literal(&quote::quote!(#other), key, example)),
+    }
+}
+
+/// Consumes and returns the tokens up to (not including) the next top-level `,`.
+fn take_until_comma(input: ParseStream<'_>) -> syn::Result<TokenStream> {
+    input.step(|cursor| {
+        let mut rest = *cursor;
+        let mut tokens = TokenStream::new();
+        while let Some((tt, next)) = rest.token_tree() {
+            if matches!(&tt, TokenTree::Punct(punct) if punct.as_char() == ',') {
+                break;
+            }
+            tokens.extend([tt]);
+            rest = next;
+        }
+        Ok((tokens, rest))
+    })
+}
+
+fn skip_to_comma(input: ParseStream<'_>) -> syn::Result<()> {
+    take_until_comma(input).map(drop)
+}

@@ -1,0 +1,46 @@
+//! Runtime of the outbox SDK.
+//!
+//! Use it through the `outbox` crate, which re-exports everything here together with the macros and
+//! the migrations. Module map:
+//!
+//! - [`event`]: the [`DomainEvent`] trait and the compile-time event catalogue;
+//! - [`envelope`]: the CloudEvents 1.0 JSON envelope every event travels in;
+//! - [`trace`]: the W3C trace context captured at enqueue;
+//! - [`outbox`](mod@outbox): the [`Outbox`] handle that begins transactions and wakes the relay;
+//! - [`transaction`]: [`OutboxTransaction`], which writes buffered events right before `COMMIT`;
+//! - [`store`]: the SQL the SDK runs, per backend (PostgreSQL, MySQL/MariaDB, SQLite);
+//! - [`registry`]: start-up checks over everything the macros registered.
+
+pub mod envelope;
+pub mod error;
+pub mod event;
+pub mod outbox;
+pub mod registry;
+pub mod store;
+pub mod trace;
+pub mod transaction;
+
+pub use envelope::{Envelope, EnvelopeError};
+pub use error::{EnqueueError, OutboxError, TransactionError};
+pub use event::{DomainEvent, EventId, EventRegistration};
+pub use outbox::{Outbox, OutboxBuilder, WakeReceiver};
+pub use trace::{TraceContext, TraceContextError};
+pub use transaction::{CommitReport, Headers, OutboxTransaction, SkippedEvent};
+
+/// Items the macros' generated code uses. Not public API: no stability guarantees.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::event::{
+        AggregateVersionValue, DedupKeyValue, DomainEvent, EventRegistration,
+    };
+    pub use inventory;
+    pub use serde;
+    pub use serde_json;
+    pub use sea_orm;
+    pub use std::{
+        boxed::Box,
+        option::Option::{self, None, Some},
+        result::Result::{self, Err, Ok},
+        string::{String, ToString},
+    };
+}

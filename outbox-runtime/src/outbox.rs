@@ -1,0 +1,319 @@
+//! The [`Outbox`] handle: configuration, transactions, and the wake-up signals for relays.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, SqliteTransactionMode, TransactionOptions,
+    TransactionTrait,
+};
+use tokio::sync::watch;
+
+use crate::{
+    error::{OutboxError, TransactionError},
+    transaction::OutboxTransaction,
+};
+
+/// Default PostgreSQL channel relays `LISTEN` on.
+pub const DEFAULT_NOTIFY_CHANNEL: &str = "outbox_event";
+
+/// Handle to the outbox of one service: begins [`OutboxTransaction`]s and wakes relays.
+///
+/// Cheap to clone; clones share configuration and wake-up signals.
+///
+/// ```no_run
+/// # async fn demo(db: sea_orm::DatabaseConnection) -> Result<(), outbox_runtime::OutboxError> {
+/// use outbox_runtime::Outbox;
+/// let outbox = Outbox::builder("order-service").build();
+/// let tx = outbox.begin(&db).await?;
+/// // ... insert rows with `&tx`, `tx.enqueue(&event)?` ...
+/// let report = tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Outbox {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) source: String,
+    pub(crate) max_payload_bytes: usize,
+    pub(crate) insert_batch_rows: usize,
+    pub(crate) sqlite_immediate: bool,
+    wake: watch::Sender<u64>,
+    notify: Option<CrossProcessHint>,
+}
+
+impl fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox")
+            .field("source", &self.inner.source)
+            .field("max_payload_bytes", &self.inner.max_payload_bytes)
+            .field("insert_batch_rows", &self.inner.insert_batch_rows)
+            .field(
+                "notify_channel",
+                &self.inner.notify.as_ref().map(|n| &n.channel),
+            )
+            .finish()
+    }
+}
+
+/// Builder for [`Outbox`].
+#[derive(Debug, Clone)]
+pub struct OutboxBuilder {
+    source: String,
+    max_payload_bytes: usize,
+    insert_batch_rows: usize,
+    notify_channel: Option<String>,
+    notify_interval: Duration,
+    sqlite_immediate: bool,
+}
+
+impl OutboxBuilder {
+    /// Largest serialized payload `enqueue` accepts. Default 1 MiB (NATS' default `max_payload`).
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Rows per multi-row `INSERT` at commit (1 to 2,000; each backend's bind-parameter limit
+    /// allows more). Default 500.
+    pub fn insert_batch_rows(mut self, rows: usize) -> Self {
+        self.insert_batch_rows = rows.clamp(1, 2_000);
+        self
+    }
+
+    /// The PostgreSQL channel for the cross-process wake-up hint, `None` to send none.
+    /// Default [`DEFAULT_NOTIFY_CHANNEL`]. Ignored on other backends.
+    pub fn notify_channel(mut self, channel: Option<&str>) -> Self {
+        self.notify_channel = channel.map(str::to_owned);
+        self
+    }
+
+    /// At most one cross-process hint per this interval per process. Default 5 ms.
+    ///
+    /// A `NOTIFY` inside every transaction serializes commits; the hint is sent after commit, on
+    /// its own connection, and coalesced.
+    pub fn notify_interval(mut self, interval: Duration) -> Self {
+        self.notify_interval = interval;
+        self
+    }
+
+    /// Begin SQLite transactions with `BEGIN IMMEDIATE` (default `true`), so a transaction that
+    /// reads before it writes cannot fail with `SQLITE_BUSY` on its first write.
+    pub fn sqlite_immediate(mut self, immediate: bool) -> Self {
+        self.sqlite_immediate = immediate;
+        self
+    }
+
+    /// Build the handle.
+    pub fn build(self) -> Outbox {
+        let (wake, _) = watch::channel(0);
+        let notify = self.notify_channel.and_then(|channel| {
+            is_valid_channel(&channel).then(|| CrossProcessHint {
+                sql: format!("NOTIFY {channel}"),
+                channel,
+                interval: self.notify_interval,
+                last: Mutex::new(None),
+            })
+        });
+        Outbox {
+            inner: Arc::new(Inner {
+                source: self.source,
+                max_payload_bytes: self.max_payload_bytes,
+                insert_batch_rows: self.insert_batch_rows,
+                sqlite_immediate: self.sqlite_immediate,
+                wake,
+                notify,
+            }),
+        }
+    }
+}
+
+fn is_valid_channel(channel: &str) -> bool {
+    let ok = !channel.is_empty()
+        && channel.len() < 64
+        && channel
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !channel.as_bytes()[0].is_ascii_digit();
+    if !ok {
+        tracing::warn!(
+            channel,
+            "outbox notify channel must be a lowercase SQL identifier; cross-process hints are off"
+        );
+    }
+    ok
+}
+
+impl Outbox {
+    /// A handle for the service `source` (the CloudEvents `source` of every event it enqueues,
+    /// e.g. `order-service` or `/orders`) with default settings.
+    pub fn new(source: impl Into<String>) -> Self {
+        Self::builder(source).build()
+    }
+
+    /// Configure a handle for the service `source`.
+    pub fn builder(source: impl Into<String>) -> OutboxBuilder {
+        OutboxBuilder {
+            source: source.into(),
+            max_payload_bytes: 1024 * 1024,
+            insert_batch_rows: 500,
+            notify_channel: Some(DEFAULT_NOTIFY_CHANNEL.to_owned()),
+            notify_interval: Duration::from_millis(5),
+            sqlite_immediate: true,
+        }
+    }
+
+    /// The CloudEvents `source` of this service's events.
+    pub fn source(&self) -> &str {
+        &self.inner.source
+    }
+
+    /// The PostgreSQL channel of the cross-process hint, if on.
+    pub fn notify_channel(&self) -> Option<&str> {
+        self.inner.notify.as_ref().map(|n| n.channel.as_str())
+    }
+
+    /// Begin a transaction whose events are written right before it commits.
+    pub async fn begin(&self, db: &DatabaseConnection) -> Result<OutboxTransaction, OutboxError> {
+        let mut options = TransactionOptions::default();
+        if db.get_database_backend() == DbBackend::Sqlite && self.inner.sqlite_immediate {
+            options.sqlite_transaction_mode = Some(SqliteTransactionMode::Immediate);
+        }
+        self.begin_with_options(db, options).await
+    }
+
+    /// Begin with an isolation level, access mode or SQLite mode of your choice.
+    pub async fn begin_with_options(
+        &self,
+        db: &DatabaseConnection,
+        options: TransactionOptions,
+    ) -> Result<OutboxTransaction, OutboxError> {
+        let txn = db.begin_with_options(options).await?;
+        Ok(OutboxTransaction::root(self.clone(), db.clone(), txn))
+    }
+
+    /// Run `f` in a transaction: commit its rows and events on `Ok`, roll back both on `Err`.
+    ///
+    /// ```no_run
+    /// # async fn demo(outbox: outbox_runtime::Outbox, db: sea_orm::DatabaseConnection) {
+    /// let n: Result<u64, outbox_runtime::TransactionError<sea_orm::DbErr>> = outbox
+    ///     .transaction(&db, |tx| Box::pin(async move {
+    ///         // insert rows with `tx`, `tx.enqueue(&event)`…
+    ///         Ok(1)
+    ///     }))
+    ///     .await;
+    /// # }
+    /// ```
+    pub async fn transaction<F, T, E>(
+        &self,
+        db: &DatabaseConnection,
+        f: F,
+    ) -> Result<T, TransactionError<E>>
+    where
+        F: for<'c> FnOnce(
+                &'c OutboxTransaction,
+            ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>
+            + Send,
+        T: Send,
+        E: Send,
+    {
+        let tx = self.begin(db).await?;
+        match f(&tx).await {
+            Ok(value) => {
+                let _report = tx.commit().await?;
+                Ok(value)
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                Err(TransactionError::Callback(e))
+            }
+        }
+    }
+
+    /// A receiver that changes whenever a transaction of this handle (or a clone) commits events.
+    pub fn subscribe(&self) -> WakeReceiver {
+        WakeReceiver {
+            rx: self.inner.wake.subscribe(),
+        }
+    }
+
+    /// Tell local relays that events were committed, and (PostgreSQL) relays of other processes.
+    pub(crate) fn committed(&self, db: &DatabaseConnection) {
+        self.inner.wake.send_modify(|n| *n = n.wrapping_add(1));
+        if db.get_database_backend() == DbBackend::Postgres {
+            if let Some(hint) = &self.inner.notify {
+                hint.request(db);
+            }
+        }
+    }
+}
+
+/// Wakes a relay when events were committed in this process. Obtained from [`Outbox::subscribe`].
+#[derive(Debug, Clone)]
+pub struct WakeReceiver {
+    rx: watch::Receiver<u64>,
+}
+
+impl WakeReceiver {
+    /// Wait until events are committed after the last call (returns at once if some already were).
+    pub async fn woken(&mut self) {
+        if self.rx.changed().await.is_err() {
+            // Every sender is gone: nothing will commit through this handle any more.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Whether events were committed since the last [`woken`](Self::woken).
+    pub fn has_changed(&self) -> bool {
+        self.rx.has_changed().unwrap_or(false)
+    }
+}
+
+/// The coalesced cross-process wake-up: at most one `NOTIFY` per interval, sent after commit on a
+/// pool connection, never inside the business transaction.
+struct CrossProcessHint {
+    channel: String,
+    sql: String,
+    interval: Duration,
+    /// When the latest hint was (or is scheduled to be) sent.
+    last: Mutex<Option<Instant>>,
+}
+
+impl CrossProcessHint {
+    fn request(&self, db: &DatabaseConnection) {
+        let now = Instant::now();
+        let delay = {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            let delay = match *last {
+                // A hint scheduled after this commit covers it.
+                Some(at) if at > now => return,
+                Some(at) if now.duration_since(at) < self.interval => {
+                    self.interval - now.duration_since(at)
+                }
+                _ => Duration::ZERO,
+            };
+            *last = Some(now + delay);
+            delay
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(send_hint(db.clone(), self.sql.clone(), delay));
+    }
+}
+
+async fn send_hint(db: DatabaseConnection, sql: String, delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if let Err(e) = db.execute_unprepared(&sql).await {
+        tracing::debug!(error = %e, "outbox wake-up hint (NOTIFY) failed; relays fall back to polling");
+    }
+}

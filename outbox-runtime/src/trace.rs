@@ -1,0 +1,156 @@
+//! W3C trace context captured when an event is enqueued and carried in its envelope.
+//!
+//! [`TraceContext::current`] is what `enqueue` records: the context set with
+//! [`TraceContext::scope`] for the running task, or else what a provider installed with
+//! [`set_provider`] returns (the OpenTelemetry integration installs one).
+
+use std::{fmt, sync::OnceLock};
+
+/// A W3C trace context: a validated `traceparent` and an optional `tracestate`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    traceparent: String,
+    tracestate: Option<String>,
+}
+
+/// A `traceparent` or `tracestate` that does not follow the W3C Trace Context format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid trace context: {0}")]
+pub struct TraceContextError(String);
+
+tokio::task_local! {
+    static CURRENT: TraceContext;
+}
+
+static PROVIDER: OnceLock<fn() -> Option<TraceContext>> = OnceLock::new();
+
+/// Install a process-wide source of the current trace context, used when no
+/// [`TraceContext::scope`] is active. Only the first call takes effect; returns whether it did.
+pub fn set_provider(provider: fn() -> Option<TraceContext>) -> bool {
+    PROVIDER.set(provider).is_ok()
+}
+
+impl TraceContext {
+    /// Validate and build a trace context.
+    ///
+    /// `traceparent` is `version-traceid-parentid-flags` in lowercase hex
+    /// (`00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01`); the trace and parent ids may
+    /// not be all zeros.
+    pub fn new(
+        traceparent: impl Into<String>,
+        tracestate: Option<String>,
+    ) -> Result<Self, TraceContextError> {
+        let traceparent = traceparent.into();
+        validate_traceparent(&traceparent)?;
+        if let Some(state) = &tracestate {
+            if state.len() > 512 || !state.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                return Err(TraceContextError(format!(
+                    "tracestate must be at most 512 printable ASCII characters, got {state:?}"
+                )));
+            }
+        }
+        Ok(TraceContext {
+            traceparent,
+            tracestate: tracestate.filter(|s| !s.is_empty()),
+        })
+    }
+
+    /// The `traceparent` header value.
+    pub fn traceparent(&self) -> &str {
+        &self.traceparent
+    }
+
+    /// The `tracestate` header value, if any.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.tracestate.as_deref()
+    }
+
+    /// The 32-hex-digit trace id.
+    pub fn trace_id(&self) -> &str {
+        &self.traceparent[3..35]
+    }
+
+    /// The 16-hex-digit parent (span) id.
+    pub fn parent_id(&self) -> &str {
+        &self.traceparent[36..52]
+    }
+
+    /// The context current for this task: the innermost [`scope`](Self::scope), else the
+    /// installed provider's answer.
+    pub fn current() -> Option<TraceContext> {
+        CURRENT
+            .try_with(Clone::clone)
+            .ok()
+            .or_else(|| PROVIDER.get().and_then(|provider| provider()))
+    }
+
+    /// Run `future` with this context current: events enqueued inside carry it.
+    pub async fn scope<F: Future>(self, future: F) -> F::Output {
+        CURRENT.scope(self, future).await
+    }
+}
+
+impl fmt::Display for TraceContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.traceparent)
+    }
+}
+
+fn validate_traceparent(tp: &str) -> Result<(), TraceContextError> {
+    let err = |why: &str| TraceContextError(format!("traceparent {tp:?} {why}"));
+    let parts: Vec<&str> = tp.split('-').collect();
+    if parts.len() != 4 {
+        return Err(err(
+            "must have four dash-separated fields: version-traceid-parentid-flags",
+        ));
+    }
+    let hex = |s: &str, len: usize| {
+        s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if !hex(parts[0], 2) || parts[0] == "ff" {
+        return Err(err("has an invalid version (two lowercase hex digits, not ff)"));
+    }
+    if !hex(parts[1], 32) || parts[1].bytes().all(|b| b == b'0') {
+        return Err(err("has an invalid trace id (32 lowercase hex digits, not all zero)"));
+    }
+    if !hex(parts[2], 16) || parts[2].bytes().all(|b| b == b'0') {
+        return Err(err("has an invalid parent id (16 lowercase hex digits, not all zero)"));
+    }
+    if !hex(parts[3], 2) {
+        return Err(err("has invalid flags (two lowercase hex digits)"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[test]
+    fn parses_and_rejects() {
+        let ctx = TraceContext::new(TP, Some("congo=t61rcWkgMzE".into())).unwrap();
+        assert_eq!(ctx.trace_id(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(ctx.parent_id(), "b7ad6b7169203331");
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert!(TraceContext::new(bad, None).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn scope_sets_current() {
+        assert_eq!(TraceContext::current(), None);
+        let ctx = TraceContext::new(TP, None).unwrap();
+        let seen = ctx.clone().scope(async { TraceContext::current() }).await;
+        assert_eq!(seen, Some(ctx));
+        assert_eq!(TraceContext::current(), None);
+    }
+}

@@ -1,0 +1,459 @@
+//! [`OutboxTransaction`]: a SeaORM transaction that writes its buffered events right before
+//! `COMMIT` and wakes the relay right after.
+
+use std::{
+    borrow::Cow,
+    collections::BTreeMap,
+    fmt,
+    future::Future,
+    mem,
+    pin::Pin,
+    sync::{Arc, Mutex},
+};
+
+use chrono::{DateTime, SubsecRound, Utc};
+use sea_orm::{
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    ExecResult, IsolationLevel, QueryResult, Statement, TransactionOptions,
+    TransactionSession, TransactionTrait,
+};
+use uuid::Uuid;
+
+use crate::{
+    envelope::{RESERVED_ATTRIBUTES, is_valid_extension_name},
+    error::{EnqueueError, OutboxError},
+    event::{DomainEvent, EventId},
+    outbox::Outbox,
+    store,
+    trace::TraceContext,
+};
+
+/// User headers given at enqueue. They travel as CloudEvents extension attributes, so names are
+/// `a-z0-9`, at most 20 characters, and not one of the SDK's own attributes.
+pub type Headers = BTreeMap<String, String>;
+
+/// Longest aggregate id, dedup key or source the tables hold.
+const MAX_KEY_CHARS: usize = 255;
+
+/// An event serialized at `enqueue`, waiting for commit.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingEvent {
+    pub(crate) event_id: EventId,
+    pub(crate) source: String,
+    pub(crate) event_type: Cow<'static, str>,
+    pub(crate) schema_version: u32,
+    pub(crate) aggregate_type: Cow<'static, str>,
+    pub(crate) aggregate_id: String,
+    pub(crate) aggregate_version: Option<i64>,
+    pub(crate) dedup_key: Option<String>,
+    pub(crate) payload: String,
+    pub(crate) headers: String,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+impl PendingEvent {
+    pub(crate) fn skipped(&self) -> SkippedEvent {
+        SkippedEvent {
+            event_id: self.event_id,
+            event_type: self.event_type.to_string(),
+            dedup_key: self.dedup_key.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// An event not written because its `(event_type, dedup_key)` was already in the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedEvent {
+    /// The id `enqueue` returned for it (no row has it).
+    pub event_id: EventId,
+    /// Its type.
+    pub event_type: String,
+    /// The key that was already present.
+    pub dedup_key: String,
+}
+
+/// What a commit wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct CommitReport {
+    /// Event rows written to the outbox.
+    pub written: usize,
+    /// Events skipped as duplicates of an existing `(event_type, dedup_key)`.
+    pub skipped: Vec<SkippedEvent>,
+    /// For a savepoint: events handed to the enclosing transaction, written when it commits.
+    pub carried_to_parent: usize,
+}
+
+/// Events buffered by one transaction level.
+#[derive(Debug, Default)]
+struct Buffer {
+    events: Vec<PendingEvent>,
+    /// Committed or rolled back: a savepoint releasing into it now has nowhere to go.
+    closed: bool,
+}
+
+/// A database transaction that commits business rows and their events together.
+///
+/// Begun with [`Outbox::begin`]. It implements SeaORM's [`ConnectionTrait`] and
+/// [`TransactionTrait`], so every SeaORM API accepts `&tx`. [`enqueue`](Self::enqueue) serializes
+/// an event at once and buffers it; [`commit`](Self::commit) writes the buffer with multi-row
+/// `INSERT`s, commits, then wakes the relay. Dropping the transaction, or
+/// [`rollback`](Self::rollback), discards rows and events alike. There is no way to commit without
+/// writing the buffered events.
+///
+/// [`savepoint`](Self::savepoint) (or `TransactionTrait::begin`) opens a nested transaction:
+/// events enqueued in it join the enclosing transaction when it commits (releases) and vanish
+/// when it rolls back.
+pub struct OutboxTransaction {
+    outbox: Outbox,
+    db: DatabaseConnection,
+    txn: DatabaseTransaction,
+    buffer: Arc<Mutex<Buffer>>,
+    parent: Option<Arc<Mutex<Buffer>>>,
+}
+
+impl fmt::Debug for OutboxTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxTransaction")
+            .field("source", &self.outbox.source())
+            .field("backend", &self.txn.get_database_backend())
+            .field("buffered", &self.buffered())
+            .field("savepoint", &self.parent.is_some())
+            .finish()
+    }
+}
+
+fn lock(buffer: &Mutex<Buffer>) -> std::sync::MutexGuard<'_, Buffer> {
+    // A panic while holding this lock cannot leave the buffer half-written: pushes are atomic.
+    buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl OutboxTransaction {
+    pub(crate) fn root(outbox: Outbox, db: DatabaseConnection, txn: DatabaseTransaction) -> Self {
+        OutboxTransaction {
+            outbox,
+            db,
+            txn,
+            buffer: Arc::default(),
+            parent: None,
+        }
+    }
+
+    /// Buffer `event` to be written when this transaction commits. Returns its id.
+    ///
+    /// The event is serialized now: an error here leaves the transaction usable and nothing
+    /// buffered. The W3C trace context current at this call ([`TraceContext::current`]) travels
+    /// with the event.
+    pub fn enqueue<E: DomainEvent>(&self, event: &E) -> Result<EventId, EnqueueError> {
+        self.enqueue_with_headers(event, Headers::new())
+    }
+
+    /// [`enqueue`](Self::enqueue) with user headers, carried as CloudEvents extension attributes.
+    pub fn enqueue_with_headers<E: DomainEvent>(
+        &self,
+        event: &E,
+        headers: Headers,
+    ) -> Result<EventId, EnqueueError> {
+        let pending = self.prepare(event, headers)?;
+        let id = pending.event_id;
+        lock(&self.buffer).events.push(pending);
+        Ok(id)
+    }
+
+    fn prepare<E: DomainEvent>(
+        &self,
+        event: &E,
+        user_headers: Headers,
+    ) -> Result<PendingEvent, EnqueueError> {
+        let event_type = E::EVENT_TYPE;
+        let invalid = |field: &'static str, reason: String| EnqueueError::InvalidField {
+            event_type,
+            field,
+            reason,
+        };
+        let payload = serde_json::to_string(event).map_err(|source| EnqueueError::Serialize {
+            event_type,
+            source,
+        })?;
+        let limit = self.outbox.inner.max_payload_bytes;
+        if payload.len() > limit {
+            return Err(EnqueueError::PayloadTooLarge {
+                event_type,
+                size: payload.len(),
+                limit,
+            });
+        }
+        let aggregate_id = event.aggregate_id();
+        check_key(&aggregate_id).map_err(|r| invalid("aggregate id", r))?;
+        let dedup_key = event.dedup_key();
+        if let Some(key) = &dedup_key {
+            check_key(key).map_err(|r| invalid("dedup key", r))?;
+        }
+
+        let mut headers = serde_json::Map::new();
+        for (name, value) in user_headers {
+            if !is_valid_extension_name(&name) {
+                return Err(invalid(
+                    "header name",
+                    format!("`{name}` must be 1 to 20 characters of a-z and 0-9 (a CloudEvents extension name)"),
+                ));
+            }
+            if RESERVED_ATTRIBUTES.contains(&name.as_str()) {
+                return Err(invalid(
+                    "header name",
+                    format!("`{name}` is a CloudEvents or outbox attribute; choose another name"),
+                ));
+            }
+            headers.insert(name, value.into());
+        }
+        if let Some(trace) = TraceContext::current() {
+            headers.insert("traceparent".into(), trace.traceparent().into());
+            if let Some(state) = trace.tracestate() {
+                headers.insert("tracestate".into(), state.into());
+            }
+        }
+
+        Ok(PendingEvent {
+            event_id: Uuid::now_v7(),
+            source: self.outbox.source().to_owned(),
+            event_type: Cow::Borrowed(event_type),
+            schema_version: E::SCHEMA_VERSION,
+            aggregate_type: Cow::Borrowed(E::AGGREGATE_TYPE),
+            aggregate_id,
+            aggregate_version: event.aggregate_version(),
+            dedup_key,
+            payload,
+            headers: serde_json::Value::Object(headers).to_string(),
+            created_at: Utc::now().trunc_subsecs(6),
+        })
+    }
+
+    /// How many events are buffered at this level.
+    pub fn buffered(&self) -> usize {
+        lock(&self.buffer).events.len()
+    }
+
+    /// The outbox handle this transaction belongs to.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// Whether this is a savepoint inside another transaction.
+    pub fn is_savepoint(&self) -> bool {
+        self.parent.is_some()
+    }
+
+    /// Open a savepoint: a nested transaction whose events join this one when it commits.
+    pub async fn savepoint(&self) -> Result<OutboxTransaction, OutboxError> {
+        let txn = TransactionTrait::begin(&self.txn).await?;
+        Ok(OutboxTransaction {
+            outbox: self.outbox.clone(),
+            db: self.db.clone(),
+            txn,
+            buffer: Arc::default(),
+            parent: Some(self.buffer.clone()),
+        })
+    }
+
+    /// Write the buffered events, commit, then wake the relays.
+    ///
+    /// For a savepoint: release it and hand its events to the enclosing transaction.
+    /// If writing the events fails, nothing is committed: rows and events roll back together.
+    pub async fn commit(self) -> Result<CommitReport, OutboxError> {
+        let events = {
+            let mut buffer = lock(&self.buffer);
+            buffer.closed = true;
+            mem::take(&mut buffer.events)
+        };
+        if let Some(parent) = &self.parent {
+            if lock(parent).closed {
+                return Err(OutboxError::Database(DbErr::Custom(
+                    "savepoint committed after its enclosing transaction ended; its events are discarded"
+                        .into(),
+                )));
+            }
+            self.txn.commit().await?;
+            let carried = events.len();
+            let mut parent = lock(parent);
+            parent.events.extend(events);
+            return Ok(CommitReport {
+                carried_to_parent: carried,
+                ..CommitReport::default()
+            });
+        }
+
+        let outcome = if events.is_empty() {
+            store::InsertOutcome::default()
+        } else {
+            store::insert_events(&self.txn, &events, self.outbox.inner.insert_batch_rows).await?
+        };
+        self.txn.commit().await?;
+        if outcome.written > 0 {
+            self.outbox.committed(&self.db);
+        }
+        Ok(CommitReport {
+            written: outcome.written,
+            skipped: outcome.skipped,
+            carried_to_parent: 0,
+        })
+    }
+
+    /// Roll back rows and events.
+    pub async fn rollback(self) -> Result<(), OutboxError> {
+        {
+            let mut buffer = lock(&self.buffer);
+            buffer.closed = true;
+            buffer.events.clear();
+        }
+        self.txn.rollback().await?;
+        Ok(())
+    }
+}
+
+fn check_key(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("it is empty".into());
+    }
+    let chars = value.chars().count();
+    if chars > MAX_KEY_CHARS {
+        return Err(format!("it is {chars} characters, over the limit of {MAX_KEY_CHARS}"));
+    }
+    Ok(())
+}
+
+fn to_db_err(e: OutboxError) -> DbErr {
+    match e {
+        OutboxError::Database(e) => e,
+        other => DbErr::Custom(other.to_string()),
+    }
+}
+
+#[async_trait::async_trait]
+impl ConnectionTrait for OutboxTransaction {
+    fn get_database_backend(&self) -> DbBackend {
+        self.txn.get_database_backend()
+    }
+
+    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
+        self.txn.execute_raw(stmt).await
+    }
+
+    async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
+        self.txn.execute_unprepared(sql).await
+    }
+
+    async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
+        self.txn.query_one_raw(stmt).await
+    }
+
+    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
+        self.txn.query_all_raw(stmt).await
+    }
+
+    fn support_returning(&self) -> bool {
+        self.txn.support_returning()
+    }
+}
+
+#[cfg(feature = "stream")]
+impl sea_orm::StreamTrait for OutboxTransaction {
+    type Stream<'a> = <DatabaseTransaction as sea_orm::StreamTrait>::Stream<'a>;
+
+    fn get_database_backend(&self) -> DbBackend {
+        ConnectionTrait::get_database_backend(&self.txn)
+    }
+
+    fn stream_raw<'a>(
+        &'a self,
+        stmt: Statement,
+    ) -> Pin<Box<dyn Future<Output = Result<Self::Stream<'a>, DbErr>> + 'a + Send>> {
+        self.txn.stream_raw(stmt)
+    }
+}
+
+#[async_trait::async_trait]
+impl TransactionSession for OutboxTransaction {
+    /// Same as the inherent [`OutboxTransaction::commit`]: events are written first.
+    async fn commit(self) -> Result<(), DbErr> {
+        OutboxTransaction::commit(self)
+            .await
+            .map(drop)
+            .map_err(to_db_err)
+    }
+
+    async fn rollback(self) -> Result<(), DbErr> {
+        OutboxTransaction::rollback(self).await.map_err(to_db_err)
+    }
+}
+
+/// Nested transactions are savepoints; isolation level and access mode apply to the outermost
+/// transaction only and are ignored here.
+#[async_trait::async_trait]
+impl TransactionTrait for OutboxTransaction {
+    type Transaction = OutboxTransaction;
+
+    async fn begin(&self) -> Result<OutboxTransaction, DbErr> {
+        self.savepoint().await.map_err(to_db_err)
+    }
+
+    async fn begin_with_config(
+        &self,
+        _isolation_level: Option<IsolationLevel>,
+        _access_mode: Option<AccessMode>,
+    ) -> Result<OutboxTransaction, DbErr> {
+        self.savepoint().await.map_err(to_db_err)
+    }
+
+    async fn begin_with_options(
+        &self,
+        _options: TransactionOptions,
+    ) -> Result<OutboxTransaction, DbErr> {
+        self.savepoint().await.map_err(to_db_err)
+    }
+
+    async fn transaction<F, T, E>(&self, callback: F) -> Result<T, sea_orm::TransactionError<E>>
+    where
+        F: for<'c> FnOnce(
+                &'c OutboxTransaction,
+            ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>
+            + Send,
+        T: Send,
+        E: fmt::Display + fmt::Debug + Send,
+    {
+        let savepoint = self
+            .savepoint()
+            .await
+            .map_err(|e| sea_orm::TransactionError::Connection(to_db_err(e)))?;
+        match callback(&savepoint).await {
+            Ok(value) => {
+                TransactionSession::commit(savepoint)
+                    .await
+                    .map_err(sea_orm::TransactionError::Connection)?;
+                Ok(value)
+            }
+            Err(e) => {
+                TransactionSession::rollback(savepoint)
+                    .await
+                    .map_err(sea_orm::TransactionError::Connection)?;
+                Err(sea_orm::TransactionError::Transaction(e))
+            }
+        }
+    }
+
+    async fn transaction_with_config<F, T, E>(
+        &self,
+        callback: F,
+        _isolation_level: Option<IsolationLevel>,
+        _access_mode: Option<AccessMode>,
+    ) -> Result<T, sea_orm::TransactionError<E>>
+    where
+        F: for<'c> FnOnce(
+                &'c OutboxTransaction,
+            ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>
+            + Send,
+        T: Send,
+        E: fmt::Display + fmt::Debug + Send,
+    {
+        TransactionTrait::transaction(self, callback).await
+    }
+}

@@ -1,0 +1,31 @@
+#![doc = include_str!("../README.md")]
+
+pub use outbox_runtime::{
+    CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, EventId, EventRegistration,
+    Headers, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TraceContext,
+    TraceContextError, TransactionError, WakeReceiver, envelope, event, registry, store, trace,
+    transaction,
+};
+
+#[cfg(feature = "macros")]
+pub use outbox_macros::DomainEvent;
+
+pub use outbox_runtime::outbox::DEFAULT_NOTIFY_CHANNEL;
+
+pub use outbox_migrations::{Migrator, migrate, migrations};
+
+/// Everything a service needs in one `use outbox::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        CommitReport, DomainEvent, EnqueueError, Envelope, EventId, Outbox, OutboxError,
+        OutboxTransaction, TraceContext, TransactionError,
+    };
+}
+
+/// The SeaORM version this SDK is built on, re-exported so versions cannot drift apart.
+pub use outbox_runtime::__private::sea_orm;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use outbox_runtime::__private::*;
+}

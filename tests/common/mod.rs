@@ -1,0 +1,297 @@
+//! Shared test support: one fresh database per test on each backend, and a business table.
+//!
+//! A backend whose server is not running is skipped with a loud message, unless
+//! `OUTBOX_REQUIRE_SERVICES=1`, which makes it a failure.
+
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::time::Duration;
+
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, EntityTrait,
+    PaginatorTrait, QueryResult, Schema, Statement,
+};
+
+pub use outbox::store::Dialect;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    MySql,
+    SqliteFile,
+    SqliteMemory,
+}
+
+pub fn services_required() -> bool {
+    std::env::var("OUTBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
+}
+
+fn postgres_admin_url() -> String {
+    std::env::var("OUTBOX_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+fn mysql_admin_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+fn with_database(url: &str, db: &str) -> String {
+    match url.rfind('/') {
+        Some(i) => format!("{}/{db}", &url[..i]),
+        None => format!("{url}/{db}"),
+    }
+}
+
+/// A fresh database named after the test, migrated with the SDK's tables.
+#[derive(Debug)]
+pub struct TestDb {
+    pub backend: Backend,
+    pub name: String,
+    pub url: String,
+    pub db: DatabaseConnection,
+}
+
+impl TestDb {
+    pub fn dialect(&self) -> Dialect {
+        Dialect::of(&self.db)
+    }
+
+    /// Another pool on the same database (a second "process").
+    pub async fn connect_again(&self) -> DatabaseConnection {
+        let mut opts = ConnectOptions::new(self.url.clone());
+        opts.sqlx_logging(false).max_connections(4);
+        Database::connect(opts).await.expect("second connection")
+    }
+}
+
+fn skip_or_fail(what: &str, err: impl std::fmt::Display) -> Option<TestDb> {
+    if services_required() {
+        panic!("{what} is required (OUTBOX_REQUIRE_SERVICES=1) but unavailable: {err}");
+    }
+    eprintln!("\n*** SKIPPED: {what} is not reachable ({err}); start it to run this test ***\n");
+    None
+}
+
+async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, sea_orm::DbErr> {
+    let mut opts = ConnectOptions::new(url.to_owned());
+    opts.sqlx_logging(false)
+        .max_connections(max)
+        .connect_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(60));
+    Database::connect(opts).await
+}
+
+/// A fresh, migrated database for `test` on `backend`, or `None` (skipped).
+pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
+    let name = format!("ob_{}", test.replace(['-', ':'], "_")).to_lowercase();
+    assert!(name.len() <= 63, "test database name too long: {name}");
+    let (url, db) = match backend {
+        Backend::Postgres => {
+            let admin_url = postgres_admin_url();
+            let admin = match connect(&admin_url, 1).await {
+                Ok(db) => db,
+                Err(e) => return skip_or_fail("PostgreSQL", e),
+            };
+            admin
+                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await
+                .unwrap();
+            admin
+                .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+            admin.close().await.ok();
+            let url = with_database(&admin_url, &name);
+            let db = connect(&url, 20).await.unwrap();
+            (url, db)
+        }
+        Backend::MySql => {
+            let admin_url = mysql_admin_url();
+            let admin = match connect(&admin_url, 1).await {
+                Ok(db) => db,
+                Err(e) => return skip_or_fail("MariaDB/MySQL", e),
+            };
+            admin
+                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name}"))
+                .await
+                .unwrap();
+            admin
+                .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+            admin.close().await.ok();
+            let url = with_database(&admin_url, &name);
+            let db = connect(&url, 20).await.unwrap();
+            (url, db)
+        }
+        Backend::SqliteFile => {
+            let dir = std::env::temp_dir().join("outbox-tests");
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(format!("{name}.db"));
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            let url = format!("sqlite://{}?mode=rwc", path.display());
+            let db = connect(&url, 1).await.unwrap();
+            (url, db)
+        }
+        Backend::SqliteMemory => {
+            let url = "sqlite::memory:".to_owned();
+            let db = connect(&url, 1).await.unwrap();
+            (url, db)
+        }
+    };
+    outbox::migrate(&db).await.expect("migrations apply");
+    create_business_tables(&db).await;
+    Some(TestDb {
+        backend,
+        name,
+        url,
+        db,
+    })
+}
+
+/// The business table of the tests: orders, a SeaORM entity.
+pub mod order {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "shop_order")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: i64,
+        pub order_no: String,
+        pub total_cents: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub async fn create_business_tables(db: &DatabaseConnection) {
+    let schema = Schema::new(db.get_database_backend());
+    let stmt = schema.create_table_from_entity(order::Entity);
+    db.execute(&stmt).await.expect("create shop_order");
+}
+
+pub async fn count_orders<C: ConnectionTrait>(db: &C) -> u64 {
+    order::Entity::find().count(db).await.unwrap()
+}
+
+pub async fn count_events<C: ConnectionTrait>(db: &C) -> i64 {
+    scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_event").await
+}
+
+pub async fn scalar_i64<C: ConnectionTrait>(db: &C, sql: &str) -> i64 {
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql.to_owned()))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index::<i64>(0).unwrap()
+}
+
+/// One outbox row, decoded the same way on every backend.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub event_id: uuid::Uuid,
+    pub source: String,
+    pub event_type: String,
+    pub schema_version: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub aggregate_version: Option<i64>,
+    pub dedup_key: Option<String>,
+    pub payload: serde_json::Value,
+    pub headers: serde_json::Value,
+    pub status: String,
+    pub attempts: i64,
+    pub next_attempt_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub locked_by: Option<String>,
+    pub claim_token: Option<uuid::Uuid>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub last_error: Option<String>,
+}
+
+pub async fn outbox_rows<C: ConnectionTrait>(db: &C) -> Vec<OutboxRow> {
+    let d = Dialect::of(db);
+    let sql = "SELECT id, event_id, source, event_type, CAST(schema_version AS BIGINT) AS schema_version, \
+               aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, status, \
+               CAST(attempts AS BIGINT) AS attempts, next_attempt_at, locked_by, claim_token, created_at, sent_at, last_error \
+               FROM outbox_event ORDER BY id";
+    let sql = if d.backend() == DbBackend::MySql {
+        sql.replace("AS BIGINT", "AS SIGNED")
+    } else {
+        sql.to_owned()
+    };
+    let rows = db
+        .query_all_raw(Statement::from_string(d.backend(), sql))
+        .await
+        .unwrap();
+    rows.iter().map(|r| decode_row(&d, r)).collect()
+}
+
+fn decode_row(d: &Dialect, r: &QueryResult) -> OutboxRow {
+    OutboxRow {
+        id: r.try_get("", "id").unwrap(),
+        event_id: d.get_uuid(r, "event_id").unwrap(),
+        source: r.try_get("", "source").unwrap(),
+        event_type: r.try_get("", "event_type").unwrap(),
+        schema_version: r.try_get("", "schema_version").unwrap(),
+        aggregate_type: r.try_get("", "aggregate_type").unwrap(),
+        aggregate_id: r.try_get("", "aggregate_id").unwrap(),
+        aggregate_version: r.try_get("", "aggregate_version").unwrap(),
+        dedup_key: r.try_get("", "dedup_key").unwrap(),
+        payload: serde_json::from_str(&d.get_json_text(r, "payload").unwrap()).unwrap(),
+        headers: serde_json::from_str(&d.get_json_text(r, "headers").unwrap()).unwrap(),
+        status: r.try_get("", "status").unwrap(),
+        attempts: r.try_get("", "attempts").unwrap(),
+        next_attempt_at: d.get_opt_timestamp(r, "next_attempt_at").unwrap(),
+        locked_by: r.try_get("", "locked_by").unwrap(),
+        claim_token: d.get_opt_uuid(r, "claim_token").unwrap(),
+        created_at: d.get_timestamp(r, "created_at").unwrap(),
+        sent_at: d.get_opt_timestamp(r, "sent_at").unwrap(),
+        last_error: r.try_get("", "last_error").unwrap(),
+    }
+}
+
+/// Instantiate `async fn(TestDb)` tests for every backend: `backend_tests!(name => body_fn);`
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident => $body:path;)+) => {$(
+        mod $name {
+            use super::*;
+
+            async fn run(backend: $crate::common::Backend, tag: &str) {
+                let test = format!("{}_{}", stringify!($name), tag);
+                if let Some(db) = $crate::common::test_db(backend, &test).await {
+                    $body(db).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                run($crate::common::Backend::Postgres, "pg").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                run($crate::common::Backend::MySql, "my").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite_file() {
+                run($crate::common::Backend::SqliteFile, "lf").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite_memory() {
+                run($crate::common::Backend::SqliteMemory, "lm").await;
+            }
+        }
+    )+};
+}

@@ -1,0 +1,10 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+struct OrderPlaced {
+    #[event(aggregate_id)]
+    order_id: i64,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+#[event(aggregate = "order")]
+struct OrderPlaced {
+    #[event(aggregate_id)]
+    order_id: i64,
+}
+
+fn main() {}

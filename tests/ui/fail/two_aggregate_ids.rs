@@ -1,0 +1,13 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+#[event(name = "order.placed", aggregate = "order")]
+struct OrderPlaced {
+    #[event(aggregate_id)]
+    order_id: i64,
+    #[event(aggregate_id)]
+    customer_id: i64,
+}
+
+fn main() {}

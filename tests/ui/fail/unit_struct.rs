@@ -1,0 +1,8 @@
+use outbox::DomainEvent;
+use serde::Serialize;
+
+#[derive(Serialize, DomainEvent)]
+#[event(name = "order.placed", aggregate = "order")]
+struct OrderPlaced;
+
+fn main() {}
