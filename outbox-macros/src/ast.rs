@@ -13,7 +13,7 @@ pub(crate) struct Input<'a> {
     pub(crate) generics: &'a Generics,
     pub(crate) container: Container,
     pub(crate) shape: Shape<'a>,
-    /// Syntax errors in `#[event(...)]` attributes; validation adds its own to these.
+    /// Syntax errors in the struct's `#[event(...)]` attributes.
     pub(crate) errors: Vec<Error>,
 }
 
@@ -31,8 +31,8 @@ pub(crate) struct Field<'a> {
     pub(crate) ident: &'a Ident,
     pub(crate) ty: &'a Type,
     pub(crate) roles: Vec<RoleAttr>,
-    /// Whether one of the field's `#[event(...)]` attributes failed to parse.
-    pub(crate) has_attr_errors: bool,
+    /// Syntax errors in the field's `#[event(...)]` attributes.
+    pub(crate) errors: Vec<Error>,
 }
 
 impl<'a> Input<'a> {
@@ -42,13 +42,9 @@ impl<'a> Input<'a> {
         let container = attr::parse_container(&node.attrs, &mut errors);
         let shape = match &node.data {
             Data::Struct(data) => match &data.fields {
-                Fields::Named(fields) => Shape::Named(
-                    fields
-                        .named
-                        .iter()
-                        .filter_map(|field| Field::from_syn(field, &mut errors))
-                        .collect(),
-                ),
+                Fields::Named(fields) => {
+                    Shape::Named(fields.named.iter().filter_map(Field::from_syn).collect())
+                }
                 Fields::Unnamed(fields) => Shape::Tuple(fields),
                 Fields::Unit => Shape::Unit,
             },
@@ -66,13 +62,14 @@ impl<'a> Input<'a> {
 }
 
 impl<'a> Field<'a> {
-    fn from_syn(field: &'a syn::Field, errors: &mut Vec<Error>) -> Option<Self> {
-        let attrs = attr::parse_field(&field.attrs, errors);
+    fn from_syn(field: &'a syn::Field) -> Option<Self> {
+        let mut errors = Vec::new();
+        let roles = attr::parse_field(&field.attrs, &mut errors);
         Some(Field {
             ident: field.ident.as_ref()?,
             ty: &field.ty,
-            roles: attrs.roles,
-            has_attr_errors: attrs.has_errors,
+            roles,
+            errors,
         })
     }
 }

@@ -63,13 +63,6 @@ pub(crate) struct RoleAttr {
     pub(crate) span: Span,
 }
 
-/// A field's `#[event(...)]` keys as written, before validation.
-#[derive(Default)]
-pub(crate) struct FieldAttrs {
-    pub(crate) roles: Vec<RoleAttr>,
-    pub(crate) has_errors: bool,
-}
-
 fn is_event(attr: &Attribute) -> bool {
     attr.path().is_ident("event")
 }
@@ -106,17 +99,14 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Vec<Error>) -> C
     container
 }
 
-/// Parses every `#[event(...)]` on a field, pushing each mistake onto `errors`.
-pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Vec<Error>) -> FieldAttrs {
-    let mut field = FieldAttrs::default();
+/// Parses every `#[event(...)]` on a field into its roles, pushing each mistake onto `errors`.
+pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Vec<Error>) -> Vec<RoleAttr> {
+    let mut roles = Vec::new();
     for attr in attrs.iter().filter(|attr| is_event(attr)) {
-        let before = errors.len();
         match attr.meta.require_list() {
             Ok(list) => {
                 let parsed = list.parse_args_with(|input: ParseStream<'_>| {
-                    parse_items(input, errors, |input| {
-                        parse_field_item(input, &mut field.roles)
-                    })
+                    parse_items(input, errors, |input| parse_field_item(input, &mut roles))
                 });
                 if let Err(error) = parsed {
                     errors.push(error);
@@ -127,11 +117,8 @@ pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Vec<Error>) -> Field
                 "expected #[event(aggregate_id)], #[event(dedup_key)] or #[event(aggregate_version)]",
             )),
         }
-        if errors.len() > before {
-            field.has_errors = true;
-        }
     }
-    field
+    roles
 }
 
 /// Runs `item` over a comma-separated list; on an error, records it and skips to the next comma.
@@ -203,7 +190,10 @@ fn parse_field_item(input: ParseStream<'_>, roles: &mut Vec<RoleAttr>) -> syn::R
     } else if input.peek(kw::dedup_key) {
         (Role::DedupKey, input.parse::<kw::dedup_key>()?.span)
     } else if input.peek(kw::aggregate_version) {
-        (Role::AggregateVersion, input.parse::<kw::aggregate_version>()?.span)
+        (
+            Role::AggregateVersion,
+            input.parse::<kw::aggregate_version>()?.span,
+        )
     } else {
         let key = input.call(Ident::parse_any).map_err(|_| {
             Error::new(

@@ -9,7 +9,6 @@ use crate::{fallback, valid};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
-use syn::spanned::Spanned;
 use syn::{DeriveInput, LitStr};
 
 /// Expands the derive: the impl and the registration, or the errors and a stub impl.
@@ -42,35 +41,32 @@ fn impl_domain_event(event: &Event<'_>) -> TokenStream {
     let rust_type = LitStr::new(&ident.unraw().to_string(), ident.span());
 
     // Spanned on the struct's name: "the trait bound `OrderPlaced: Serialize` is not satisfied"
-    // points at the type the user must derive `Serialize` on.
+    // points at the type the user must derive `Serialize` on. It is the only error for a type
+    // that is not `Serialize` (see the `where` clause of the impl).
     let assert_serialize = quote_spanned! {ident.span()=>
         #[doc(hidden)]
         const _: fn() = __assert_serialize::<#ident>;
     };
 
-    // Each call is spanned on the field's type, so a type that does not implement the needed
-    // trait is reported on that type.
+    // Each call names the field's type as written (`<Type as Trait>::method`), so a type that does
+    // not implement the trait is reported on that type, the token the user must change.
     let aggregate_id_body = {
         let (field, ty) = (aggregate_id.ident, aggregate_id.ty);
-        quote_spanned!(ty.span()=> #private::ToString::to_string(&self.#field))
+        quote!(<#ty as #private::ToString>::to_string(&self.#field))
     };
     let dedup_key_fn = dedup_key.map(|key| {
         let (field, ty) = (key.ident, key.ty);
-        let body = quote_spanned!(ty.span()=> #private::DedupKeyValue::to_dedup_key(&self.#field));
         quote! {
             fn dedup_key(&self) -> #private::Option<#private::String> {
-                #body
+                <#ty as #private::DedupKeyValue>::to_dedup_key(&self.#field)
             }
         }
     });
     let aggregate_version_fn = aggregate_version.map(|version| {
         let (field, ty) = (version.ident, version.ty);
-        let body = quote_spanned! {ty.span()=>
-            #private::AggregateVersionValue::to_aggregate_version(&self.#field)
-        };
         quote! {
             fn aggregate_version(&self) -> #private::Option<::core::primitive::i64> {
-                #body
+                <#ty as #private::AggregateVersionValue>::to_aggregate_version(&self.#field)
             }
         }
     });
@@ -82,7 +78,13 @@ fn impl_domain_event(event: &Event<'_>) -> TokenStream {
             #assert_serialize
 
             #[automatically_derived]
-            impl #private::DomainEvent for #ident {
+            impl #private::DomainEvent for #ident
+            where
+                // Without this bound, a type that is not `Serialize` would get a second error
+                // (the supertrait's) besides `__assert_serialize`'s. Higher-ranked to work around
+                // trivial bounds being unstable.
+                for<'__workaround> #ident: #private::serde::Serialize,
+            {
                 const EVENT_TYPE: &'static ::core::primitive::str = #name;
                 const AGGREGATE_TYPE: &'static ::core::primitive::str = #aggregate;
                 const SCHEMA_VERSION: ::core::primitive::u32 = #version;
@@ -125,8 +127,14 @@ mod tests {
             struct OrderPlaced { #[event(aggregate_id)] id: u64, #[event(dedup_key)] key: String }
         };
         let out = expand(&node);
-        assert!(out.contains("impl renamed :: __private :: DomainEvent for OrderPlaced"), "{out}");
-        assert!(out.contains("renamed :: __private :: inventory :: submit !"), "{out}");
+        assert!(
+            out.contains("impl renamed :: __private :: DomainEvent for OrderPlaced"),
+            "{out}"
+        );
+        assert!(
+            out.contains("renamed :: __private :: inventory :: submit !"),
+            "{out}"
+        );
         assert!(out.contains("fn dedup_key"), "{out}");
         assert!(!out.contains("fn aggregate_version"), "{out}");
         assert!(!out.contains(":: outbox"), "{out}");
@@ -141,7 +149,10 @@ mod tests {
         };
         let out = expand(&node);
         assert!(out.contains("compile_error"), "{out}");
-        assert!(out.contains(":: outbox :: __private :: DomainEvent for OrderPlaced"), "{out}");
+        assert!(
+            out.contains(":: outbox :: __private :: DomainEvent for OrderPlaced"),
+            "{out}"
+        );
         assert!(!out.contains("submit"), "{out}");
     }
 }

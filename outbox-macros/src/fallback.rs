@@ -24,7 +24,9 @@ pub(crate) fn expand(node: &DeriveInput, error: syn::Error) -> TokenStream {
     let private = quote!(#krate::__private);
     let ident = &node.ident;
     let (impl_generics, ty_generics, where_clause) = node.generics.split_for_impl();
-    let predicates = where_clause.into_iter().flat_map(|clause| &clause.predicates);
+    let predicates = where_clause
+        .into_iter()
+        .flat_map(|clause| &clause.predicates);
 
     quote! {
         #error

@@ -145,7 +145,9 @@ fn check_aggregate(lit: &LitStr, errors: &mut Vec<Error>) -> Option<LitStr> {
     let error = if value.trim().is_empty() {
         "`aggregate` must not be empty, e.g. `aggregate = \"order\"`".to_owned()
     } else if len > MAX_AGGREGATE_LEN {
-        format!("`aggregate` is {len} characters long; the outbox stores at most {MAX_AGGREGATE_LEN}")
+        format!(
+            "`aggregate` is {len} characters long; the outbox stores at most {MAX_AGGREGATE_LEN}"
+        )
     } else {
         return Some(lit.clone());
     };
@@ -194,19 +196,19 @@ fn check_shape<'a>(input: &'a Input<'a>, errors: &mut Vec<Error>) -> Option<Role
         Shape::Named(fields) => return check_fields(input, fields, errors),
         Shape::Tuple(fields) => (
             fields.paren_token.span.join(),
-            "name the fields of this tuple struct so one can be marked #[event(aggregate_id)]",
+            "not tuple structs: name the fields so one can be marked #[event(aggregate_id)]",
         ),
         Shape::Unit => (
             input.ident.span(),
-            "a unit struct has no field to mark #[event(aggregate_id)]",
+            "not unit structs: add the event's fields, one of them marked #[event(aggregate_id)]",
         ),
         Shape::Enum(data) => (
             data.enum_token.span(),
-            "an enum cannot be an event; derive DomainEvent on one struct per event type",
+            "not enums: derive it on one struct per event type",
         ),
-        Shape::Union(data) => (data.union_token.span(), "unions are not supported"),
+        Shape::Union(data) => (data.union_token.span(), "not unions"),
     };
-    errors.push(Error::new(span, format!("{SUPPORTED}; {why}")));
+    errors.push(Error::new(span, format!("{SUPPORTED}, {why}")));
     None
 }
 
@@ -220,6 +222,7 @@ fn check_fields<'a>(
     let mut aggregate_version: Option<&Field<'_>> = None;
 
     for field in fields {
+        errors.extend(field.errors.iter().cloned());
         let mut first_role: Option<Role> = None;
         for attr in &field.roles {
             if let Some(first) = first_role {
@@ -259,7 +262,7 @@ fn check_fields<'a>(
 
     let Some(aggregate_id) = aggregate_id else {
         // A field attribute that failed to parse was most likely meant to be this one.
-        if !fields.iter().any(|field| field.has_attr_errors) {
+        if fields.iter().all(|field| field.errors.is_empty()) {
             errors.push(Error::new(
                 input.ident.span(),
                 format!(
@@ -313,8 +316,17 @@ mod tests {
         assert_eq!(event.version.base10_digits(), "3");
         assert!(event.krate.is_ident("my_outbox"));
         assert_eq!(event.aggregate_id.ident, "order_id");
-        assert_eq!(event.dedup_key.map(|f| f.ident.to_string()).as_deref(), Some("request_id"));
-        assert_eq!(event.aggregate_version.map(|f| f.ident.to_string()).as_deref(), Some("version"));
+        assert_eq!(
+            event.dedup_key.map(|f| f.ident.to_string()).as_deref(),
+            Some("request_id")
+        );
+        assert_eq!(
+            event
+                .aggregate_version
+                .map(|f| f.ident.to_string())
+                .as_deref(),
+            Some("version")
+        );
     }
 
     #[test]
@@ -387,7 +399,10 @@ mod tests {
         };
         let errors = errors(&node);
         assert_eq!(errors.len(), 1);
-        assert!(errors[0].starts_with("missing #[event(...)] on `E`"), "{errors:?}");
+        assert!(
+            errors[0].starts_with("missing #[event(...)] on `E`"),
+            "{errors:?}"
+        );
     }
 
     #[test]
@@ -402,10 +417,10 @@ mod tests {
                 "`name` specified more than once",
                 "`aggregate` must be a string literal, e.g. `aggregate = \"order\"`",
                 "`version` must be an integer literal, e.g. `version = 2`",
+                "`crate` must be a path, e.g. `crate = \"my_outbox\"`; `not a path` is not one",
                 "`aggregate_id` takes no value: write #[event(aggregate_id)]",
                 "unknown key `name`; expected one of `aggregate_id`, `dedup_key`, `aggregate_version`; \
                  `name` goes on the struct's #[event(...)]",
-                "`crate` must be a path, e.g. `crate = \"my_outbox\"`; `not a path` is not one",
             ]
         );
     }
@@ -440,11 +455,28 @@ mod tests {
     #[test]
     fn rejects_unsupported_shapes() {
         let cases: [DeriveInput; 5] = [
-            syn::parse_quote!(#[event(name = "a", aggregate = "a")] enum E { A }),
-            syn::parse_quote!(#[event(name = "a", aggregate = "a")] struct E(u64);),
-            syn::parse_quote!(#[event(name = "a", aggregate = "a")] struct E;),
+            syn::parse_quote!(
+                #[event(name = "a", aggregate = "a")]
+                enum E {
+                    A,
+                }
+            ),
+            syn::parse_quote!(
+                #[event(name = "a", aggregate = "a")]
+                struct E(u64);
+            ),
+            syn::parse_quote!(
+                #[event(name = "a", aggregate = "a")]
+                struct E;
+            ),
             syn::parse_quote!(#[event(name = "a", aggregate = "a")] union E { a: u64 }),
-            syn::parse_quote!(#[event(name = "a", aggregate = "a")] struct E<T> { #[event(aggregate_id)] a: T }),
+            syn::parse_quote!(
+                #[event(name = "a", aggregate = "a")]
+                struct E<T> {
+                    #[event(aggregate_id)]
+                    a: T,
+                }
+            ),
         ];
         let messages: Vec<Vec<String>> = cases.iter().map(errors).collect();
         for message in &messages[..4] {
@@ -453,7 +485,9 @@ mod tests {
         }
         assert_eq!(
             messages[4],
-            ["generic event types are not supported: an event name must map to exactly one Rust type"]
+            [
+                "generic event types are not supported: an event name must map to exactly one Rust type"
+            ]
         );
     }
 
@@ -465,7 +499,9 @@ mod tests {
         };
         assert_eq!(
             errors(&node),
-            ["unknown key `agregate_id`; expected one of `aggregate_id`, `dedup_key`, `aggregate_version`"]
+            [
+                "unknown key `agregate_id`; expected one of `aggregate_id`, `dedup_key`, `aggregate_version`"
+            ]
         );
     }
 }

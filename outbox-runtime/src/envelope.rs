@@ -216,13 +216,14 @@ impl Envelope {
             ),
         };
         let data_content_type = optional_string(&attrs, "datacontenttype")?;
-        if let Some(ct) = &data_content_type {
-            if !is_json_content_type(ct) && attrs.contains_key("data") {
-                return Err(EnvelopeError::invalid(
-                    "datacontenttype",
-                    format!("`{ct}` is not JSON; this SDK reads JSON data only"),
-                ));
-            }
+        if let Some(ct) = &data_content_type
+            && !is_json_content_type(ct)
+            && attrs.contains_key("data")
+        {
+            return Err(EnvelopeError::invalid(
+                "datacontenttype",
+                format!("`{ct}` is not JSON; this SDK reads JSON data only"),
+            ));
         }
         if attrs.contains_key("data_base64") {
             return Err(EnvelopeError::invalid(
@@ -347,10 +348,10 @@ fn optional_integer(
     if let Ok(n) = serde_json::from_str::<i64>(text) {
         return Ok(Some(n));
     }
-    if let Ok(s) = serde_json::from_str::<String>(text) {
-        if let Ok(n) = s.parse::<i64>() {
-            return Ok(Some(n));
-        }
+    if let Ok(s) = serde_json::from_str::<String>(text)
+        && let Ok(n) = s.parse::<i64>()
+    {
+        return Ok(Some(n));
     }
     Err(EnvelopeError::invalid(
         name,

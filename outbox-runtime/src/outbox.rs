@@ -247,10 +247,10 @@ impl Outbox {
     /// Tell local relays that events were committed, and (PostgreSQL) relays of other processes.
     pub(crate) fn committed(&self, db: &DatabaseConnection) {
         self.inner.wake.send_modify(|n| *n = n.wrapping_add(1));
-        if db.get_database_backend() == DbBackend::Postgres {
-            if let Some(hint) = &self.inner.notify {
-                hint.request(db);
-            }
+        if db.get_database_backend() == DbBackend::Postgres
+            && let Some(hint) = &self.inner.notify
+        {
+            hint.request(db);
         }
     }
 }

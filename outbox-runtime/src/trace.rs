@@ -42,12 +42,12 @@ impl TraceContext {
     ) -> Result<Self, TraceContextError> {
         let traceparent = traceparent.into();
         validate_traceparent(&traceparent)?;
-        if let Some(state) = &tracestate {
-            if state.len() > 512 || !state.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-                return Err(TraceContextError(format!(
-                    "tracestate must be at most 512 printable ASCII characters, got {state:?}"
-                )));
-            }
+        if let Some(state) = &tracestate
+            && (state.len() > 512 || !state.bytes().all(|b| (0x20..0x7f).contains(&b)))
+        {
+            return Err(TraceContextError(format!(
+                "tracestate must be at most 512 printable ASCII characters, got {state:?}"
+            )));
         }
         Ok(TraceContext {
             traceparent,

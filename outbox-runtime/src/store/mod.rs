@@ -199,11 +199,11 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
     let mut seen: HashSet<(&str, &str)> = HashSet::new();
     let mut to_write: Vec<&PendingEvent> = Vec::with_capacity(events.len());
     for event in events {
-        if let Some(key) = &event.dedup_key {
-            if !seen.insert((&event.event_type, key)) {
-                outcome.skipped.push(event.skipped());
-                continue;
-            }
+        if let Some(key) = &event.dedup_key
+            && !seen.insert((&event.event_type, key))
+        {
+            outcome.skipped.push(event.skipped());
+            continue;
         }
         to_write.push(event);
     }
