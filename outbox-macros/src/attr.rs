@@ -214,10 +214,12 @@ fn parse_field_item(input: ParseStream<'_>, roles: &mut Vec<RoleAttr>) -> syn::R
     };
     if !input.is_empty() && !input.peek(Token![,]) {
         let key = role.key();
-        return Err(Error::new(
-            span,
-            format!("`{key}` takes no value: write #[event({key})]"),
-        ));
+        let message = if input.peek(Token![=]) || input.peek(syn::token::Paren) {
+            format!("`{key}` takes no value: write #[event({key})]")
+        } else {
+            format!("expected `,` after `{key}`")
+        };
+        return Err(Error::new(span, message));
     }
     roles.push(RoleAttr { role, span });
     Ok(())
@@ -249,6 +251,14 @@ fn value(input: ParseStream<'_>, key_span: Span, key: &str, example: &str) -> sy
         return Err(Error::new(
             eq.span,
             format!("expected a value after `{key} =`, e.g. `{example}`"),
+        ));
+    }
+    let mut trees = tokens.clone().into_iter();
+    if let (Some(TokenTree::Literal(first)), Some(second)) = (trees.next(), trees.next()) {
+        // `name = "a" aggregate = "b"`: a literal, then more instead of a comma.
+        return Err(Error::new(
+            second.span(),
+            format!("expected `,` after `{key} = {first}`"),
         ));
     }
     syn::parse2::<Lit>(tokens.clone()).map_err(|_| not_a_literal(&tokens, key, example))

@@ -13,9 +13,10 @@ pub(crate) fn expand(node: &DeriveInput, error: syn::Error) -> TokenStream {
     // Without a usable crate path a stub would only add an "unresolved path" error.
     let mut ignored = Vec::new();
     let container = attr::parse_container(&node.attrs, &mut ignored);
-    let krate = match container.crate_failed {
-        true => None,
-        false => valid::crate_path(&container).ok(),
+    let krate = if container.crate_failed {
+        None
+    } else {
+        valid::crate_path(&container).ok()
     };
     let Some(krate) = krate else {
         return error;

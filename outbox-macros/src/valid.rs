@@ -426,6 +426,30 @@ mod tests {
     }
 
     #[test]
+    fn missing_commas_and_bare_attributes() {
+        let node: DeriveInput = syn::parse_quote! {
+            #[event(name = "a.b" aggregate = "a")]
+            struct E { #[event(aggregate_id dedup_key)] id: u64, #[event] other: u64 }
+        };
+        assert_eq!(
+            errors(&node),
+            [
+                "expected `,` after `name = \"a.b\"`",
+                "expected `,` after `aggregate_id`",
+                "expected #[event(aggregate_id)], #[event(dedup_key)] or #[event(aggregate_version)]",
+            ]
+        );
+        let node: DeriveInput = syn::parse_quote! {
+            #[event]
+            struct E { #[event(aggregate_id)] id: u64 }
+        };
+        assert_eq!(
+            errors(&node),
+            ["expected #[event(name = \"...\", aggregate = \"...\")]"]
+        );
+    }
+
+    #[test]
     fn limits_on_names() {
         let long = "x".repeat(256);
         let node: DeriveInput = syn::parse_quote! {
