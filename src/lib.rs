@@ -3,9 +3,14 @@
 pub use outbox_runtime::{
     CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, EventId, EventRegistration,
     Headers, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TraceContext,
-    TraceContextError, TransactionError, WakeReceiver, envelope, event, registry, store, trace,
-    transaction,
+    TraceContextError, TransactionError, WakeReceiver, envelope, event, registry, relay, store,
+    trace, transaction, transport,
 };
+pub use outbox_runtime::CancellationToken;
+pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
+pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
+#[cfg(feature = "nats")]
+pub use outbox_runtime::transport::nats::NatsTransport;
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::DomainEvent;

@@ -16,14 +16,17 @@ pub mod error;
 pub mod event;
 pub mod outbox;
 pub mod registry;
+pub mod relay;
 pub mod store;
 pub mod trace;
 pub mod transaction;
+pub mod transport;
 
 pub use envelope::{Envelope, EnvelopeError};
 pub use error::{EnqueueError, OutboxError, TransactionError};
 pub use event::{DomainEvent, EventId, EventRegistration};
 pub use outbox::{Outbox, OutboxBuilder, WakeReceiver};
+pub use tokio_util::sync::CancellationToken;
 pub use trace::{TraceContext, TraceContextError};
 pub use transaction::{CommitReport, Headers, OutboxTransaction, SkippedEvent};
 

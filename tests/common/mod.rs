@@ -295,3 +295,35 @@ macro_rules! backend_tests {
         }
     )+};
 }
+
+/// Status counts of the outbox, e.g. `[("PENDING", 3), ("SENT", 7)]`.
+pub async fn status_counts<C: ConnectionTrait>(db: &C) -> std::collections::BTreeMap<String, i64> {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status".to_owned(),
+        ))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| (r.try_get::<String>("", "status").unwrap(), r.try_get::<i64>("", "n").unwrap()))
+        .collect()
+}
+
+/// Poll `check` every 20 ms until it holds or `timeout` passes; returns whether it held.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -13,6 +13,7 @@ use crate::transaction::{PendingEvent, SkippedEvent};
 
 pub mod mysql;
 pub mod postgres;
+pub mod relay;
 pub mod sqlite;
 
 /// The outbox table.

@@ -1,0 +1,703 @@
+//! The relay: moves committed events from `outbox_event` to a broker.
+//!
+//! Each round claims a batch in a short transaction ([`store::relay::claim`]), publishes it
+//! outside any transaction, and writes the outcome back fenced by the batch's claim token
+//! ([`store::relay::settle`]): SENT only for messages the broker confirmed, RETRY with
+//! exponential backoff and jitter for failures, DEAD after `max_attempts` (or at once for a
+//! permanent rejection), and back to PENDING for events it never got to.
+//!
+//! **Order.** With ordering on (the default), events of one aggregate are published in `id`
+//! order, across any number of relays and across retries: an event is claimed only when every
+//! earlier event of its aggregate is SENT or claimed in the same batch, and a claimed aggregate's
+//! events go out one *wave* at a time, the next only after the broker confirmed the previous one.
+//! A failing event holds back only its own aggregate: the rest of its run is released, and later
+//! events wait behind it while it is in RETRY or DEAD. Other aggregates keep flowing. Ids follow
+//! commit order for an aggregate as long as transactions that change it serialize on it (update
+//! its row), as aggregates do.
+//!
+//! **Wake-up.** A relay sleeps only when it found less than a full batch, and wakes on the first
+//! of: a commit through its [`Outbox`] handle in this process, a PostgreSQL `NOTIFY` from another
+//! process, the poll interval, or shutdown.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use chrono::Utc;
+use sea_orm::{DatabaseConnection, DbBackend, DbErr};
+use serde_json::value::RawValue;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    envelope::{Envelope, JSON_CONTENT_TYPE},
+    outbox::{Outbox, WakeReceiver},
+    store::{
+        self,
+        relay::{Claim, ClaimParams, ClaimedEvent, Failure, Settlement},
+    },
+    transport::{OutgoingMessage, PublishError, Transport, TransportError},
+};
+
+/// Exponential backoff with a cap and random jitter: `min(base · 2^attempt, cap) + jitter`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    /// Delay after the first failure. Default 1 s.
+    pub base: Duration,
+    /// Largest delay before jitter. Default 300 s.
+    pub cap: Duration,
+    /// Up to this fraction of the delay is added at random, so retries of many events spread
+    /// out. Default 0.2.
+    pub jitter: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(300),
+            jitter: 0.2,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (0 for the first retry), without jitter.
+    pub fn base_delay(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.min(31));
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+
+    /// The delay before retry number `attempt`, with jitter.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let delay = self.base_delay(attempt);
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        delay + delay.mul_f64(jitter * fastrand::f64())
+    }
+}
+
+/// Relay settings. Every field has a production default (see each).
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Stored in `locked_by`. Default `host-pid-random`.
+    pub relay_id: String,
+    /// Events claimed per round. Default 500.
+    pub batch_size: usize,
+    /// How long a claim is owned before another relay may take it over. Default 30 s: longer
+    /// than a round's publishing can take.
+    pub lease: Duration,
+    /// Sleep between rounds when idle and not woken. Default 1 s.
+    pub poll_interval: Duration,
+    /// Failed attempts (including expired leases) before an event is DEAD. Default 12.
+    pub max_attempts: u32,
+    /// Retry delays.
+    pub backoff: Backoff,
+    /// Per-aggregate order (see the module docs). Default on.
+    pub ordering: bool,
+    /// On PostgreSQL, `LISTEN` on the outbox handle's notify channel. Default on.
+    pub listen: bool,
+    /// Delay after a database or broker error before the next round. Default 1 s.
+    pub error_delay: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            relay_id: default_relay_id(),
+            batch_size: 500,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            max_attempts: 12,
+            backoff: Backoff::default(),
+            ordering: true,
+            listen: true,
+            error_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+fn default_relay_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "relay".to_owned());
+    format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
+}
+
+/// An error that ends a relay round.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// Claiming or settling failed.
+    #[error("relay database error: {0}")]
+    Database(#[from] DbErr),
+    /// The transport could not be set up.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Events claimed (published or not).
+    pub claimed: usize,
+    /// Confirmed by the broker and marked SENT.
+    pub sent: usize,
+    /// Failed and marked RETRY.
+    pub retried: usize,
+    /// Marked DEAD (failed for the last time, rejected permanently, or lease expired too often).
+    pub dead: usize,
+    /// Handed back unpublished.
+    pub released: usize,
+    /// Writes that touched no row because another relay had taken the claim over.
+    pub stale: usize,
+}
+
+/// Counters since the relay started.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    rounds: AtomicU64,
+    claimed: AtomicU64,
+    sent: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    released: AtomicU64,
+    stale: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// A snapshot of [`RelayStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStatsSnapshot {
+    /// Rounds run.
+    pub rounds: u64,
+    /// Events claimed.
+    pub claimed: u64,
+    /// Events marked SENT.
+    pub sent: u64,
+    /// Events marked RETRY.
+    pub retried: u64,
+    /// Events marked DEAD.
+    pub dead: u64,
+    /// Events released unpublished.
+    pub released: u64,
+    /// Fenced writes that touched nothing (another relay took over).
+    pub stale: u64,
+    /// Rounds that ended in an error.
+    pub errors: u64,
+}
+
+impl RelayStats {
+    fn add(&self, report: &RoundReport) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        self.claimed
+            .fetch_add(report.claimed as u64, Ordering::Relaxed);
+        self.sent.fetch_add(report.sent as u64, Ordering::Relaxed);
+        self.retried
+            .fetch_add(report.retried as u64, Ordering::Relaxed);
+        self.dead.fetch_add(report.dead as u64, Ordering::Relaxed);
+        self.released
+            .fetch_add(report.released as u64, Ordering::Relaxed);
+        self.stale.fetch_add(report.stale as u64, Ordering::Relaxed);
+    }
+
+    /// Read every counter.
+    pub fn snapshot(&self) -> RelayStatsSnapshot {
+        RelayStatsSnapshot {
+            rounds: self.rounds.load(Ordering::Relaxed),
+            claimed: self.claimed.load(Ordering::Relaxed),
+            sent: self.sent.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+            released: self.released.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Moves committed outbox events to a [`Transport`].
+#[derive(Clone)]
+pub struct Relay {
+    db: DatabaseConnection,
+    transport: Arc<dyn Transport>,
+    config: RelayConfig,
+    outbox: Option<Outbox>,
+    stats: Arc<RelayStats>,
+}
+
+impl fmt::Debug for Relay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("relay_id", &self.config.relay_id)
+            .field("transport", &self.transport.name())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Relay {
+    /// A relay over `db` publishing to `transport`, with default settings.
+    pub fn new(db: DatabaseConnection, transport: Arc<dyn Transport>) -> Self {
+        Relay {
+            db,
+            transport,
+            config: RelayConfig::default(),
+            outbox: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Replace the settings.
+    pub fn with_config(mut self, config: RelayConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Wake on commits through `outbox` (in this process) and, on PostgreSQL, on its notify
+    /// channel (other processes).
+    pub fn with_outbox(mut self, outbox: &Outbox) -> Self {
+        self.outbox = Some(outbox.clone());
+        self
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> RelayStatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Run one round: claim, publish, settle.
+    pub async fn run_once(&self) -> Result<RoundReport, RelayError> {
+        self.round(&CancellationToken::new()).await
+    }
+
+    /// Run rounds until every claimable event is handled or `max_rounds` have run; for tests and
+    /// tools. Returns the summed report.
+    pub async fn drain(&self, max_rounds: usize) -> Result<RoundReport, RelayError> {
+        let mut total = RoundReport::default();
+        for _ in 0..max_rounds {
+            let r = self.run_once().await?;
+            total.claimed += r.claimed;
+            total.sent += r.sent;
+            total.retried += r.retried;
+            total.dead += r.dead;
+            total.released += r.released;
+            total.stale += r.stale;
+            if r.claimed == 0 && r.dead == 0 {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Run until `shutdown` is cancelled, then finish the round in flight (its publishes are
+    /// awaited, events not yet published are handed back) and return.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RelayError> {
+        self.transport.setup().await?;
+        let mut wake: Option<WakeReceiver> = self.outbox.as_ref().map(Outbox::subscribe);
+        let hint = Arc::new(Notify::new());
+        let listener = self.spawn_listener(&hint, &shutdown);
+        tracing::info!(relay = %self.config.relay_id, transport = self.transport.name(), "outbox relay started");
+
+        while !shutdown.is_cancelled() {
+            let full = match self.round(&shutdown).await {
+                Ok(report) => report.claimed + report.dead >= self.config.batch_size,
+                Err(e) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(relay = %self.config.relay_id, error = %e, "outbox relay round failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(self.config.error_delay) => {}
+                    }
+                    continue;
+                }
+            };
+            if full {
+                continue; // a backlog remains: no sleeping
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = async {
+                    match wake.as_mut() {
+                        Some(w) => w.woken().await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+                _ = hint.notified() => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
+            let _ = listener.await;
+        }
+        tracing::info!(relay = %self.config.relay_id, "outbox relay stopped");
+        Ok(())
+    }
+
+    /// Start [`run`](Self::run) on the tokio runtime; the handle stops and joins it.
+    pub fn spawn(self) -> RelayHandle {
+        let shutdown = CancellationToken::new();
+        let stats = self.stats.clone();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move { self.run(token).await });
+        RelayHandle {
+            shutdown,
+            task,
+            stats,
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    fn spawn_listener(
+        &self,
+        hint: &Arc<Notify>,
+        shutdown: &CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        if !self.config.listen || self.db.get_database_backend() != DbBackend::Postgres {
+            return None;
+        }
+        let channel = self.outbox.as_ref()?.notify_channel()?.to_owned();
+        let pool = self.db.get_postgres_connection_pool().clone();
+        let hint = hint.clone();
+        let shutdown = shutdown.clone();
+        let relay_id = self.config.relay_id.clone();
+        Some(tokio::spawn(async move {
+            use sea_orm::sqlx::postgres::PgListener;
+            let mut delay = Duration::from_millis(100);
+            while !shutdown.is_cancelled() {
+                let mut listener = match PgListener::connect_with(&pool).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::debug!(relay = %relay_id, error = %e, "LISTEN connection failed");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                };
+                if let Err(e) = listener.listen(&channel).await {
+                    tracing::debug!(relay = %relay_id, error = %e, "LISTEN failed");
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+                delay = Duration::from_millis(100);
+                // After (re)connecting, look once: a hint may have been missed meanwhile.
+                hint.notify_one();
+                loop {
+                    match listener.try_recv().await {
+                        Ok(Some(_)) => hint.notify_one(),
+                        Ok(None) => {
+                            hint.notify_one(); // reconnected: notifications may be lost
+                        }
+                        Err(e) => {
+                            tracing::debug!(relay = %relay_id, error = %e, "LISTEN connection lost");
+                            break;
+                        }
+                    }
+                }
+            }
+        }))
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn spawn_listener(
+        &self,
+        _hint: &Arc<Notify>,
+        _shutdown: &CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let _ = DbBackend::Postgres;
+        None
+    }
+
+    async fn round(&self, shutdown: &CancellationToken) -> Result<RoundReport, RelayError> {
+        let now = Utc::now();
+        let lease = chrono::Duration::from_std(self.config.lease)
+            .unwrap_or_else(|_| chrono::Duration::seconds(30));
+        let claim = store::relay::claim(
+            &self.db,
+            &ClaimParams {
+                relay_id: &self.config.relay_id,
+                batch_size: self.config.batch_size,
+                locked_until: now + lease,
+                now,
+                ordering: self.config.ordering,
+                max_attempts: self.config.max_attempts,
+            },
+        )
+        .await?;
+        let mut report = RoundReport {
+            claimed: claim.events.len(),
+            dead: claim.dead.len(),
+            ..RoundReport::default()
+        };
+        for event in &claim.dead {
+            tracing::error!(
+                event_id = %event.event_id, event_type = %event.event_type,
+                aggregate_id = %event.aggregate_id, attempts = event.attempts,
+                "outbox event is DEAD: its lease expired too many times"
+            );
+        }
+        if claim.events.is_empty() {
+            self.stats.add(&report);
+            return Ok(report);
+        }
+        let settlement = self.publish(&claim, shutdown).await;
+        let settled =
+            store::relay::settle(&self.db, claim.token, &settlement, Utc::now()).await?;
+
+        report.sent = settlement.sent.len();
+        report.retried = settlement.failed.iter().filter(|f| !f.dead).count();
+        report.dead += settlement.failed.iter().filter(|f| f.dead).count();
+        report.released = settlement.released.len();
+        let expected =
+            (settlement.sent.len() + settlement.failed.len() + settlement.released.len()) as u64;
+        let written = settled.sent + settled.failed + settled.released;
+        report.stale = expected.saturating_sub(written) as usize;
+        if report.stale > 0 {
+            tracing::warn!(
+                relay = %self.config.relay_id, stale = report.stale,
+                "outbox relay lost {} claimed events to another relay (lease expired); its writes were fenced off",
+                report.stale
+            );
+        }
+        self.stats.add(&report);
+        Ok(report)
+    }
+
+    /// Publish a claim wave by wave and decide each event's fate.
+    async fn publish(&self, claim: &Claim, shutdown: &CancellationToken) -> Settlement {
+        let mut settlement = Settlement::default();
+        let now = Utc::now();
+        let mut queues: Vec<VecDeque<&ClaimedEvent>> = if self.config.ordering {
+            let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+            let mut queues: Vec<VecDeque<&ClaimedEvent>> = Vec::new();
+            for event in &claim.events {
+                let key = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
+                let slot = *index.entry(key).or_insert_with(|| {
+                    queues.push(VecDeque::new());
+                    queues.len() - 1
+                });
+                queues[slot].push_back(event);
+            }
+            queues
+        } else {
+            vec![claim.events.iter().collect()]
+        };
+
+        loop {
+            // One wave: the next event of every aggregate still going (without ordering: all).
+            let wave: Vec<&ClaimedEvent> = if self.config.ordering {
+                queues.iter_mut().filter_map(VecDeque::pop_front).collect()
+            } else {
+                queues.iter_mut().flat_map(|q| q.drain(..)).collect()
+            };
+            if wave.is_empty() {
+                break;
+            }
+            if shutdown.is_cancelled() {
+                release(&mut settlement, wave.into_iter());
+                for queue in &mut queues {
+                    release(&mut settlement, queue.drain(..));
+                }
+                break;
+            }
+            let mut messages = Vec::with_capacity(wave.len());
+            let mut failed_early = Vec::new();
+            for event in &wave {
+                match outgoing(event) {
+                    Ok(message) => messages.push((*event, message)),
+                    Err(reason) => failed_early.push((*event, reason)),
+                }
+            }
+            let outgoing: Vec<OutgoingMessage> =
+                messages.iter().map(|(_, m)| m.clone()).collect();
+            let results = if outgoing.is_empty() {
+                Vec::new()
+            } else {
+                self.transport.publish(&outgoing).await
+            };
+            let mut outcomes: Vec<(&ClaimedEvent, Result<(), PublishError>)> = messages
+                .iter()
+                .enumerate()
+                .map(|(i, (event, _))| {
+                    let result = results.get(i).cloned().unwrap_or_else(|| {
+                        Err(PublishError::Rejected(
+                            "transport returned fewer results than messages".into(),
+                        ))
+                    });
+                    (*event, result)
+                })
+                .collect();
+            outcomes.extend(
+                failed_early
+                    .into_iter()
+                    .map(|(e, reason)| (e, Err(PublishError::Permanent(reason)))),
+            );
+            for (event, result) in outcomes {
+                match result {
+                    Ok(()) => settlement.sent.push(event.id),
+                    Err(error) => {
+                        let attempts = event.attempts + 1;
+                        let dead = error.is_permanent() || attempts >= self.config.max_attempts;
+                        let delay = self.config.backoff.delay(event.attempts);
+                        let next_attempt_at = now
+                            + chrono::Duration::from_std(delay)
+                                .unwrap_or_else(|_| chrono::Duration::seconds(300));
+                        if dead {
+                            tracing::error!(
+                                event_id = %event.event_id, event_type = %event.event_type,
+                                aggregate_id = %event.aggregate_id, attempts, error = %error,
+                                "outbox event is DEAD"
+                            );
+                        } else {
+                            tracing::warn!(
+                                event_id = %event.event_id, event_type = %event.event_type,
+                                aggregate_id = %event.aggregate_id, attempts, error = %error,
+                                retry_in = ?delay, "outbox publish failed; will retry"
+                            );
+                        }
+                        settlement.failed.push(Failure {
+                            id: event.id,
+                            attempts,
+                            dead,
+                            next_attempt_at,
+                            error: error.to_string(),
+                        });
+                        // The rest of this aggregate waits behind the failed event.
+                        if self.config.ordering
+                            && let Some(queue) = queues.iter_mut().find(|q| {
+                                q.front().is_some_and(|next| {
+                                    next.aggregate_type == event.aggregate_type
+                                        && next.aggregate_id == event.aggregate_id
+                                })
+                            })
+                        {
+                            release(&mut settlement, queue.drain(..));
+                        }
+                    }
+                }
+            }
+        }
+        settlement
+    }
+}
+
+fn release<'a>(settlement: &mut Settlement, events: impl Iterator<Item = &'a ClaimedEvent>) {
+    for event in events {
+        settlement.released.push(event.id);
+        if event.reclaimed {
+            settlement.released_reclaimed.push(event.id);
+        }
+    }
+}
+
+/// The envelope of a claimed event, ready to publish. An error means the row itself is broken
+/// (it can never be published): the event goes DEAD with the reason.
+fn outgoing(event: &ClaimedEvent) -> Result<OutgoingMessage, String> {
+    let data = RawValue::from_string(event.payload.clone())
+        .map_err(|e| format!("payload is not valid JSON: {e}"))?;
+    let headers: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&event.headers)
+        .map_err(|e| format!("headers are not a JSON object: {e}"))?;
+    let mut envelope = Envelope {
+        id: event.event_id.to_string(),
+        source: event.source.clone(),
+        event_type: event.event_type.clone(),
+        subject: Some(event.aggregate_id.clone()),
+        time: Some(event.created_at),
+        data_content_type: Some(JSON_CONTENT_TYPE.to_owned()),
+        data_schema: None,
+        data: Some(data),
+        aggregate_type: Some(event.aggregate_type.clone()),
+        aggregate_version: event.aggregate_version,
+        schema_version: Some(event.schema_version),
+        traceparent: None,
+        tracestate: None,
+        extensions: Default::default(),
+    };
+    for (name, value) in headers {
+        match name.as_str() {
+            "traceparent" => envelope.traceparent = value.as_str().map(str::to_owned),
+            "tracestate" => envelope.tracestate = value.as_str().map(str::to_owned),
+            _ => {
+                envelope.extensions.insert(name, value);
+            }
+        }
+    }
+    Ok(OutgoingMessage {
+        event_id: event.event_id,
+        event_type: event.event_type.clone(),
+        aggregate_type: event.aggregate_type.clone(),
+        aggregate_id: event.aggregate_id.clone(),
+        body: Bytes::from(envelope.to_json()),
+    })
+}
+
+/// A relay running on the tokio runtime.
+#[derive(Debug)]
+pub struct RelayHandle {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), RelayError>>,
+    stats: Arc<RelayStats>,
+}
+
+impl RelayHandle {
+    /// Counters since start.
+    pub fn stats(&self) -> RelayStatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Stop claiming, finish the round in flight, hand unpublished events back, and wait.
+    pub async fn shutdown(self) -> Result<(), RelayError> {
+        self.shutdown.cancel();
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(300),
+            jitter: 0.0,
+        };
+        let delays: Vec<u64> = (0..12).map(|n| b.delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+    }
+
+    proptest! {
+        #[test]
+        fn backoff_is_monotone_capped_and_jitter_bounded(
+            base_ms in 1u64..10_000, cap_ms in 1u64..1_000_000, jitter in 0.0f64..1.0, n in 0u32..80
+        ) {
+            let b = Backoff { base: Duration::from_millis(base_ms), cap: Duration::from_millis(cap_ms), jitter };
+            prop_assert!(b.base_delay(n) <= b.base_delay(n + 1));
+            prop_assert!(b.base_delay(n) <= b.cap);
+            let d = b.delay(n);
+            prop_assert!(d >= b.base_delay(n));
+            prop_assert!(d <= b.base_delay(n).mul_f64(1.0 + jitter) + Duration::from_nanos(1));
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Transports: how envelopes reach a broker and come back to consumers.
+//!
+//! A [`Transport`] publishes batches and reports, per message, success only once the broker has
+//! confirmed it (a publisher confirm, a JetStream ack, an `XADD` reply), never after a buffered
+//! send. It also subscribes named consumers with explicit ack and nack. Implementations:
+//!
+//! - [`memory::MemoryTransport`]: in-process, with fault injection, for tests and examples;
+//! - [`nats::NatsTransport`] (feature `nats`): NATS JetStream.
+//!
+//! Routing: an event of type `order.placed` is published under `{namespace}.order.placed`, with
+//! the namespace configured on the transport (default [`DEFAULT_NAMESPACE`]).
+
+use std::{fmt, time::Duration};
+
+use bytes::Bytes;
+use uuid::Uuid;
+
+pub mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
+
+/// Default namespace events are routed under.
+pub const DEFAULT_NAMESPACE: &str = "outbox";
+
+/// One envelope to publish.
+#[derive(Debug, Clone)]
+pub struct OutgoingMessage {
+    /// The event id: the broker-side deduplication key where the broker has one.
+    pub event_id: Uuid,
+    /// The event type; the routing name is derived from it.
+    pub event_type: String,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The CloudEvents JSON body.
+    pub body: Bytes,
+}
+
+/// Why one message was not confirmed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// The broker did not confirm in time; the message may or may not have been stored.
+    #[error("no confirmation from the broker within {0:?}")]
+    Timeout(Duration),
+    /// The connection failed before the confirm arrived.
+    #[error("broker connection failed: {0}")]
+    Connection(String),
+    /// The broker refused the message, but a retry may succeed.
+    #[error("broker rejected the message: {0}")]
+    Rejected(String),
+    /// The broker refused the message and always will (e.g. it is over the broker's size limit):
+    /// the event goes straight to DEAD.
+    #[error("broker rejected the message permanently: {0}")]
+    Permanent(String),
+}
+
+impl PublishError {
+    /// Whether retrying cannot help.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, PublishError::Permanent(_))
+    }
+}
+
+/// A transport-level failure outside a single publish.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{transport} transport: {message}")]
+pub struct TransportError {
+    /// Which transport.
+    pub transport: &'static str,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl TransportError {
+    /// Build an error for `transport`.
+    pub fn new(transport: &'static str, message: impl fmt::Display) -> Self {
+        TransportError {
+            transport,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// How a consumer subscribes.
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    /// Unacknowledged deliveries are redelivered after this long. Default 30 s.
+    pub ack_wait: Duration,
+    /// Deliveries handed out and not yet acked, at most. Default 256.
+    pub max_in_flight: usize,
+}
+
+impl Default for SubscribeOptions {
+    fn default() -> Self {
+        SubscribeOptions {
+            ack_wait: Duration::from_secs(30),
+            max_in_flight: 256,
+        }
+    }
+}
+
+/// A broker behind one interface.
+#[async_trait::async_trait]
+pub trait Transport: Send + Sync + fmt::Debug + 'static {
+    /// Short name for logs and metrics (`memory`, `nats`, …).
+    fn name(&self) -> &'static str;
+
+    /// Create what publishing needs (streams, exchanges). Idempotent.
+    async fn setup(&self) -> Result<(), TransportError>;
+
+    /// Publish `messages` in order and report one result per message, in the same order.
+    ///
+    /// `Ok` means the broker confirmed that it stored the message. Implementations pipeline the
+    /// batch and wait for every confirmation.
+    async fn publish(&self, messages: &[OutgoingMessage]) -> Vec<Result<(), PublishError>>;
+
+    /// Subscribe the consumer group `consumer` to `event_types`. Instances subscribing with the
+    /// same consumer name share the deliveries.
+    async fn subscribe(
+        &self,
+        consumer: &str,
+        event_types: &[String],
+        options: &SubscribeOptions,
+    ) -> Result<Box<dyn Subscription>, TransportError>;
+
+    /// Whether the broker answers.
+    async fn health(&self) -> Result<(), TransportError>;
+}
+
+/// Deliveries of one subscription.
+#[async_trait::async_trait]
+pub trait Subscription: Send + fmt::Debug {
+    /// The next delivery; `None` once the subscription is closed.
+    async fn next(&mut self) -> Option<Result<Delivery, TransportError>>;
+}
+
+/// Settles one delivery with the broker.
+#[async_trait::async_trait]
+pub trait Acker: Send + Sync {
+    /// The message was handled (or stored for later): do not deliver it again.
+    async fn ack(&self) -> Result<(), TransportError>;
+    /// Deliver it again, after `delay` if given.
+    async fn nack(&self, delay: Option<Duration>) -> Result<(), TransportError>;
+}
+
+/// One message delivered to a consumer. Settle it with [`ack`](Self::ack) or [`nack`](Self::nack).
+pub struct Delivery {
+    /// The CloudEvents JSON body, as received.
+    pub body: Bytes,
+    /// The routing name it was published under.
+    pub subject: String,
+    /// The broker's message id, when it carries one (`Nats-Msg-Id`, …).
+    pub message_id: Option<String>,
+    /// 1 for the first delivery, more for redeliveries.
+    pub delivery_count: u32,
+    acker: Box<dyn Acker>,
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("subject", &self.subject)
+            .field("message_id", &self.message_id)
+            .field("delivery_count", &self.delivery_count)
+            .field("bytes", &self.body.len())
+            .finish()
+    }
+}
+
+impl Delivery {
+    /// Build a delivery (for transport implementations).
+    pub fn new(
+        body: Bytes,
+        subject: String,
+        message_id: Option<String>,
+        delivery_count: u32,
+        acker: Box<dyn Acker>,
+    ) -> Self {
+        Delivery {
+            body,
+            subject,
+            message_id,
+            delivery_count,
+            acker,
+        }
+    }
+
+    /// Acknowledge: the broker will not deliver it again.
+    pub async fn ack(self) -> Result<(), TransportError> {
+        self.acker.ack().await
+    }
+
+    /// Negative-acknowledge: deliver again, after `delay` if given.
+    pub async fn nack(self, delay: Option<Duration>) -> Result<(), TransportError> {
+        self.acker.nack(delay).await
+    }
+}
+
+/// The routing name of an event type under a namespace: `{namespace}.{event_type}`.
+pub fn routing_name(namespace: &str, event_type: &str) -> String {
+    format!("{namespace}.{event_type}")
+}
