@@ -1,7 +1,7 @@
 //! The NATS JetStream transport against a real nats-server (127.0.0.1:4222, JetStream on).
 //!
-//! Each test works in its own namespace and stream (`t_<test>_<random>`) and deletes the stream at
-//! the end, so tests run in parallel. When the server is not reachable the tests say so loudly and
+//! Each test works in its own namespace and stream (`t_<test>_<random>`) and deletes the stream when
+//! it ends, so tests run in parallel. When the server is not reachable the tests say so loudly and
 //! pass, unless `OUTBOX_REQUIRE_SERVICES=1`, which makes a missing server a failure.
 
 #![cfg(feature = "nats")]
@@ -13,7 +13,7 @@ use std::{
 
 use outbox::transport::{
     Delivery, OutgoingMessage, PublishError, SubscribeOptions, Subscription, Transport,
-    nats::{NatsTransport, durable_name},
+    nats::{NatsConfig, NatsTransport, NatsTransportBuilder, async_nats, durable_name},
 };
 use uuid::Uuid;
 
@@ -23,18 +23,63 @@ fn services_required() -> bool {
     std::env::var("OUTBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
 }
 
-/// A transport on a fresh namespace `t_<test>_<random>`, or `None` (after a loud message) when
-/// the server is not reachable.
-async fn transport(test: &str) -> Option<NatsTransport> {
+/// A transport on a fresh namespace `t_<test>_<random>`; its stream is deleted when it is dropped,
+/// even when the test fails.
+struct TestTransport(NatsTransport);
+
+impl std::ops::Deref for TestTransport {
+    type Target = NatsTransport;
+
+    fn deref(&self) -> &NatsTransport {
+        &self.0
+    }
+}
+
+impl Drop for TestTransport {
+    fn drop(&mut self) {
+        // The test's runtime is blocked in this drop: delete through a connection of its own.
+        let stream = self.0.stream_name().to_owned();
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                let connect = async_nats::connect(NATS_URL);
+                let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(5), connect).await
+                else {
+                    return;
+                };
+                let jetstream = async_nats::jetstream::new(client);
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), jetstream.delete_stream(&stream))
+                        .await;
+            });
+        })
+        .join();
+    }
+}
+
+/// A transport on a fresh namespace, or `None` (after a loud message) when the server is not
+/// reachable.
+async fn transport(test: &str) -> Option<TestTransport> {
+    transport_with(test, |builder| builder).await
+}
+
+async fn transport_with(
+    test: &str,
+    configure: impl FnOnce(NatsTransportBuilder) -> NatsTransportBuilder,
+) -> Option<TestTransport> {
     let random = Uuid::new_v4().simple().to_string();
     let namespace = format!("t_{test}_{}", &random[..10]);
-    let connect = NatsTransport::builder(NATS_URL)
+    let builder = NatsTransport::builder(NATS_URL)
         .namespace(namespace)
-        .connection_timeout(Duration::from_secs(3))
-        .publish_timeout(Duration::from_secs(10))
-        .connect();
+        .connection_timeout(Duration::from_secs(3));
+    let connect = configure(builder).connect();
     let error = match tokio::time::timeout(Duration::from_secs(15), connect).await {
-        Ok(Ok(transport)) => return Some(transport),
+        Ok(Ok(transport)) => return Some(TestTransport(transport)),
         Ok(Err(err)) => err.to_string(),
         Err(_) => "connecting timed out".to_owned(),
     };
@@ -45,14 +90,6 @@ async fn transport(test: &str) -> Option<NatsTransport> {
         "\n*** SKIPPED {test}: NATS JetStream is not reachable at {NATS_URL} ({error}); start it to run this test ***\n"
     );
     None
-}
-
-/// Best-effort removal of the test's stream.
-async fn cleanup(transport: &NatsTransport) {
-    let _ = transport
-        .jetstream()
-        .delete_stream(transport.stream_name())
-        .await;
 }
 
 fn message(event_type: &str, n: usize) -> OutgoingMessage {
@@ -97,7 +134,10 @@ async fn stream_messages(transport: &NatsTransport) -> u64 {
 }
 
 /// The next delivery within `within`, or `None` when nothing arrived in time.
-async fn next_within(subscription: &mut Box<dyn Subscription>, within: Duration) -> Option<Delivery> {
+async fn next_within(
+    subscription: &mut Box<dyn Subscription>,
+    within: Duration,
+) -> Option<Delivery> {
     match tokio::time::timeout(within, subscription.next()).await {
         Ok(Some(Ok(delivery))) => Some(delivery),
         Ok(Some(Err(err))) => panic!("subscription error: {err}"),
@@ -126,7 +166,7 @@ fn types(names: &[&str]) -> Vec<String> {
 async fn consumer_info(
     transport: &NatsTransport,
     consumer: &str,
-) -> outbox::transport::nats::async_nats::jetstream::consumer::Info {
+) -> async_nats::jetstream::consumer::Info {
     transport
         .jetstream()
         .get_stream(transport.stream_name())
@@ -155,18 +195,41 @@ async fn setup_is_idempotent_and_creates_the_stream() {
         transport.stream_name(),
         transport.namespace().to_uppercase()
     );
-    assert_eq!(info.config.subjects, vec![format!("{}.>", transport.namespace())]);
+    assert_eq!(
+        info.config.subjects,
+        vec![format!("{}.>", transport.namespace())]
+    );
     assert_eq!(info.config.duplicate_window, Duration::from_secs(120));
     assert_eq!(
         info.config.storage,
-        outbox::transport::nats::async_nats::jetstream::stream::StorageType::File
+        async_nats::jetstream::stream::StorageType::File
     );
     assert_eq!(info.state.messages, 0);
+
+    // Changed settings are applied to the existing stream by the next setup.
+    let reconfigured = NatsTransport::from_client(
+        transport.client().clone(),
+        NatsConfig::default()
+            .namespace(transport.namespace())
+            .duplicate_window(Duration::from_secs(30))
+            .max_age(Duration::from_secs(3_600)),
+    )
+    .expect("valid config");
+    reconfigured.setup().await.expect("setup with new settings");
+    let info = transport
+        .jetstream()
+        .get_stream(transport.stream_name())
+        .await
+        .expect("the stream exists")
+        .cached_info()
+        .clone();
+    assert_eq!(info.config.duplicate_window, Duration::from_secs(30));
+    assert_eq!(info.config.max_age, Duration::from_secs(3_600));
 
     // The same stream name claimed for another namespace is refused with a clear error.
     let other = NatsTransport::from_client(
         transport.client().clone(),
-        outbox::transport::nats::NatsConfig::default()
+        NatsConfig::default()
             .namespace(format!("{}_other", transport.namespace()))
             .stream_name(transport.stream_name()),
     )
@@ -176,8 +239,6 @@ async fn setup_is_idempotent_and_creates_the_stream() {
         err.to_string().contains("exists with subjects"),
         "unclear error: {err}"
     );
-
-    cleanup(&transport).await;
 }
 
 #[tokio::test]
@@ -219,8 +280,6 @@ async fn a_batch_of_1000_is_confirmed_and_stored_in_order() {
             Some("order.placed")
         );
     }
-
-    cleanup(&transport).await;
 }
 
 #[tokio::test]
@@ -243,8 +302,6 @@ async fn republishing_inside_the_duplicate_window_is_deduplicated() {
     mixed.extend(batch("order.placed", 5));
     publish_ok(&transport, &mixed).await;
     assert_eq!(stream_messages(&transport).await, 15);
-
-    cleanup(&transport).await;
 }
 
 #[tokio::test]
@@ -292,8 +349,46 @@ async fn publish_failures_are_reported_per_message() {
     }
     assert!(results[2].is_ok(), "{:?}", results[2]);
     assert_eq!(stream_messages(&transport).await, 2);
+}
 
-    cleanup(&transport).await;
+#[tokio::test]
+async fn a_missing_pub_ack_is_a_timeout_and_batches_wait_in_parallel() {
+    let Some(transport) = transport_with("timeout", |builder| {
+        builder.publish_timeout(Duration::from_millis(500))
+    })
+    .await
+    else {
+        return;
+    };
+    // No stream, but a plain subscriber on the namespace: every publish reaches a responder that
+    // never sends a PubAck.
+    let _silent = transport
+        .client()
+        .subscribe(format!("{}.>", transport.namespace()))
+        .await
+        .expect("subscribe");
+    transport.client().flush().await.expect("flush");
+
+    let started = Instant::now();
+    let results = transport.publish(&batch("order.placed", 20)).await;
+    let elapsed = started.elapsed();
+
+    assert_eq!(results.len(), 20);
+    for result in &results {
+        assert_eq!(
+            result,
+            &Err(PublishError::Timeout(Duration::from_millis(500)))
+        );
+    }
+    assert!(
+        elapsed >= Duration::from_millis(450),
+        "gave up early: {elapsed:?}"
+    );
+    // Twenty sequential waits would take 10 s: the acknowledgements are awaited together.
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "not pipelined: {elapsed:?}"
+    );
 }
 
 #[tokio::test]
@@ -340,10 +435,11 @@ async fn subscribe_delivers_in_order_and_ack_settles() {
     assert_eq!(info.num_ack_pending, 0);
     assert_eq!(info.num_pending, 0);
     assert_eq!(info.num_redelivered, 0);
-    assert_eq!(info.delivered.consumer_sequence, 5, "five deliveries, no redelivery");
+    assert_eq!(
+        info.delivered.consumer_sequence, 5,
+        "five deliveries, no redelivery"
+    );
     assert_eq!(info.ack_floor.consumer_sequence, 5, "all five acked");
-
-    cleanup(&transport).await;
 }
 
 #[tokio::test]
@@ -413,8 +509,6 @@ async fn nack_and_ack_wait_redeliver() {
     let info = consumer_info(&transport, "retrying").await;
     assert_eq!(info.num_ack_pending, 0);
     assert_eq!(info.ack_floor.stream_sequence, 2);
-
-    cleanup(&transport).await;
 }
 
 /// Reads and acks until nothing arrives for `idle`; returns the message ids in delivery order.
@@ -483,8 +577,6 @@ async fn one_consumer_name_shares_deliveries_and_different_names_each_get_all() 
 
     // Another consumer name: everything, in publish order.
     assert_eq!(audited, all);
-
-    cleanup(&transport).await;
 }
 
 #[tokio::test]
@@ -530,7 +622,10 @@ async fn a_consumer_of_two_types_skips_the_others() {
     );
     // The skipped `order.cancelled` deliveries were settled too: nothing pending on the broker.
     let info = consumer_info(&transport, "shipping").await;
-    assert_eq!(info.config.filter_subject, format!("{}.>", transport.namespace()));
+    assert_eq!(
+        info.config.filter_subject,
+        format!("{}.>", transport.namespace())
+    );
     assert_eq!(info.num_ack_pending, 0);
     assert_eq!(info.num_pending, 0);
     assert_eq!(info.ack_floor.stream_sequence, 9);
@@ -544,7 +639,10 @@ async fn a_consumer_of_two_types_skips_the_others() {
         )
         .await
         .expect("subscribe");
-    for sent in messages.iter().filter(|m| m.event_type == "order.cancelled") {
+    for sent in messages
+        .iter()
+        .filter(|m| m.event_type == "order.cancelled")
+    {
         let delivery = next_delivery(&mut cancelled).await;
         assert_eq!(delivery.message_id, Some(sent.event_id.to_string()));
         delivery.ack().await.expect("ack");
@@ -554,8 +652,6 @@ async fn a_consumer_of_two_types_skips_the_others() {
             .await
             .is_none()
     );
-
-    cleanup(&transport).await;
 }
 
 #[tokio::test]
@@ -596,8 +692,6 @@ async fn changing_a_consumers_filter_is_applied_or_refused_clearly() {
             assert_eq!(filter, format!("{}.order.placed", transport.namespace()));
         }
     }
-
-    cleanup(&transport).await;
 }
 
 #[tokio::test]

@@ -74,7 +74,7 @@ const MYSQL_UP: &[&str] = &[
         UNIQUE KEY outbox_event_event_id_key (event_id),
         UNIQUE KEY outbox_event_dedup_key_idx (event_type, dedup_key),
         KEY outbox_event_status_idx (status, id),
-        KEY outbox_event_aggregate_idx (aggregate_type, aggregate_id, id),
+        KEY outbox_event_aggregate_idx (aggregate_type, aggregate_id, status, id),
         KEY outbox_event_sent_at_idx (status, sent_at)
     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"#,
 ];

@@ -427,18 +427,25 @@ impl Relay {
         let now = Utc::now();
         let lease = chrono::Duration::from_std(self.config.lease)
             .unwrap_or_else(|_| chrono::Duration::seconds(30));
-        let claim = store::relay::claim(
-            &self.db,
-            &ClaimParams {
-                relay_id: &self.config.relay_id,
-                batch_size: self.config.batch_size,
-                locked_until: now + lease,
-                now,
-                ordering: self.config.ordering,
-                max_attempts: self.config.max_attempts,
-            },
-        )
-        .await?;
+        let params = ClaimParams {
+            relay_id: &self.config.relay_id,
+            batch_size: self.config.batch_size,
+            locked_until: now + lease,
+            now,
+            ordering: self.config.ordering,
+            max_attempts: self.config.max_attempts,
+        };
+        // A deadlock or busy database only delays a claim: try again at once, a few times.
+        let mut tries = 0;
+        let claim = loop {
+            match store::relay::claim(&self.db, &params).await {
+                Err(e) if store::is_transient(&e) && tries < 3 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                other => break other?,
+            }
+        };
         let mut report = RoundReport {
             claimed: claim.events.len(),
             dead: claim.dead.len(),
@@ -456,8 +463,7 @@ impl Relay {
             return Ok(report);
         }
         let settlement = self.publish(&claim, shutdown).await;
-        let settled =
-            store::relay::settle(&self.db, claim.token, &settlement, Utc::now()).await?;
+        let settled = self.settle(&claim, &settlement).await?;
 
         report.sent = settlement.sent.len();
         report.retried = settlement.failed.iter().filter(|f| !f.dead).count();
@@ -476,6 +482,31 @@ impl Relay {
         }
         self.stats.add(&report);
         Ok(report)
+    }
+
+    /// Write the outcome back. Published events that are not marked SENT are published again
+    /// once the lease expires, so keep trying (deadlocks, a dropped connection) for up to half
+    /// the lease before giving up.
+    async fn settle(
+        &self,
+        claim: &Claim,
+        settlement: &Settlement,
+    ) -> Result<store::relay::Settled, RelayError> {
+        let give_up = tokio::time::Instant::now() + self.config.lease / 2;
+        let mut delay = Duration::from_millis(10);
+        loop {
+            match store::relay::settle(&self.db, claim.token, settlement, Utc::now()).await {
+                Ok(settled) => return Ok(settled),
+                Err(e) if tokio::time::Instant::now() + delay < give_up => {
+                    if !store::is_transient(&e) {
+                        tracing::warn!(relay = %self.config.relay_id, error = %e, "settling a claim failed; retrying");
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Publish a claim wave by wave and decide each event's fate.

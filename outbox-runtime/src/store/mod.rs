@@ -50,6 +50,26 @@ const INSERT_COLUMNS: [&str; 11] = [
     "created_at",
 ];
 
+/// Whether an error is worth retrying the same transaction for: a deadlock, a serialization
+/// failure, a lock wait timeout or a busy SQLite database.
+pub fn is_transient(err: &DbErr) -> bool {
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Conn(sea_orm::RuntimeErr::SqlxError(e)) = err
+        && let Some(db) = e.as_database_error()
+    {
+        let code = db.code();
+        let message = db.message();
+        return matches!(code.as_deref(), Some("40001" | "40P01" | "5" | "6" | "517"))
+            || message.contains("Deadlock found")
+            || message.contains("Lock wait timeout")
+            || message.contains("database is locked");
+    }
+    let text = err.to_string();
+    text.contains("Deadlock found") || text.contains("deadlock detected") || text.contains("database is locked")
+}
+
 /// What the commit-time INSERT did.
 #[derive(Debug, Default)]
 pub(crate) struct InsertOutcome {

@@ -152,18 +152,76 @@ fn lock_clause(backend: DbBackend, skip_locked: bool) -> &'static str {
     }
 }
 
-/// Rows a relay may take now: new, due for retry, or leased by a relay whose lease expired.
-fn push_claimable(sql: &mut Sql, alias: &str, now: DateTime<Utc>) {
-    let now = sql.dialect.timestamp(now);
+/// "This row is not SENT", in the form each backend's indexes serve: the partial index predicate
+/// on PostgreSQL and SQLite, status ranges of `(aggregate_type, aggregate_id, status, id)` on
+/// MySQL, which has no partial indexes.
+fn unsent_predicate(backend: DbBackend, prefix: &str) -> String {
+    match backend {
+        DbBackend::MySql => {
+            format!("{prefix}status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')")
+        }
+        _ => format!("{prefix}status <> 'SENT'"),
+    }
+}
+
+/// "No earlier event of this row's aggregate is unsent."
+fn push_no_unsent_predecessor(sql: &mut Sql) {
+    let unsent = unsent_predicate(sql.dialect.backend(), "e.");
     sql.push(&format!(
-        "{alias}.status <> 'SENT' AND ({alias}.status = 'PENDING' OR ({alias}.status = 'RETRY' AND {alias}.next_attempt_at <= "
+        " AND NOT EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e WHERE e.aggregate_type = o.aggregate_type \
+         AND e.aggregate_id = o.aggregate_id AND e.id < o.id AND {unsent})"
+    ));
+}
+
+/// The first claimable rows in id order: new, due for retry, or leased by a relay whose lease
+/// expired; with ordering, only those with no unsent predecessor in their aggregate. Locked with
+/// `SKIP LOCKED`, so concurrent relays take disjoint rows without waiting on each other.
+fn heads_query(dialect: Dialect, params: &ClaimParams<'_>, limit: usize) -> Statement {
+    let mut sql = Sql::new(dialect);
+    let columns = prefixed_columns("o");
+    let now = dialect.timestamp(params.now);
+    if dialect.backend() == DbBackend::MySql {
+        // Without partial indexes, one range scan of (status, id) per claimable status, each
+        // stopping after `limit` rows, beats filtering every unsent row then sorting.
+        let branches: [(&str, Option<&str>); 3] = [
+            ("PENDING", None),
+            ("RETRY", Some("o.next_attempt_at <= ")),
+            ("PROCESSING", Some("o.locked_until < ")),
+        ];
+        for (i, (status, due)) in branches.into_iter().enumerate() {
+            if i > 0 {
+                sql.push(" UNION ALL ");
+            }
+            sql.push(&format!(
+                "(SELECT {columns} FROM {OUTBOX_TABLE} o WHERE o.status = '{status}'"
+            ));
+            if let Some(due) = due {
+                sql.push(" AND ").push(due).bind(now.clone());
+            }
+            if params.ordering {
+                push_no_unsent_predecessor(&mut sql);
+            }
+            sql.push(&format!(
+                " ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+            ));
+        }
+        sql.push(&format!(" ORDER BY id LIMIT {limit}"));
+        return sql.build();
+    }
+    sql.push(&format!(
+        "SELECT {columns} FROM {OUTBOX_TABLE} o WHERE o.status <> 'SENT' AND (o.status = 'PENDING' \
+         OR (o.status = 'RETRY' AND o.next_attempt_at <= "
     ))
     .bind(now.clone())
-    .push(&format!(
-        ") OR ({alias}.status = 'PROCESSING' AND {alias}.locked_until < "
-    ))
+    .push(") OR (o.status = 'PROCESSING' AND o.locked_until < ")
     .bind(now)
     .push("))");
+    if params.ordering {
+        push_no_unsent_predecessor(&mut sql);
+    }
+    sql.push(&format!(" ORDER BY o.id LIMIT {limit}"));
+    sql.push(lock_clause(dialect.backend(), true));
+    sql.build()
 }
 
 fn decode(dialect: &Dialect, row: &QueryResult) -> Result<(ClaimedEvent, String, Option<DateTime<Utc>>), DbErr> {
@@ -211,19 +269,9 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     let limit = params.batch_size.max(1);
 
     // 1. Heads (or, without ordering, simply the first claimable rows).
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!("SELECT {} FROM {OUTBOX_TABLE} o WHERE ", prefixed_columns("o")));
-    push_claimable(&mut sql, "o", params.now);
-    if params.ordering {
-        sql.push(&format!(
-            " AND NOT EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e WHERE e.aggregate_type = o.aggregate_type \
-             AND e.aggregate_id = o.aggregate_id AND e.id < o.id AND e.status <> 'SENT')"
-        ));
-    }
-    sql.push(&format!(" ORDER BY o.id LIMIT {limit}"));
-    sql.push(lock_clause(backend, true));
+    let sql = heads_query(dialect, params, limit);
     let mut rows = Vec::new();
-    for row in txn.query_all_raw(sql.build()).await? {
+    for row in txn.query_all_raw(sql).await? {
         rows.push(decode(&dialect, &row)?);
     }
 
@@ -233,7 +281,8 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         let min_head = rows.iter().map(|(e, _, _)| e.id).min().unwrap_or(0);
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM {OUTBOX_TABLE} WHERE status <> 'SENT' AND id > {min_head} AND ("
+            "SELECT {CLAIM_COLUMNS} FROM {OUTBOX_TABLE} WHERE {} AND id > {min_head} AND (",
+            unsent_predicate(backend, "")
         ));
         let mut aggregates: Vec<(&str, &str)> = rows
             .iter()

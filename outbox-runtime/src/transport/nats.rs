@@ -56,9 +56,7 @@ use async_nats::{
     jetstream::{
         self, AckKind, ErrorCode,
         consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
-        context::{
-            CreateStreamErrorKind, GetStreamErrorKind, PublishAckFuture, PublishErrorKind,
-        },
+        context::{CreateStreamErrorKind, GetStreamErrorKind, PublishAckFuture, PublishErrorKind},
         message::PublishMessage,
         stream::{self, RetentionPolicy, StorageType},
     },
@@ -128,7 +126,8 @@ pub struct NatsConfig {
     /// The stream storing the namespace's subjects; `None` derives it from the namespace (see
     /// [`resolved_stream_name`](Self::resolved_stream_name)).
     pub stream_name: Option<String>,
-    /// The stream's duplicate window. Default [`DEFAULT_DUPLICATE_WINDOW`] (two minutes).
+    /// The stream's duplicate window. Default [`DEFAULT_DUPLICATE_WINDOW`] (two minutes). With a
+    /// shorter [`max_age`](Self::max_age) the window is shortened to it, as JetStream requires.
     pub duplicate_window: Duration,
     /// How long a publish waits for its `PubAck` before it is reported as
     /// [`PublishError::Timeout`]. Default [`DEFAULT_PUBLISH_TIMEOUT`] (10 s).
@@ -206,6 +205,15 @@ impl NatsConfig {
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
+    }
+
+    /// The duplicate window the stream is given: [`duplicate_window`](Self::duplicate_window),
+    /// at most [`max_age`](Self::max_age).
+    pub fn effective_duplicate_window(&self) -> Duration {
+        match self.max_age {
+            Some(max_age) if !max_age.is_zero() => self.duplicate_window.min(max_age),
+            _ => self.duplicate_window,
+        }
     }
 
     /// The stream name in use: [`stream_name`](Self::stream_name) when set, otherwise the
@@ -414,7 +422,7 @@ impl NatsTransport {
                 config.namespace
             )),
             subjects: vec![self.stream_subject()],
-            duplicate_window: config.duplicate_window,
+            duplicate_window: config.effective_duplicate_window(),
             max_age: config.max_age.unwrap_or_default(),
             retention: config.retention,
             storage: config.storage,
@@ -438,6 +446,7 @@ impl NatsTransport {
         }
         let config = &self.inner.config;
         let max_age = config.max_age.unwrap_or_default();
+        let duplicate_window = config.effective_duplicate_window();
         if existing.storage != config.storage || existing.retention != config.retention {
             tracing::warn!(
                 stream = %existing.name,
@@ -449,16 +458,16 @@ impl NatsTransport {
                  JetStream cannot change them in place, keeping the stream as it is"
             );
         }
-        if existing.duplicate_window != config.duplicate_window || existing.max_age != max_age {
+        if existing.duplicate_window != duplicate_window || existing.max_age != max_age {
             tracing::info!(
                 stream = %existing.name,
-                duplicate_window = ?config.duplicate_window,
+                ?duplicate_window,
                 ?max_age,
                 "updating the stream's duplicate window and max age"
             );
             let name = existing.name.clone();
             let updated = stream::Config {
-                duplicate_window: config.duplicate_window,
+                duplicate_window,
                 max_age,
                 ..existing
             };
@@ -607,8 +616,8 @@ impl NatsTransport {
         match stream.create_consumer(config).await {
             Ok(consumer) => Ok(consumer),
             Err(err) => {
-                // Say why when the durable consumer exists with another filter: servers before
-                // 2.10 cannot change a consumer's filter subject.
+                // Say why when the durable consumer exists with another filter: a server may
+                // refuse to change a consumer's filter subject (nats-server 2.9.10 allows it).
                 let existing_filter = stream
                     .consumer_info(durable)
                     .await
@@ -647,7 +656,11 @@ impl Transport for NatsTransport {
         let js = &self.inner.jetstream;
         let name = &self.inner.stream_name;
         match js.get_stream(name).await {
-            Ok(stream) => return self.reconcile_stream(stream.cached_info().config.clone()).await,
+            Ok(stream) => {
+                return self
+                    .reconcile_stream(stream.cached_info().config.clone())
+                    .await;
+            }
             Err(err) => match err.kind() {
                 GetStreamErrorKind::JetStream(api)
                     if api.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
@@ -885,9 +898,7 @@ pub fn durable_name(consumer: &str) -> String {
 fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.chars().all(|c| {
-            !c.is_whitespace()
-                && !c.is_control()
-                && !matches!(c, '.' | '*' | '>' | '/' | '\\')
+            !c.is_whitespace() && !c.is_control() && !matches!(c, '.' | '*' | '>' | '/' | '\\')
         })
 }
 
@@ -1061,5 +1072,16 @@ mod tests {
         assert!(!is_valid_name("OUT.BOX"));
         assert!(validate_config(&NatsConfig::default().namespace("a.>")).is_err());
         assert!(validate_config(&NatsConfig::default().stream_name("a b")).is_err());
+    }
+
+    #[test]
+    fn the_duplicate_window_never_exceeds_max_age() {
+        let config = NatsConfig::default();
+        assert_eq!(
+            config.effective_duplicate_window(),
+            DEFAULT_DUPLICATE_WINDOW
+        );
+        let config = config.max_age(Duration::from_secs(30));
+        assert_eq!(config.effective_duplicate_window(), Duration::from_secs(30));
     }
 }
