@@ -90,11 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let outbox = Outbox::new("order-service");
     println!("database: {}", path.display());
-    for (id, customer, total) in [
-        (1, "ada", 4_200),
-        (2, "grace", 250_000),
-        (3, "linus", 990),
-    ] {
+    for (id, customer, total) in [(1, "ada", 4_200), (2, "grace", 250_000), (3, "linus", 990)] {
         match place_order(&outbox, &db, id, customer, total).await {
             Ok(()) => println!("placed order {id} for {customer}"),
             Err(e) => println!("order {id} rolled back: {e}"),
@@ -109,8 +105,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "SELECT id, event_id, event_type, aggregate_id, status, payload FROM outbox_event ORDER BY id",
         ))
         .await?;
-    println!("{} events in the outbox, written in the same transactions:", rows.len());
-    println!("{:<4} {:<38} {:<14} {:<10} {:<8} payload", "id", "event_id", "type", "aggregate", "status");
+    println!(
+        "{} events in the outbox, written in the same transactions:",
+        rows.len()
+    );
+    println!(
+        "{:<4} {:<38} {:<14} {:<10} {:<8} payload",
+        "id", "event_id", "type", "aggregate", "status"
+    );
     for row in &rows {
         println!(
             "{:<4} {:<38} {:<14} {:<10} {:<8} {}",
@@ -122,6 +124,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             row.try_get::<String>("", "payload")?,
         );
     }
-    assert_eq!(orders.len(), rows.len(), "every committed order has its event, and only those");
+    assert_eq!(
+        orders.len(),
+        rows.len(),
+        "every committed order has its event, and only those"
+    );
     Ok(())
 }

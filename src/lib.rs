@@ -1,16 +1,16 @@
 #![doc = include_str!("../README.md")]
 
+pub use outbox_runtime::CancellationToken;
+pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
+#[cfg(feature = "nats")]
+pub use outbox_runtime::transport::nats::NatsTransport;
+pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
 pub use outbox_runtime::{
     CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, EventId, EventRegistration,
     Headers, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TraceContext,
     TraceContextError, TransactionError, WakeReceiver, envelope, event, registry, relay, store,
     trace, transaction, transport,
 };
-pub use outbox_runtime::CancellationToken;
-pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
-pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
-#[cfg(feature = "nats")]
-pub use outbox_runtime::transport::nats::NatsTransport;
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::DomainEvent;

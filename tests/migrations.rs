@@ -16,7 +16,9 @@ async fn table_exists(db: &DatabaseConnection, table: &str) -> bool {
         DbBackend::MySql => format!(
             "SELECT COUNT(*) AS n FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '{table}'"
         ),
-        _ => format!("SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = '{table}'"),
+        _ => format!(
+            "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = '{table}'"
+        ),
     };
     scalar_i64(db, &sql).await == 1
 }
@@ -24,11 +26,15 @@ async fn table_exists(db: &DatabaseConnection, table: &str) -> bool {
 async fn index_names(db: &DatabaseConnection, table: &str) -> Vec<String> {
     let backend = db.get_database_backend();
     let sql = match backend {
-        DbBackend::Postgres => format!("SELECT indexname AS name FROM pg_indexes WHERE tablename = '{table}'"),
+        DbBackend::Postgres => {
+            format!("SELECT indexname AS name FROM pg_indexes WHERE tablename = '{table}'")
+        }
         DbBackend::MySql => format!(
             "SELECT DISTINCT index_name AS name FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = '{table}'"
         ),
-        _ => format!("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = '{table}'"),
+        _ => {
+            format!("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = '{table}'")
+        }
     };
     let rows = db
         .query_all_raw(Statement::from_string(backend, sql))
@@ -45,32 +51,49 @@ async fn up_down_up(t: TestDb) {
     assert!(table_exists(&t.db, "outbox_event").await);
     assert!(table_exists(&t.db, "inbox_event").await);
     assert!(table_exists(&t.db, "outbox_migrations").await);
-    assert!(!table_exists(&t.db, "seaql_migrations").await, "outbox::migrate keeps to its own table");
+    assert!(
+        !table_exists(&t.db, "seaql_migrations").await,
+        "outbox::migrate keeps to its own table"
+    );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
     assert_eq!(applied, 2);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
         assert!(
-            indexes.iter().any(|i| i == expected || i.starts_with("sqlite_autoindex")),
+            indexes
+                .iter()
+                .any(|i| i == expected || i.starts_with("sqlite_autoindex")),
             "{expected} missing from {indexes:?}"
         );
     }
     match t.db.get_database_backend() {
-        DbBackend::MySql => assert!(indexes.iter().any(|i| i == "outbox_event_status_idx"), "{indexes:?}"),
-        _ => assert!(indexes.iter().any(|i| i == "outbox_event_unsent_idx"), "{indexes:?}"),
+        DbBackend::MySql => assert!(
+            indexes.iter().any(|i| i == "outbox_event_status_idx"),
+            "{indexes:?}"
+        ),
+        _ => assert!(
+            indexes.iter().any(|i| i == "outbox_event_unsent_idx"),
+            "{indexes:?}"
+        ),
     }
 
     Migrator::down(&t.db, None).await.unwrap();
     assert!(!table_exists(&t.db, "outbox_event").await);
     assert!(!table_exists(&t.db, "inbox_event").await);
-    assert_eq!(scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await, 0);
+    assert_eq!(
+        scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
+        0
+    );
 
     Migrator::up(&t.db, None).await.unwrap();
     assert!(table_exists(&t.db, "outbox_event").await);
     assert!(table_exists(&t.db, "inbox_event").await);
     Migrator::up(&t.db, None).await.unwrap();
-    assert_eq!(scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await, 2);
+    assert_eq!(
+        scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
+        2
+    );
 }
 
 /// An application's own migration, composed with the SDK's.
@@ -97,7 +120,9 @@ impl MigrationTrait for CreateInvoice {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager.drop_table(Table::drop().table("invoice").to_owned()).await
+        manager
+            .drop_table(Table::drop().table("invoice").to_owned())
+            .await
     }
 }
 
@@ -119,9 +144,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
     assert!(table_exists(&t.db, "outbox_event").await);
     assert!(table_exists(&t.db, "inbox_event").await);
     assert!(table_exists(&t.db, "invoice").await);
-    let names = t
-        .db
-        .query_all_raw(Statement::from_string(
+    let names =
+        t.db.query_all_raw(Statement::from_string(
             t.db.get_database_backend(),
             "SELECT version FROM seaql_migrations ORDER BY version".to_owned(),
         ))

@@ -13,84 +13,13 @@ use std::{
 
 use outbox::transport::{
     Delivery, OutgoingMessage, PublishError, SubscribeOptions, Subscription, Transport,
-    nats::{NatsConfig, NatsTransport, NatsTransportBuilder, async_nats, durable_name},
+    nats::{NatsConfig, NatsTransport, async_nats, durable_name},
 };
 use uuid::Uuid;
 
-const NATS_URL: &str = "nats://127.0.0.1:4222";
+mod common;
 
-fn services_required() -> bool {
-    std::env::var("OUTBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
-}
-
-/// A transport on a fresh namespace `t_<test>_<random>`; its stream is deleted when it is dropped,
-/// even when the test fails.
-struct TestTransport(NatsTransport);
-
-impl std::ops::Deref for TestTransport {
-    type Target = NatsTransport;
-
-    fn deref(&self) -> &NatsTransport {
-        &self.0
-    }
-}
-
-impl Drop for TestTransport {
-    fn drop(&mut self) {
-        // The test's runtime is blocked in this drop: delete through a connection of its own.
-        let stream = self.0.stream_name().to_owned();
-        let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                let connect = async_nats::connect(NATS_URL);
-                let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(5), connect).await
-                else {
-                    return;
-                };
-                let jetstream = async_nats::jetstream::new(client);
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), jetstream.delete_stream(&stream))
-                        .await;
-            });
-        })
-        .join();
-    }
-}
-
-/// A transport on a fresh namespace, or `None` (after a loud message) when the server is not
-/// reachable.
-async fn transport(test: &str) -> Option<TestTransport> {
-    transport_with(test, |builder| builder).await
-}
-
-async fn transport_with(
-    test: &str,
-    configure: impl FnOnce(NatsTransportBuilder) -> NatsTransportBuilder,
-) -> Option<TestTransport> {
-    let random = Uuid::new_v4().simple().to_string();
-    let namespace = format!("t_{test}_{}", &random[..10]);
-    let builder = NatsTransport::builder(NATS_URL)
-        .namespace(namespace)
-        .connection_timeout(Duration::from_secs(3));
-    let connect = configure(builder).connect();
-    let error = match tokio::time::timeout(Duration::from_secs(15), connect).await {
-        Ok(Ok(transport)) => return Some(TestTransport(transport)),
-        Ok(Err(err)) => err.to_string(),
-        Err(_) => "connecting timed out".to_owned(),
-    };
-    if services_required() {
-        panic!("NATS is required (OUTBOX_REQUIRE_SERVICES=1) but unavailable: {error}");
-    }
-    eprintln!(
-        "\n*** SKIPPED {test}: NATS JetStream is not reachable at {NATS_URL} ({error}); start it to run this test ***\n"
-    );
-    None
-}
+use common::nats::{transport, transport_with};
 
 fn message(event_type: &str, n: usize) -> OutgoingMessage {
     let event_id = Uuid::now_v7();

@@ -50,7 +50,9 @@ struct Unserializable {
 
 impl Serialize for Unserializable {
     fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
-        Err(serde::ser::Error::custom("the payment token must never leave the service"))
+        Err(serde::ser::Error::custom(
+            "the payment token must never leave the service",
+        ))
     }
 }
 
@@ -171,7 +173,10 @@ async fn rollback_paths_leave_nothing(t: TestDb) {
             })
         })
         .await;
-    assert_eq!(result.unwrap_err().into_callback().as_deref(), Some("payment declined"));
+    assert_eq!(
+        result.unwrap_err().into_callback().as_deref(),
+        Some("payment declined")
+    );
 
     assert_eq!(count_orders(&t.db).await, 0);
     assert_eq!(count_events(&t.db).await, 0);
@@ -350,13 +355,24 @@ async fn dedup_key_skips_duplicates_without_aborting(t: TestDb) {
     tx.enqueue(&placed(2)).unwrap();
     let report = tx.commit().await.unwrap();
     assert_eq!(report.written, 2);
-    assert_eq!(report.skipped.iter().map(|s| s.event_id).collect::<Vec<_>>(), [again]);
+    assert_eq!(
+        report
+            .skipped
+            .iter()
+            .map(|s| s.event_id)
+            .collect::<Vec<_>>(),
+        [again]
+    );
     assert_eq!(count_orders(&t.db).await, 2);
 
     let rows = outbox_rows(&t.db).await;
     assert_eq!(rows.len(), 6);
     assert!(rows.iter().any(|r| r.event_id == fresh));
-    assert!(!rows.iter().any(|r| r.event_id == dup || r.event_id == again));
+    assert!(
+        !rows
+            .iter()
+            .any(|r| r.event_id == dup || r.event_id == again)
+    );
     let keyed: Vec<_> = rows
         .iter()
         .filter(|r| r.event_type == "payment.requested" && r.dedup_key.as_deref() == Some("req-1"))
@@ -365,12 +381,20 @@ async fn dedup_key_skips_duplicates_without_aborting(t: TestDb) {
 }
 
 async fn bad_events_fail_at_enqueue_and_keep_the_transaction(t: TestDb) {
-    let outbox = Outbox::builder("order-service").max_payload_bytes(512).build();
+    let outbox = Outbox::builder("order-service")
+        .max_payload_bytes(512)
+        .build();
     let tx = outbox.begin(&t.db).await.unwrap();
     order(1).insert(&tx).await.unwrap();
 
     let err = tx.enqueue(&Unserializable { order_id: 1 }).unwrap_err();
-    assert!(matches!(err, EnqueueError::Serialize { event_type: "order.broken", .. }));
+    assert!(matches!(
+        err,
+        EnqueueError::Serialize {
+            event_type: "order.broken",
+            ..
+        }
+    ));
     let text = err.to_string();
     assert!(
         text.contains("`order.broken`") && text.contains("must never leave the service"),
@@ -411,7 +435,9 @@ async fn bad_events_fail_at_enqueue_and_keep_the_transaction(t: TestDb) {
 
 async fn small_insert_batches_write_everything(t: TestDb) {
     // Several multi-row INSERT statements per commit, with a dedup key straddling two batches.
-    let outbox = Outbox::builder("order-service").insert_batch_rows(7).build();
+    let outbox = Outbox::builder("order-service")
+        .insert_batch_rows(7)
+        .build();
     let tx = outbox.begin(&t.db).await.unwrap();
     for i in 0..50 {
         tx.enqueue(&placed(i)).unwrap();

@@ -19,7 +19,9 @@ struct StockAdjusted {
 }
 
 async fn listener(t: &TestDb, channel: &str) -> PgListener {
-    let mut listener = PgListener::connect(&t.url).await.expect("LISTEN connection");
+    let mut listener = PgListener::connect(&t.url)
+        .await
+        .expect("LISTEN connection");
     listener.listen(channel).await.unwrap();
     listener
 }
@@ -44,12 +46,20 @@ async fn postgres_commit_notifies_other_processes() {
 
     // A transaction that rolls back sends nothing.
     let tx = outbox.begin(&t.db).await.unwrap();
-    tx.enqueue(&StockAdjusted { sku: "A-1".into(), delta: 1 }).unwrap();
+    tx.enqueue(&StockAdjusted {
+        sku: "A-1".into(),
+        delta: 1,
+    })
+    .unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(drain(&mut listener, Duration::from_millis(300)).await, 0);
 
     let tx = outbox.begin(&t.db).await.unwrap();
-    tx.enqueue(&StockAdjusted { sku: "A-1".into(), delta: 1 }).unwrap();
+    tx.enqueue(&StockAdjusted {
+        sku: "A-1".into(),
+        delta: 1,
+    })
+    .unwrap();
     let _ = tx.commit().await.unwrap();
     let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
         .await
@@ -74,7 +84,11 @@ async fn postgres_hints_are_coalesced() {
     let started = Instant::now();
     for i in 0..commits {
         let tx = outbox.begin(&t.db).await.unwrap();
-        tx.enqueue(&StockAdjusted { sku: format!("S-{i}"), delta: 1 }).unwrap();
+        tx.enqueue(&StockAdjusted {
+            sku: format!("S-{i}"),
+            delta: 1,
+        })
+        .unwrap();
         let _ = tx.commit().await.unwrap();
     }
     let elapsed = started.elapsed();
@@ -98,9 +112,15 @@ async fn postgres_hint_can_be_turned_off() {
     let mut listener = listener(&t, outbox::DEFAULT_NOTIFY_CHANNEL).await;
     let mut wake = outbox.subscribe();
     let tx = outbox.begin(&t.db).await.unwrap();
-    tx.enqueue(&StockAdjusted { sku: "B-2".into(), delta: -1 }).unwrap();
+    tx.enqueue(&StockAdjusted {
+        sku: "B-2".into(),
+        delta: -1,
+    })
+    .unwrap();
     let _ = tx.commit().await.unwrap();
     // The in-process signal still fires.
-    tokio::time::timeout(Duration::from_secs(5), wake.woken()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), wake.woken())
+        .await
+        .unwrap();
     assert_eq!(drain(&mut listener, Duration::from_millis(500)).await, 0);
 }

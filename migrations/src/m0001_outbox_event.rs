@@ -48,8 +48,7 @@ const POSTGRES_UP: &[&str] = &[
     "CREATE INDEX outbox_event_sent_at_idx ON outbox_event (sent_at) WHERE status = 'SENT'",
 ];
 
-const MYSQL_UP: &[&str] = &[
-    r#"CREATE TABLE outbox_event (
+const MYSQL_UP: &[&str] = &[r#"CREATE TABLE outbox_event (
         id                BIGINT NOT NULL AUTO_INCREMENT,
         event_id          CHAR(36) CHARACTER SET ascii NOT NULL,
         source            VARCHAR(255) NOT NULL,
@@ -76,8 +75,7 @@ const MYSQL_UP: &[&str] = &[
         KEY outbox_event_status_idx (status, id),
         KEY outbox_event_aggregate_idx (aggregate_type, aggregate_id, status, id),
         KEY outbox_event_sent_at_idx (status, sent_at)
-    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"#,
-];
+    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"#];
 
 const SQLITE_UP: &[&str] = &[
     r#"CREATE TABLE outbox_event (
@@ -118,7 +116,11 @@ const DOWN: &[&str] = &["DROP TABLE outbox_event"];
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let backend = manager.get_database_backend();
-        run_script(manager, script_for(backend, POSTGRES_UP, MYSQL_UP, SQLITE_UP)).await
+        run_script(
+            manager,
+            script_for(backend, POSTGRES_UP, MYSQL_UP, SQLITE_UP),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {

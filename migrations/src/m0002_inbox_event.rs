@@ -44,8 +44,7 @@ const POSTGRES_UP: &[&str] = &[
     "CREATE INDEX inbox_event_processed_at_idx ON inbox_event (processed_at) WHERE status IN ('DONE', 'IGNORED')",
 ];
 
-const MYSQL_UP: &[&str] = &[
-    r#"CREATE TABLE inbox_event (
+const MYSQL_UP: &[&str] = &[r#"CREATE TABLE inbox_event (
         consumer          VARCHAR(128) NOT NULL,
         message_id        VARCHAR(255) NOT NULL,
         event_type        VARCHAR(255) NULL,
@@ -68,8 +67,7 @@ const MYSQL_UP: &[&str] = &[
         KEY inbox_event_due_idx (status, next_attempt_at),
         KEY inbox_event_aggregate_idx (consumer, aggregate_type, aggregate_id, status),
         KEY inbox_event_processed_at_idx (status, processed_at)
-    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"#,
-];
+    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"#];
 
 const SQLITE_UP: &[&str] = &[
     r#"CREATE TABLE inbox_event (
@@ -107,7 +105,11 @@ const DOWN: &[&str] = &["DROP TABLE inbox_event"];
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let backend = manager.get_database_backend();
-        run_script(manager, script_for(backend, POSTGRES_UP, MYSQL_UP, SQLITE_UP)).await
+        run_script(
+            manager,
+            script_for(backend, POSTGRES_UP, MYSQL_UP, SQLITE_UP),
+        )
+        .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {

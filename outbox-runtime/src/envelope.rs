@@ -211,7 +211,9 @@ impl Envelope {
             None => None,
             Some(t) => Some(
                 DateTime::parse_from_rfc3339(&t)
-                    .map_err(|e| EnvelopeError::invalid("time", format!("`{t}` is not RFC 3339: {e}")))?
+                    .map_err(|e| {
+                        EnvelopeError::invalid("time", format!("`{t}` is not RFC 3339: {e}"))
+                    })?
                     .with_timezone(&Utc),
             ),
         };
@@ -296,7 +298,12 @@ pub fn is_valid_extension_name(name: &str) -> bool {
 }
 
 fn is_json_content_type(ct: &str) -> bool {
-    let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let base = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     base == "application/json" || base == "text/json" || base.ends_with("+json")
 }
 
@@ -317,9 +324,14 @@ fn optional_string(
     match attrs.get(name) {
         None => Ok(None),
         Some(raw) if raw.get() == "null" => Ok(None),
-        Some(raw) => serde_json::from_str::<String>(raw.get()).map(Some).map_err(|_| {
-            EnvelopeError::invalid(name, format!("expected a string, found {}", json_kind(raw.get())))
-        }),
+        Some(raw) => serde_json::from_str::<String>(raw.get())
+            .map(Some)
+            .map_err(|_| {
+                EnvelopeError::invalid(
+                    name,
+                    format!("expected a string, found {}", json_kind(raw.get())),
+                )
+            }),
     }
 }
 
@@ -453,15 +465,39 @@ mod tests {
     #[test]
     fn decode_errors_name_the_attribute() {
         let cases: &[(&str, EnvelopeError)] = &[
-            ("{\"specversion\":\"1.0\"", EnvelopeError::NotJson(String::new())),
+            (
+                "{\"specversion\":\"1.0\"",
+                EnvelopeError::NotJson(String::new()),
+            ),
             ("[1]", EnvelopeError::NotAnObject("an array")),
-            (r#"{"id":"1","source":"s","type":"t"}"#, EnvelopeError::MissingAttribute("specversion")),
-            (r#"{"specversion":"0.3","id":"1","source":"s","type":"t"}"#, EnvelopeError::UnsupportedSpecVersion("0.3".into())),
-            (r#"{"specversion":"1.0","source":"s","type":"t"}"#, EnvelopeError::MissingAttribute("id")),
-            (r#"{"specversion":"1.0","id":"1","source":"s"}"#, EnvelopeError::MissingAttribute("type")),
-            (r#"{"specversion":"1.0","id":7,"source":"s","type":"t"}"#, EnvelopeError::invalid("id", "expected a string, found a number")),
-            (r#"{"specversion":"1.0","id":"","source":"s","type":"t"}"#, EnvelopeError::invalid("id", "must not be empty")),
-            (r#"{"specversion":"1.0","id":"1","source":"s","type":"t","schemaversion":"x"}"#, EnvelopeError::invalid("schemaversion", "expected an integer, found `\"x\"`")),
+            (
+                r#"{"id":"1","source":"s","type":"t"}"#,
+                EnvelopeError::MissingAttribute("specversion"),
+            ),
+            (
+                r#"{"specversion":"0.3","id":"1","source":"s","type":"t"}"#,
+                EnvelopeError::UnsupportedSpecVersion("0.3".into()),
+            ),
+            (
+                r#"{"specversion":"1.0","source":"s","type":"t"}"#,
+                EnvelopeError::MissingAttribute("id"),
+            ),
+            (
+                r#"{"specversion":"1.0","id":"1","source":"s"}"#,
+                EnvelopeError::MissingAttribute("type"),
+            ),
+            (
+                r#"{"specversion":"1.0","id":7,"source":"s","type":"t"}"#,
+                EnvelopeError::invalid("id", "expected a string, found a number"),
+            ),
+            (
+                r#"{"specversion":"1.0","id":"","source":"s","type":"t"}"#,
+                EnvelopeError::invalid("id", "must not be empty"),
+            ),
+            (
+                r#"{"specversion":"1.0","id":"1","source":"s","type":"t","schemaversion":"x"}"#,
+                EnvelopeError::invalid("schemaversion", "expected an integer, found `\"x\"`"),
+            ),
         ];
         for (input, expected) in cases {
             let err = Envelope::from_json(input.as_bytes()).unwrap_err();
@@ -470,8 +506,15 @@ mod tests {
                 _ => assert_eq!(&err, expected, "input {input}"),
             }
         }
-        let err = Envelope::from_json(br#"{"specversion":"1.0","id":"1","source":"s","type":"t","time":"yesterday"}"#).unwrap_err();
-        assert!(err.to_string().starts_with("CloudEvents attribute `time` is invalid"), "{err}");
+        let err = Envelope::from_json(
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"t","time":"yesterday"}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("CloudEvents attribute `time` is invalid"),
+            "{err}"
+        );
         let err = Envelope::from_json(b"\xff\xfe").unwrap_err();
         assert!(matches!(err, EnvelopeError::NotJson(_)), "{err}");
     }
@@ -508,32 +551,46 @@ mod tests {
     fn envelope() -> impl Strategy<Value = Envelope> {
         (
             (".+", ".+", ".+", proptest::option::of(".*")),
-            (0i64..4_102_444_800_000_000, proptest::option::of(any::<i64>()), proptest::option::of(any::<u32>())),
-            (proptest::option::of(".*"), proptest::option::of(".*"), json_value()),
-            prop::collection::btree_map("[a-z0-9]{1,20}", ".*".prop_map(serde_json::Value::from), 0..3),
+            (
+                0i64..4_102_444_800_000_000,
+                proptest::option::of(any::<i64>()),
+                proptest::option::of(any::<u32>()),
+            ),
+            (
+                proptest::option::of(".*"),
+                proptest::option::of(".*"),
+                json_value(),
+            ),
+            prop::collection::btree_map(
+                "[a-z0-9]{1,20}",
+                ".*".prop_map(serde_json::Value::from),
+                0..3,
+            ),
         )
-            .prop_map(|((id, source, ty, subject), (micros, av, sv), (tp, ts, data), ext)| {
-                let extensions = ext
-                    .into_iter()
-                    .filter(|(k, _)| !RESERVED_ATTRIBUTES.contains(&k.as_str()))
-                    .collect();
-                Envelope {
-                    id,
-                    source,
-                    event_type: ty,
-                    subject,
-                    time: Some(DateTime::from_timestamp_micros(micros).unwrap()),
-                    data_content_type: Some(JSON_CONTENT_TYPE.into()),
-                    data_schema: None,
-                    data: Some(serde_json::value::to_raw_value(&data).unwrap()),
-                    aggregate_type: Some("order".into()),
-                    aggregate_version: av,
-                    schema_version: sv,
-                    traceparent: tp,
-                    tracestate: ts,
-                    extensions,
-                }
-            })
+            .prop_map(
+                |((id, source, ty, subject), (micros, av, sv), (tp, ts, data), ext)| {
+                    let extensions = ext
+                        .into_iter()
+                        .filter(|(k, _)| !RESERVED_ATTRIBUTES.contains(&k.as_str()))
+                        .collect();
+                    Envelope {
+                        id,
+                        source,
+                        event_type: ty,
+                        subject,
+                        time: Some(DateTime::from_timestamp_micros(micros).unwrap()),
+                        data_content_type: Some(JSON_CONTENT_TYPE.into()),
+                        data_schema: None,
+                        data: Some(serde_json::value::to_raw_value(&data).unwrap()),
+                        aggregate_type: Some("order".into()),
+                        aggregate_version: av,
+                        schema_version: sv,
+                        traceparent: tp,
+                        tracestate: ts,
+                        extensions,
+                    }
+                },
+            )
     }
 
     proptest! {

@@ -33,13 +33,11 @@ pub use transaction::{CommitReport, Headers, OutboxTransaction, SkippedEvent};
 /// Items the macros' generated code uses. Not public API: no stability guarantees.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::event::{
-        AggregateVersionValue, DedupKeyValue, DomainEvent, EventRegistration,
-    };
+    pub use crate::event::{AggregateVersionValue, DedupKeyValue, DomainEvent, EventRegistration};
     pub use inventory;
+    pub use sea_orm;
     pub use serde;
     pub use serde_json;
-    pub use sea_orm;
     pub use std::{
         boxed::Box,
         option::Option::{self, None, Some},

@@ -14,8 +14,12 @@ pub fn events() -> Vec<&'static EventRegistration> {
     let mut all: Vec<&'static EventRegistration> =
         inventory::iter::<EventRegistration>.into_iter().collect();
     all.sort_by(|a, b| {
-        (a.event_type, a.schema_version, a.file, a.line)
-            .cmp(&(b.event_type, b.schema_version, b.file, b.line))
+        (a.event_type, a.schema_version, a.file, a.line).cmp(&(
+            b.event_type,
+            b.schema_version,
+            b.file,
+            b.line,
+        ))
     });
     all
 }
@@ -126,7 +130,11 @@ impl EventCatalogue {
             .filter(|t| !self.by_type.keys().any(|(known, _)| known == t))
             .map(|t| RegistryError::Missing(t.to_owned()))
             .collect();
-        if missing.is_empty() { Ok(()) } else { Err(missing) }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(missing)
+        }
     }
 
     /// The registration of an event type and version.
@@ -198,8 +206,14 @@ mod tests {
     fn duplicates_name_both_locations() {
         let errors = EventCatalogue::from_registrations([&A, &B]).unwrap_err();
         let text = errors[0].to_string();
-        assert!(text.contains("src/orders.rs:10 (shop::orders::OrderPlaced)"), "{text}");
-        assert!(text.contains("src/legacy.rs:99 (shop::orders::OrderPlacedAgain)"), "{text}");
+        assert!(
+            text.contains("src/orders.rs:10 (shop::orders::OrderPlaced)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("src/legacy.rs:99 (shop::orders::OrderPlacedAgain)"),
+            "{text}"
+        );
     }
 
     #[test]

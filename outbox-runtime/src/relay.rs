@@ -554,8 +554,7 @@ impl Relay {
                     Err(reason) => failed_early.push((*event, reason)),
                 }
             }
-            let outgoing: Vec<OutgoingMessage> =
-                messages.iter().map(|(_, m)| m.clone()).collect();
+            let outgoing: Vec<OutgoingMessage> = messages.iter().map(|(_, m)| m.clone()).collect();
             let results = if outgoing.is_empty() {
                 Vec::new()
             } else {

@@ -105,16 +105,24 @@ fn validate_traceparent(tp: &str) -> Result<(), TraceContextError> {
         ));
     }
     let hex = |s: &str, len: usize| {
-        s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     if !hex(parts[0], 2) || parts[0] == "ff" {
-        return Err(err("has an invalid version (two lowercase hex digits, not ff)"));
+        return Err(err(
+            "has an invalid version (two lowercase hex digits, not ff)",
+        ));
     }
     if !hex(parts[1], 32) || parts[1].bytes().all(|b| b == b'0') {
-        return Err(err("has an invalid trace id (32 lowercase hex digits, not all zero)"));
+        return Err(err(
+            "has an invalid trace id (32 lowercase hex digits, not all zero)",
+        ));
     }
     if !hex(parts[2], 16) || parts[2].bytes().all(|b| b == b'0') {
-        return Err(err("has an invalid parent id (16 lowercase hex digits, not all zero)"));
+        return Err(err(
+            "has an invalid parent id (16 lowercase hex digits, not all zero)",
+        ));
     }
     if !hex(parts[3], 2) {
         return Err(err("has invalid flags (two lowercase hex digits)"));

@@ -14,8 +14,8 @@ use std::{
 use chrono::{DateTime, SubsecRound, Utc};
 use sea_orm::{
     AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    ExecResult, IsolationLevel, QueryResult, Statement, TransactionOptions,
-    TransactionSession, TransactionTrait,
+    ExecResult, IsolationLevel, QueryResult, Statement, TransactionOptions, TransactionSession,
+    TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -125,7 +125,9 @@ impl fmt::Debug for OutboxTransaction {
 
 fn lock(buffer: &Mutex<Buffer>) -> std::sync::MutexGuard<'_, Buffer> {
     // A panic while holding this lock cannot leave the buffer half-written: pushes are atomic.
-    buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    buffer
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl OutboxTransaction {
@@ -171,10 +173,8 @@ impl OutboxTransaction {
             field,
             reason,
         };
-        let payload = serde_json::to_string(event).map_err(|source| EnqueueError::Serialize {
-            event_type,
-            source,
-        })?;
+        let payload = serde_json::to_string(event)
+            .map_err(|source| EnqueueError::Serialize { event_type, source })?;
         let limit = self.outbox.inner.max_payload_bytes;
         if payload.len() > limit {
             return Err(EnqueueError::PayloadTooLarge {
@@ -195,7 +195,9 @@ impl OutboxTransaction {
             if !is_valid_extension_name(&name) {
                 return Err(invalid(
                     "header name",
-                    format!("`{name}` must be 1 to 20 characters of a-z and 0-9 (a CloudEvents extension name)"),
+                    format!(
+                        "`{name}` must be 1 to 20 characters of a-z and 0-9 (a CloudEvents extension name)"
+                    ),
                 ));
             }
             if RESERVED_ATTRIBUTES.contains(&name.as_str()) {
@@ -316,7 +318,9 @@ fn check_key(value: &str) -> Result<(), String> {
     }
     let chars = value.chars().count();
     if chars > MAX_KEY_CHARS {
-        return Err(format!("it is {chars} characters, over the limit of {MAX_KEY_CHARS}"));
+        return Err(format!(
+            "it is {chars} characters, over the limit of {MAX_KEY_CHARS}"
+        ));
     }
     Ok(())
 }

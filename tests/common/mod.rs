@@ -14,6 +14,11 @@ use sea_orm::{
 
 pub use outbox::store::Dialect;
 
+pub mod carts;
+
+#[cfg(feature = "nats")]
+pub mod nats;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Postgres,
@@ -32,7 +37,8 @@ fn postgres_admin_url() -> String {
 }
 
 fn mysql_admin_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
 fn with_database(url: &str, db: &str) -> String {
@@ -186,7 +192,10 @@ pub async fn count_events<C: ConnectionTrait>(db: &C) -> i64 {
 
 pub async fn scalar_i64<C: ConnectionTrait>(db: &C, sql: &str) -> i64 {
     let row = db
-        .query_one_raw(Statement::from_string(db.get_database_backend(), sql.to_owned()))
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            sql.to_owned(),
+        ))
         .await
         .unwrap()
         .unwrap();
@@ -306,7 +315,12 @@ pub async fn status_counts<C: ConnectionTrait>(db: &C) -> std::collections::BTre
         .await
         .unwrap();
     rows.iter()
-        .map(|r| (r.try_get::<String>("", "status").unwrap(), r.try_get::<i64>("", "n").unwrap()))
+        .map(|r| {
+            (
+                r.try_get::<String>("", "status").unwrap(),
+                r.try_get::<i64>("", "n").unwrap(),
+            )
+        })
         .collect()
 }
 

@@ -67,7 +67,9 @@ pub fn is_transient(err: &DbErr) -> bool {
             || message.contains("database is locked");
     }
     let text = err.to_string();
-    text.contains("Deadlock found") || text.contains("deadlock detected") || text.contains("database is locked")
+    text.contains("Deadlock found")
+        || text.contains("deadlock detected")
+        || text.contains("database is locked")
 }
 
 /// What the commit-time INSERT did.

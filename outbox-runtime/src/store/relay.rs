@@ -224,9 +224,14 @@ fn heads_query(dialect: Dialect, params: &ClaimParams<'_>, limit: usize) -> Stat
     sql.build()
 }
 
-fn decode(dialect: &Dialect, row: &QueryResult) -> Result<(ClaimedEvent, String, Option<DateTime<Utc>>), DbErr> {
+fn decode(
+    dialect: &Dialect,
+    row: &QueryResult,
+) -> Result<(ClaimedEvent, String, Option<DateTime<Utc>>), DbErr> {
     let schema_version: i64 = match dialect.backend() {
-        DbBackend::Postgres | DbBackend::MySql => i64::from(row.try_get::<i32>("", "schema_version")?),
+        DbBackend::Postgres | DbBackend::MySql => {
+            i64::from(row.try_get::<i32>("", "schema_version")?)
+        }
         _ => row.try_get("", "schema_version")?,
     };
     let attempts: i64 = match dialect.backend() {
@@ -477,7 +482,15 @@ pub async fn settle(
     for failure in &settlement.failed {
         let mut sql = Sql::new(dialect);
         sql.push(&format!("UPDATE {OUTBOX_TABLE} SET status = "))
-            .bind(if failure.dead { status::DEAD } else { status::RETRY }.to_owned().into())
+            .bind(
+                if failure.dead {
+                    status::DEAD
+                } else {
+                    status::RETRY
+                }
+                .to_owned()
+                .into(),
+            )
             .push(", attempts = ")
             .bind(i64::from(failure.attempts).into())
             .push(", next_attempt_at = ")

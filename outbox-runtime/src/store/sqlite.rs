@@ -18,5 +18,9 @@ pub(crate) fn parse_timestamp(text: &str, column: &str) -> Result<DateTime<Utc>,
         .or_else(|_| {
             chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").map(|t| t.and_utc())
         })
-        .map_err(|e| DbErr::Type(format!("column {column} holds `{text}`, not a timestamp: {e}")))
+        .map_err(|e| {
+            DbErr::Type(format!(
+                "column {column} holds `{text}`, not a timestamp: {e}"
+            ))
+        })
 }

@@ -230,7 +230,10 @@ impl MemoryTransport {
             if len >= n {
                 return len;
             }
-            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
                 return self.len();
             }
         }
@@ -296,7 +299,10 @@ impl Transport for MemoryTransport {
 
     async fn health(&self) -> Result<(), TransportError> {
         if self.state().faults.unavailable {
-            Err(TransportError::new("memory", "broker unavailable (injected)"))
+            Err(TransportError::new(
+                "memory",
+                "broker unavailable (injected)",
+            ))
         } else {
             Ok(())
         }
@@ -307,7 +313,9 @@ impl State {
     fn accept(&mut self, namespace: &str, message: &OutgoingMessage) -> Result<(), PublishError> {
         let faults = &mut self.faults;
         if faults.unavailable {
-            return Err(PublishError::Connection("broker unavailable (injected)".into()));
+            return Err(PublishError::Connection(
+                "broker unavailable (injected)".into(),
+            ));
         }
         if faults.fail_next > 0 {
             faults.fail_next -= 1;
@@ -318,10 +326,14 @@ impl State {
             .as_ref()
             .is_some_and(|p| p(message))
         {
-            return Err(PublishError::Permanent("injected permanent rejection".into()));
+            return Err(PublishError::Permanent(
+                "injected permanent rejection".into(),
+            ));
         }
         if faults.fail_matching.as_ref().is_some_and(|p| p(message)) {
-            return Err(PublishError::Rejected("injected failure for matching message".into()));
+            return Err(PublishError::Rejected(
+                "injected failure for matching message".into(),
+            ));
         }
         if faults.fail_probability > 0.0 && fastrand::f64() < faults.fail_probability {
             return Err(PublishError::Rejected("injected random failure".into()));
@@ -504,7 +516,10 @@ mod tests {
             .publish(&[message(1, "a"), message(2, "a"), message(3, "a")])
             .await;
         assert!(matches!(r[0], Err(PublishError::Rejected(_))));
-        assert!(matches!(r[1], Err(PublishError::Timeout(_))), "lost confirm");
+        assert!(
+            matches!(r[1], Err(PublishError::Timeout(_))),
+            "lost confirm"
+        );
         assert!(r[2].is_ok());
         assert_eq!(t.len(), 2, "a lost confirm still stored the message");
         let r = t.publish(&[message(2, "a")]).await;
@@ -512,7 +527,12 @@ mod tests {
         assert_eq!(t.len(), 2, "the republish was deduplicated");
         assert_eq!(t.duplicates_dropped(), 1);
         t.reject_permanently(Some(|m: &OutgoingMessage| m.aggregate_id == "4"));
-        assert!(t.publish(&[message(4, "a")]).await[0].as_ref().unwrap_err().is_permanent());
+        assert!(
+            t.publish(&[message(4, "a")]).await[0]
+                .as_ref()
+                .unwrap_err()
+                .is_permanent()
+        );
     }
 
     #[tokio::test]
@@ -528,7 +548,10 @@ mod tests {
             .await;
         assert!(r.iter().all(Result::is_ok));
         let d1 = sub.next().await.unwrap().unwrap();
-        assert_eq!(d1.message_id.as_deref(), Some(Uuid::from_u128(1).to_string().as_str()));
+        assert_eq!(
+            d1.message_id.as_deref(),
+            Some(Uuid::from_u128(1).to_string().as_str())
+        );
         assert_eq!(d1.delivery_count, 1);
         let d3 = sub.next().await.unwrap().unwrap();
         assert_eq!(d3.body, Bytes::from("{\"n\":3}"), "type b was filtered out");

@@ -1,0 +1,98 @@
+//! The relay tests' workload: carts whose lines must reach the broker in order.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::{HashMap, HashSet};
+
+use outbox::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::TestDb;
+
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[event(name = "line.added", aggregate = "cart")]
+pub struct LineAdded {
+    #[event(aggregate_id)]
+    pub cart: String,
+    pub seq: u32,
+}
+
+/// Commit `per_aggregate` events for each of `aggregates` carts, interleaved, `per_tx` per
+/// transaction. Returns the number committed.
+pub async fn produce(
+    t: &TestDb,
+    outbox: &Outbox,
+    aggregates: u32,
+    per_aggregate: u32,
+    per_tx: usize,
+) -> usize {
+    let mut all = Vec::new();
+    for seq in 0..per_aggregate {
+        for a in 0..aggregates {
+            all.push(LineAdded {
+                cart: format!("cart-{a}"),
+                seq,
+            });
+        }
+    }
+    for chunk in all.chunks(per_tx) {
+        let tx = outbox.begin(&t.db).await.unwrap();
+        for e in chunk {
+            tx.enqueue(e).unwrap();
+        }
+        let _ = tx.commit().await.unwrap();
+    }
+    all.len()
+}
+
+/// The `seq` of a published line, read from its CloudEvents body.
+pub fn seq_of(body: &[u8]) -> u32 {
+    let envelope = Envelope::from_json(body).unwrap();
+    let data: serde_json::Value = envelope.data_as().unwrap();
+    data["seq"].as_u64().unwrap() as u32
+}
+
+/// Per aggregate, the sequence numbers in stream order, counting each event id once.
+pub fn per_aggregate_order<'a>(
+    messages: impl IntoIterator<Item = (String, String, &'a [u8])>,
+) -> HashMap<String, Vec<u32>> {
+    let mut seen = HashSet::new();
+    let mut order: HashMap<String, Vec<u32>> = HashMap::new();
+    for (event_id, aggregate_id, body) in messages {
+        if seen.insert(event_id) {
+            order.entry(aggregate_id).or_default().push(seq_of(body));
+        }
+    }
+    order
+}
+
+pub fn assert_strictly_increasing(order: &HashMap<String, Vec<u32>>, per_aggregate: u32) {
+    for (aggregate, seqs) in order {
+        assert_eq!(
+            seqs.len() as u32,
+            per_aggregate,
+            "{aggregate}: every event published"
+        );
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "{aggregate}: published out of order: {seqs:?}"
+        );
+    }
+}
+
+pub async fn wait_all_sent(t: &TestDb, total: usize, timeout: std::time::Duration) {
+    let ok = super::eventually(timeout, || async {
+        super::status_counts(&t.db)
+            .await
+            .get("SENT")
+            .copied()
+            .unwrap_or(0)
+            == total as i64
+    })
+    .await;
+    assert!(
+        ok,
+        "not all events SENT in {timeout:?}: {:?}",
+        super::status_counts(&t.db).await
+    );
+}
