@@ -82,6 +82,11 @@ impl EventRegistration {
 inventory::collect!(EventRegistration);
 
 /// Values usable as `#[event(aggregate_version)]`: integers and `Option`s of them.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an aggregate version",
+    label = "#[event(aggregate_version)] needs an integer or an Option of one",
+    note = "aggregate versions are stored as BIGINT: use i64, u32, Option<i64>, …"
+)]
 pub trait AggregateVersionValue {
     /// The version as an `i64`, `None` when absent or out of range.
     fn to_aggregate_version(&self) -> Option<i64>;
@@ -112,6 +117,11 @@ impl<T: AggregateVersionValue + ?Sized> AggregateVersionValue for &T {
 
 /// Values usable as `#[event(dedup_key)]`: anything `Display`-like, and `Option`s of those
 /// (`None` means "no key").
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a dedup key",
+    label = "#[event(dedup_key)] needs a String, an integer, a Uuid, or an Option of one",
+    note = "dedup keys are stored as text: convert the field, or derive the key into a String field"
+)]
 pub trait DedupKeyValue {
     /// The key, `None` for no key.
     fn to_dedup_key(&self) -> Option<String>;

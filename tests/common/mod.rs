@@ -87,48 +87,43 @@ async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, sea_orm::DbE
     Database::connect(opts).await
 }
 
+/// Drop and create database `name` on a server, then connect to it. `Err` only when the server
+/// is unreachable.
+async fn fresh_server_db(
+    admin_url: &str,
+    drop: &str,
+    name: &str,
+) -> Result<(String, DatabaseConnection), sea_orm::DbErr> {
+    let admin = connect(admin_url, 1).await?;
+    admin.execute_unprepared(drop).await.unwrap();
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    admin.close().await.ok();
+    let url = with_database(admin_url, name);
+    let db = connect(&url, 20).await.unwrap();
+    Ok((url, db))
+}
+
 /// A fresh, migrated database for `test` on `backend`, or `None` (skipped).
 pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
     let name = format!("ob_{}", test.replace(['-', ':'], "_")).to_lowercase();
     assert!(name.len() <= 63, "test database name too long: {name}");
     let (url, db) = match backend {
         Backend::Postgres => {
-            let admin_url = postgres_admin_url();
-            let admin = match connect(&admin_url, 1).await {
-                Ok(db) => db,
+            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            match fresh_server_db(&postgres_admin_url(), &drop, &name).await {
+                Ok(pair) => pair,
                 Err(e) => return skip_or_fail("PostgreSQL", e),
-            };
-            admin
-                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .await
-                .unwrap();
-            admin
-                .execute_unprepared(&format!("CREATE DATABASE {name}"))
-                .await
-                .unwrap();
-            admin.close().await.ok();
-            let url = with_database(&admin_url, &name);
-            let db = connect(&url, 20).await.unwrap();
-            (url, db)
+            }
         }
         Backend::MySql => {
-            let admin_url = mysql_admin_url();
-            let admin = match connect(&admin_url, 1).await {
-                Ok(db) => db,
+            let drop = format!("DROP DATABASE IF EXISTS {name}");
+            match fresh_server_db(&mysql_admin_url(), &drop, &name).await {
+                Ok(pair) => pair,
                 Err(e) => return skip_or_fail("MariaDB/MySQL", e),
-            };
-            admin
-                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name}"))
-                .await
-                .unwrap();
-            admin
-                .execute_unprepared(&format!("CREATE DATABASE {name}"))
-                .await
-                .unwrap();
-            admin.close().await.ok();
-            let url = with_database(&admin_url, &name);
-            let db = connect(&url, 20).await.unwrap();
-            (url, db)
+            }
         }
         Backend::SqliteFile => {
             let dir = std::env::temp_dir().join("outbox-tests");

@@ -237,6 +237,17 @@ impl NatsConfig {
     }
 }
 
+/// Builder setters that forward to the [`NatsConfig`] setter of the same name.
+macro_rules! delegate_setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.config = self.config.$name(value);
+            self
+        }
+    )*};
+}
+
 /// Builds a [`NatsTransport`] that opens its own connection. Created by
 /// [`NatsTransport::builder`].
 #[derive(Debug, Clone)]
@@ -246,52 +257,23 @@ pub struct NatsTransportBuilder {
 }
 
 impl NatsTransportBuilder {
-    /// Route events under `namespace`. Default `outbox`.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.config = self.config.namespace(namespace);
-        self
-    }
-
-    /// Use the stream `name`. Default: derived from the namespace (`OUTBOX`).
-    pub fn stream_name(mut self, name: impl Into<String>) -> Self {
-        self.config = self.config.stream_name(name);
-        self
-    }
-
-    /// Set the stream's duplicate window. Default two minutes.
-    pub fn duplicate_window(mut self, window: Duration) -> Self {
-        self.config = self.config.duplicate_window(window);
-        self
-    }
-
-    /// Set how long a publish waits for its `PubAck`. Default 10 s.
-    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
-        self.config = self.config.publish_timeout(timeout);
-        self
-    }
-
-    /// Remove messages older than `max_age` from the stream. Default: kept.
-    pub fn max_age(mut self, max_age: Duration) -> Self {
-        self.config = self.config.max_age(max_age);
-        self
-    }
-
-    /// Set the stream's retention policy. Default limits.
-    pub fn retention(mut self, retention: RetentionPolicy) -> Self {
-        self.config = self.config.retention(retention);
-        self
-    }
-
-    /// Set the stream's storage. Default file.
-    pub fn storage(mut self, storage: StorageType) -> Self {
-        self.config = self.config.storage(storage);
-        self
-    }
-
-    /// Fail the connection attempt after `timeout`. Default 5 s.
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.config = self.config.connection_timeout(timeout);
-        self
+    delegate_setters! {
+        /// Route events under `namespace`. Default `outbox`.
+        namespace: impl Into<String>;
+        /// Use the stream `name`. Default: derived from the namespace (`OUTBOX`).
+        stream_name: impl Into<String>;
+        /// Set the stream's duplicate window. Default two minutes.
+        duplicate_window: Duration;
+        /// Set how long a publish waits for its `PubAck`. Default 10 s.
+        publish_timeout: Duration;
+        /// Remove messages older than `max_age` from the stream. Default: kept.
+        max_age: Duration;
+        /// Set the stream's retention policy. Default limits.
+        retention: RetentionPolicy;
+        /// Set the stream's storage. Default file.
+        storage: StorageType;
+        /// Fail the connection attempt after `timeout`. Default 5 s.
+        connection_timeout: Duration;
     }
 
     /// Replace every setting at once.
