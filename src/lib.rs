@@ -6,14 +6,15 @@ pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHa
 pub use outbox_runtime::transport::nats::NatsTransport;
 pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
 pub use outbox_runtime::{
-    CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, EventId, EventRegistration,
-    Headers, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TraceContext,
-    TraceContextError, TransactionError, WakeReceiver, envelope, event, registry, relay, store,
+    CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, Event, EventId, EventMeta,
+    EventRegistration, HandlerContext, HandlerError, HandlerMode, HandlerRegistration, Headers,
+    InboxTransaction, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TraceContext,
+    TraceContextError, TransactionError, WakeReceiver, envelope, event, inbox, registry, relay, store,
     trace, transaction, transport,
 };
 
 #[cfg(feature = "macros")]
-pub use outbox_macros::DomainEvent;
+pub use outbox_macros::{DomainEvent, inbox_handler};
 
 pub use outbox_runtime::outbox::DEFAULT_NOTIFY_CHANNEL;
 
@@ -22,9 +23,11 @@ pub use outbox_migrations::{Migrator, migrate, migrations};
 /// Everything a service needs in one `use outbox::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        CommitReport, DomainEvent, EnqueueError, Envelope, EventId, Outbox, OutboxError,
-        OutboxTransaction, TraceContext, TransactionError,
+        CommitReport, DomainEvent, EnqueueError, Envelope, Event, EventId, HandlerError,
+        InboxTransaction, Outbox, OutboxError, OutboxTransaction, TraceContext, TransactionError,
     };
+    #[cfg(feature = "macros")]
+    pub use crate::inbox_handler;
 }
 
 /// The SeaORM version this SDK is built on, re-exported so versions cannot drift apart.

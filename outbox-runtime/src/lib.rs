@@ -14,9 +14,11 @@
 pub mod envelope;
 pub mod error;
 pub mod event;
+pub mod inbox;
 pub mod outbox;
 pub mod registry;
 pub mod relay;
+pub mod runtime;
 pub mod store;
 pub mod trace;
 pub mod transaction;
@@ -25,7 +27,12 @@ pub mod transport;
 pub use envelope::{Envelope, EnvelopeError};
 pub use error::{EnqueueError, OutboxError, TransactionError};
 pub use event::{DomainEvent, EventId, EventRegistration};
+pub use inbox::{
+    Event, EventMeta, HandlerContext, HandlerError, HandlerMode, HandlerRegistration,
+    InboxTransaction,
+};
 pub use outbox::{Outbox, OutboxBuilder, WakeReceiver};
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeError};
 pub use tokio_util::sync::CancellationToken;
 pub use trace::{TraceContext, TraceContextError};
 pub use transaction::{CommitReport, Headers, OutboxTransaction, SkippedEvent};

@@ -22,6 +22,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     fmt,
+    future::Future,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -32,13 +33,12 @@ use std::{
 use bytes::Bytes;
 use chrono::Utc;
 use sea_orm::{DatabaseConnection, DbBackend, DbErr};
-use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    envelope::{Envelope, JSON_CONTENT_TYPE},
     outbox::{Outbox, WakeReceiver},
+    runtime::health::LoopHealth,
     store::{
         self,
         relay::{Claim, ClaimParams, ClaimedEvent, Failure, Settlement},
@@ -225,11 +225,33 @@ impl RelayStats {
     }
 }
 
-/// Moves committed outbox events to a [`Transport`].
+/// Where a relay delivers.
+#[derive(Clone)]
+enum Sink {
+    /// Publish to a broker.
+    Broker(Arc<dyn Transport>),
+    /// The database-local transport: move events into inbox rows of local consumers, then wake
+    /// their workers.
+    Local {
+        routes: Arc<dyn Fn(&str) -> Vec<&'static str> + Send + Sync>,
+        delivered: Arc<Notify>,
+    },
+}
+
+impl Sink {
+    fn name(&self) -> &'static str {
+        match self {
+            Sink::Broker(transport) => transport.name(),
+            Sink::Local { .. } => "database-local",
+        }
+    }
+}
+
+/// Moves committed outbox events to a [`Transport`], or into local consumers' inboxes.
 #[derive(Clone)]
 pub struct Relay {
     db: DatabaseConnection,
-    transport: Arc<dyn Transport>,
+    sink: Sink,
     config: RelayConfig,
     outbox: Option<Outbox>,
     stats: Arc<RelayStats>,
@@ -239,7 +261,7 @@ impl fmt::Debug for Relay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Relay")
             .field("relay_id", &self.config.relay_id)
-            .field("transport", &self.transport.name())
+            .field("transport", &self.sink.name())
             .field("config", &self.config)
             .finish()
     }
@@ -250,7 +272,24 @@ impl Relay {
     pub fn new(db: DatabaseConnection, transport: Arc<dyn Transport>) -> Self {
         Relay {
             db,
-            transport,
+            sink: Sink::Broker(transport),
+            config: RelayConfig::default(),
+            outbox: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// A relay for the database-local transport: each round moves events into PENDING inbox rows
+    /// of every consumer `routes` returns for the event type, and marks them SENT, in one
+    /// transaction; then `delivered` is notified so the consumers' workers run.
+    pub fn local(
+        db: DatabaseConnection,
+        routes: Arc<dyn Fn(&str) -> Vec<&'static str> + Send + Sync>,
+        delivered: Arc<Notify>,
+    ) -> Self {
+        Relay {
+            db,
+            sink: Sink::Local { routes, delivered },
             config: RelayConfig::default(),
             outbox: None,
             stats: Arc::default(),
@@ -304,19 +343,39 @@ impl Relay {
         Ok(total)
     }
 
+    /// The shared counters (for a runtime that reports them).
+    pub fn stats_handle(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
     /// Run until `shutdown` is cancelled, then finish the round in flight (its publishes are
     /// awaited, events not yet published are handed back) and return.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RelayError> {
-        self.transport.setup().await?;
+        self.run_with_health(shutdown, &LoopHealth::new("relay".into()))
+            .await
+    }
+
+    pub(crate) async fn run_with_health(
+        &self,
+        shutdown: CancellationToken,
+        health: &LoopHealth,
+    ) -> Result<(), RelayError> {
+        if let Sink::Broker(transport) = &self.sink {
+            transport.setup().await?;
+        }
         let mut wake: Option<WakeReceiver> = self.outbox.as_ref().map(Outbox::subscribe);
         let hint = Arc::new(Notify::new());
         let listener = self.spawn_listener(&hint, &shutdown);
-        tracing::info!(relay = %self.config.relay_id, transport = self.transport.name(), "outbox relay started");
+        tracing::info!(relay = %self.config.relay_id, transport = self.sink.name(), "outbox relay started");
 
         while !shutdown.is_cancelled() {
             let full = match self.round(&shutdown).await {
-                Ok(report) => report.claimed + report.dead >= self.config.batch_size,
+                Ok(report) => {
+                    health.success();
+                    report.claimed + report.dead >= self.config.batch_size
+                }
                 Err(e) => {
+                    health.failure(&e.to_string());
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(relay = %self.config.relay_id, error = %e, "outbox relay round failed; retrying");
                     tokio::select! {
@@ -435,17 +494,28 @@ impl Relay {
             ordering: self.config.ordering,
             max_attempts: self.config.max_attempts,
         };
-        // A deadlock or busy database only delays a claim: try again at once, a few times.
-        let mut tries = 0;
-        let claim = loop {
-            match store::relay::claim(&self.db, &params).await {
-                Err(e) if store::is_transient(&e) && tries < 3 => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
-                }
-                other => break other?,
+        if let Sink::Local { routes, delivered } = &self.sink {
+            let moved = with_transient_retries(|| {
+                store::relay::move_to_inbox(&self.db, &params, routes.as_ref())
+            })
+            .await?;
+            if moved.inbox_rows > 0 {
+                delivered.notify_waiters();
             }
+            let report = RoundReport {
+                claimed: moved.events,
+                sent: moved.events,
+                dead: moved.dead,
+                ..RoundReport::default()
+            };
+            self.stats.add(&report);
+            return Ok(report);
+        }
+        let Sink::Broker(transport) = &self.sink else {
+            unreachable!("local sink handled above");
         };
+        // A deadlock or busy database only delays a claim: try again at once, a few times.
+        let claim = with_transient_retries(|| store::relay::claim(&self.db, &params)).await?;
         let mut report = RoundReport {
             claimed: claim.events.len(),
             dead: claim.dead.len(),
@@ -462,7 +532,7 @@ impl Relay {
             self.stats.add(&report);
             return Ok(report);
         }
-        let settlement = self.publish(&claim, shutdown).await;
+        let settlement = self.publish(transport.as_ref(), &claim, shutdown).await;
         let settled = self.settle(&claim, &settlement).await?;
 
         report.sent = settlement.sent.len();
@@ -510,7 +580,12 @@ impl Relay {
     }
 
     /// Publish a claim wave by wave and decide each event's fate.
-    async fn publish(&self, claim: &Claim, shutdown: &CancellationToken) -> Settlement {
+    async fn publish(
+        &self,
+        transport: &dyn Transport,
+        claim: &Claim,
+        shutdown: &CancellationToken,
+    ) -> Settlement {
         let mut settlement = Settlement::default();
         let now = Utc::now();
         let mut queues: Vec<VecDeque<&ClaimedEvent>> = if self.config.ordering {
@@ -558,7 +633,7 @@ impl Relay {
             let results = if outgoing.is_empty() {
                 Vec::new()
             } else {
-                self.transport.publish(&outgoing).await
+                transport.publish(&outgoing).await
             };
             let mut outcomes: Vec<(&ClaimedEvent, Result<(), PublishError>)> = messages
                 .iter()
@@ -626,6 +701,24 @@ impl Relay {
     }
 }
 
+/// Run a short transaction again, a few times, when it fails on a deadlock or a busy database.
+async fn with_transient_retries<T, F, Fut>(mut f: F) -> Result<T, DbErr>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, DbErr>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(e) if store::is_transient(&e) && tries < 3 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 fn release<'a>(settlement: &mut Settlement, events: impl Iterator<Item = &'a ClaimedEvent>) {
     for event in events {
         settlement.released.push(event.id);
@@ -635,44 +728,15 @@ fn release<'a>(settlement: &mut Settlement, events: impl Iterator<Item = &'a Cla
     }
 }
 
-/// The envelope of a claimed event, ready to publish. An error means the row itself is broken
+/// The message of a claimed event, ready to publish. An error means the row itself is broken
 /// (it can never be published): the event goes DEAD with the reason.
 fn outgoing(event: &ClaimedEvent) -> Result<OutgoingMessage, String> {
-    let data = RawValue::from_string(event.payload.clone())
-        .map_err(|e| format!("payload is not valid JSON: {e}"))?;
-    let headers: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&event.headers)
-        .map_err(|e| format!("headers are not a JSON object: {e}"))?;
-    let mut envelope = Envelope {
-        id: event.event_id.to_string(),
-        source: event.source.clone(),
-        event_type: event.event_type.clone(),
-        subject: Some(event.aggregate_id.clone()),
-        time: Some(event.created_at),
-        data_content_type: Some(JSON_CONTENT_TYPE.to_owned()),
-        data_schema: None,
-        data: Some(data),
-        aggregate_type: Some(event.aggregate_type.clone()),
-        aggregate_version: event.aggregate_version,
-        schema_version: Some(event.schema_version),
-        traceparent: None,
-        tracestate: None,
-        extensions: Default::default(),
-    };
-    for (name, value) in headers {
-        match name.as_str() {
-            "traceparent" => envelope.traceparent = value.as_str().map(str::to_owned),
-            "tracestate" => envelope.tracestate = value.as_str().map(str::to_owned),
-            _ => {
-                envelope.extensions.insert(name, value);
-            }
-        }
-    }
     Ok(OutgoingMessage {
         event_id: event.event_id,
         event_type: event.event_type.clone(),
         aggregate_type: event.aggregate_type.clone(),
         aggregate_id: event.aggregate_id.clone(),
-        body: Bytes::from(envelope.to_json()),
+        body: Bytes::from(event.envelope()?.to_json()),
     })
 }
 

@@ -11,6 +11,8 @@ use uuid::Uuid;
 
 use crate::transaction::{PendingEvent, SkippedEvent};
 
+pub(crate) mod claim;
+pub mod inbox;
 pub mod mysql;
 pub mod postgres;
 pub mod relay;

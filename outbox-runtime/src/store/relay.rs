@@ -4,13 +4,17 @@
 //! expired and whose rows were reclaimed by another relay updates zero rows.
 
 use chrono::{DateTime, Utc};
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
-    QueryResult, SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Value};
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::{Dialect, OUTBOX_TABLE, outbox_status as status};
+use crate::envelope::{Envelope, JSON_CONTENT_TYPE};
+
+use super::{
+    Dialect, OUTBOX_TABLE,
+    claim::{Queue, Sql, begin, select_claimable},
+    outbox_status as status,
+};
 
 /// Columns the relay reads for each claimed event.
 const CLAIM_COLUMNS: &str = "id, event_id, source, event_type, schema_version, aggregate_type, \
@@ -47,6 +51,44 @@ pub struct ClaimedEvent {
     pub reclaimed: bool,
 }
 
+impl ClaimedEvent {
+    /// The CloudEvents envelope of this event. An error means the row itself is broken (its
+    /// payload or headers are not JSON) and it can never be published.
+    pub fn envelope(&self) -> Result<Envelope, String> {
+        let data = RawValue::from_string(self.payload.clone())
+            .map_err(|e| format!("payload is not valid JSON: {e}"))?;
+        let headers: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&self.headers)
+                .map_err(|e| format!("headers are not a JSON object: {e}"))?;
+        let mut envelope = Envelope {
+            id: self.event_id.to_string(),
+            source: self.source.clone(),
+            event_type: self.event_type.clone(),
+            subject: Some(self.aggregate_id.clone()),
+            time: Some(self.created_at),
+            data_content_type: Some(JSON_CONTENT_TYPE.to_owned()),
+            data_schema: None,
+            data: Some(data),
+            aggregate_type: Some(self.aggregate_type.clone()),
+            aggregate_version: self.aggregate_version,
+            schema_version: Some(self.schema_version),
+            traceparent: None,
+            tracestate: None,
+            extensions: Default::default(),
+        };
+        for (name, value) in headers {
+            match name.as_str() {
+                "traceparent" => envelope.traceparent = value.as_str().map(str::to_owned),
+                "tracestate" => envelope.tracestate = value.as_str().map(str::to_owned),
+                _ => {
+                    envelope.extensions.insert(name, value);
+                }
+            }
+        }
+        Ok(envelope)
+    }
+}
+
 /// A batch claimed under one lease and fencing token.
 #[derive(Debug, Clone)]
 pub struct Claim {
@@ -59,7 +101,7 @@ pub struct Claim {
 }
 
 /// How to claim.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct ClaimParams<'a> {
     /// Who claims (stored in `locked_by`).
     pub relay_id: &'a str,
@@ -74,154 +116,6 @@ pub struct ClaimParams<'a> {
     pub ordering: bool,
     /// Reclaiming an expired lease that brings attempts to this many marks the event DEAD.
     pub max_attempts: u32,
-}
-
-/// Begin a short relay transaction: read committed (no gap locks on MySQL), immediate on
-/// SQLite (claims serialize), and on PostgreSQL without waiting for the WAL flush: a lost claim
-/// or mark only causes a republish that broker deduplication and the inbox absorb.
-async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-    let backend = db.get_database_backend();
-    let options = match backend {
-        DbBackend::Sqlite => TransactionOptions {
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-            ..TransactionOptions::default()
-        },
-        _ => TransactionOptions {
-            isolation_level: Some(IsolationLevel::ReadCommitted),
-            ..TransactionOptions::default()
-        },
-    };
-    let txn = db.begin_with_options(options).await?;
-    if backend == DbBackend::Postgres {
-        txn.execute_unprepared("SET LOCAL synchronous_commit = off")
-            .await?;
-    }
-    Ok(txn)
-}
-
-/// Builds SQL with backend placeholders, numbering them as they are added.
-struct Sql {
-    dialect: Dialect,
-    text: String,
-    values: Vec<Value>,
-}
-
-impl Sql {
-    fn new(dialect: Dialect) -> Self {
-        Sql {
-            dialect,
-            text: String::with_capacity(256),
-            values: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, sql: &str) -> &mut Self {
-        self.text.push_str(sql);
-        self
-    }
-
-    fn bind(&mut self, value: Value) -> &mut Self {
-        self.values.push(value);
-        let placeholder = self.dialect.placeholder(self.values.len());
-        self.text.push_str(&placeholder);
-        self
-    }
-
-    fn bind_list(&mut self, values: impl IntoIterator<Item = Value>) -> &mut Self {
-        self.text.push('(');
-        for (i, value) in values.into_iter().enumerate() {
-            if i > 0 {
-                self.text.push_str(", ");
-            }
-            self.bind(value);
-        }
-        self.text.push(')');
-        self
-    }
-
-    fn build(self) -> Statement {
-        Statement::from_sql_and_values(self.dialect.backend(), self.text, self.values)
-    }
-}
-
-fn lock_clause(backend: DbBackend, skip_locked: bool) -> &'static str {
-    match (backend, skip_locked) {
-        (DbBackend::Sqlite, _) => "",
-        (_, true) => " FOR UPDATE SKIP LOCKED",
-        (_, false) => " FOR UPDATE",
-    }
-}
-
-/// "This row is not SENT", in the form each backend's indexes serve: the partial index predicate
-/// on PostgreSQL and SQLite, status ranges of `(aggregate_type, aggregate_id, status, id)` on
-/// MySQL, which has no partial indexes.
-fn unsent_predicate(backend: DbBackend, prefix: &str) -> String {
-    match backend {
-        DbBackend::MySql => {
-            format!("{prefix}status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')")
-        }
-        _ => format!("{prefix}status <> 'SENT'"),
-    }
-}
-
-/// "No earlier event of this row's aggregate is unsent."
-fn push_no_unsent_predecessor(sql: &mut Sql) {
-    let unsent = unsent_predicate(sql.dialect.backend(), "e.");
-    sql.push(&format!(
-        " AND NOT EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e WHERE e.aggregate_type = o.aggregate_type \
-         AND e.aggregate_id = o.aggregate_id AND e.id < o.id AND {unsent})"
-    ));
-}
-
-/// The first claimable rows in id order: new, due for retry, or leased by a relay whose lease
-/// expired; with ordering, only those with no unsent predecessor in their aggregate. Locked with
-/// `SKIP LOCKED`, so concurrent relays take disjoint rows without waiting on each other.
-fn heads_query(dialect: Dialect, params: &ClaimParams<'_>, limit: usize) -> Statement {
-    let mut sql = Sql::new(dialect);
-    let columns = prefixed_columns("o");
-    let now = dialect.timestamp(params.now);
-    if dialect.backend() == DbBackend::MySql {
-        // Without partial indexes, one range scan of (status, id) per claimable status, each
-        // stopping after `limit` rows, beats filtering every unsent row then sorting.
-        let branches: [(&str, Option<&str>); 3] = [
-            ("PENDING", None),
-            ("RETRY", Some("o.next_attempt_at <= ")),
-            ("PROCESSING", Some("o.locked_until < ")),
-        ];
-        for (i, (status, due)) in branches.into_iter().enumerate() {
-            if i > 0 {
-                sql.push(" UNION ALL ");
-            }
-            sql.push(&format!(
-                "(SELECT {columns} FROM {OUTBOX_TABLE} o WHERE o.status = '{status}'"
-            ));
-            if let Some(due) = due {
-                sql.push(" AND ").push(due).bind(now.clone());
-            }
-            if params.ordering {
-                push_no_unsent_predecessor(&mut sql);
-            }
-            sql.push(&format!(
-                " ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
-            ));
-        }
-        sql.push(&format!(" ORDER BY id LIMIT {limit}"));
-        return sql.build();
-    }
-    sql.push(&format!(
-        "SELECT {columns} FROM {OUTBOX_TABLE} o WHERE o.status <> 'SENT' AND (o.status = 'PENDING' \
-         OR (o.status = 'RETRY' AND o.next_attempt_at <= "
-    ))
-    .bind(now.clone())
-    .push(") OR (o.status = 'PROCESSING' AND o.locked_until < ")
-    .bind(now)
-    .push("))");
-    if params.ordering {
-        push_no_unsent_predecessor(&mut sql);
-    }
-    sql.push(&format!(" ORDER BY o.id LIMIT {limit}"));
-    sql.push(lock_clause(dialect.backend(), true));
-    sql.build()
 }
 
 fn decode(
@@ -270,67 +164,15 @@ fn decode(
 pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<Claim, DbErr> {
     let txn = begin(db).await?;
     let dialect = Dialect::of(&txn);
-    let backend = dialect.backend();
-    let limit = params.batch_size.max(1);
-
-    // 1. Heads (or, without ordering, simply the first claimable rows).
-    let sql = heads_query(dialect, params, limit);
+    let queue = Queue {
+        table: OUTBOX_TABLE,
+        columns: CLAIM_COLUMNS,
+        scope: None,
+        unfinished: unsent_predicate,
+    };
     let mut rows = Vec::new();
-    for row in txn.query_all_raw(sql).await? {
-        rows.push(decode(&dialect, &row)?);
-    }
-
-    // 2. The runs behind each head, while there is room in the batch.
-    if params.ordering && !rows.is_empty() && rows.len() < limit {
-        let heads: std::collections::HashSet<i64> = rows.iter().map(|(e, _, _)| e.id).collect();
-        let min_head = rows.iter().map(|(e, _, _)| e.id).min().unwrap_or(0);
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM {OUTBOX_TABLE} WHERE {} AND id > {min_head} AND (",
-            unsent_predicate(backend, "")
-        ));
-        let mut aggregates: Vec<(&str, &str)> = rows
-            .iter()
-            .map(|(e, _, _)| (e.aggregate_type.as_str(), e.aggregate_id.as_str()))
-            .collect();
-        aggregates.sort_unstable();
-        aggregates.dedup();
-        for (i, (aggregate_type, aggregate_id)) in aggregates.iter().enumerate() {
-            if i > 0 {
-                sql.push(" OR ");
-            }
-            sql.push("(aggregate_type = ")
-                .bind((*aggregate_type).to_owned().into())
-                .push(" AND aggregate_id = ")
-                .bind((*aggregate_id).to_owned().into())
-                .push(")");
-        }
-        sql.push(&format!(") ORDER BY id LIMIT {}", limit - rows.len()));
-        sql.push(lock_clause(backend, false));
-        let successors = txn.query_all_raw(sql.build()).await?;
-        // Per aggregate, take the contiguous claimable run right behind the head.
-        let mut open: std::collections::HashSet<(String, String)> = rows
-            .iter()
-            .map(|(e, _, _)| (e.aggregate_type.clone(), e.aggregate_id.clone()))
-            .collect();
-        for row in &successors {
-            let (event, status, locked_until) = decode(&dialect, row)?;
-            if heads.contains(&event.id) {
-                continue;
-            }
-            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
-            if !open.contains(&key) {
-                continue;
-            }
-            let claimable = status == status::PENDING
-                || (status == status::PROCESSING && locked_until.is_some_and(|t| t < params.now));
-            if claimable {
-                rows.push((event, status, locked_until));
-            } else {
-                open.remove(&key);
-            }
-        }
-        rows.sort_by_key(|(e, _, _)| e.id);
+    for candidate in select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await? {
+        rows.push(decode(&dialect, &candidate.row)?);
     }
 
     if rows.is_empty() {
@@ -408,12 +250,16 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     })
 }
 
-fn prefixed_columns(alias: &str) -> String {
-    CLAIM_COLUMNS
-        .split(", ")
-        .map(|c| format!("{alias}.{}", c.trim()))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// "This row is not SENT", in the form each backend's indexes serve: the partial index predicate
+/// on PostgreSQL and SQLite, status ranges of `(aggregate_type, aggregate_id, status, id)` on
+/// MySQL, which has no partial indexes.
+fn unsent_predicate(backend: DbBackend, prefix: &str) -> String {
+    match backend {
+        DbBackend::MySql => {
+            format!("{prefix}status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')")
+        }
+        _ => format!("{prefix}status <> 'SENT'"),
+    }
 }
 
 /// A failed publish to record.
@@ -533,4 +379,89 @@ fn truncate(s: &str, max_chars: usize) -> String {
         Some((i, _)) => s[..i].to_owned(),
         None => s.to_owned(),
     }
+}
+
+/// What [`move_to_inbox`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Outbox events marked SENT.
+    pub events: usize,
+    /// Inbox rows inserted (one per subscribed consumer; duplicates skipped).
+    pub inbox_rows: usize,
+    /// Events that could not be turned into an envelope, marked DEAD.
+    pub dead: usize,
+}
+
+/// The database-local transport: in one transaction, claim a batch, insert each event as a
+/// PENDING inbox row of every consumer `routes` names for its type, and mark it SENT. No broker,
+/// exactly once: the inbox rows and the SENT mark commit together.
+pub async fn move_to_inbox(
+    db: &DatabaseConnection,
+    params: &ClaimParams<'_>,
+    routes: &(dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
+) -> Result<Moved, DbErr> {
+    let txn = begin(db).await?;
+    let dialect = Dialect::of(&txn);
+    let queue = Queue {
+        table: OUTBOX_TABLE,
+        columns: CLAIM_COLUMNS,
+        scope: None,
+        unfinished: unsent_predicate,
+    };
+    let mut moved = Moved::default();
+    let mut sent = Vec::new();
+    for candidate in
+        select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
+    {
+        let (event, _, _) = decode(&dialect, &candidate.row)?;
+        let envelope = match event.envelope() {
+            Ok(envelope) => envelope,
+            Err(reason) => {
+                let mut sql = Sql::new(dialect);
+                sql.push(&format!(
+                    "UPDATE {OUTBOX_TABLE} SET status = 'DEAD', attempts = attempts + 1, last_error = "
+                ))
+                .bind(reason.into())
+                .push(" WHERE id = ")
+                .bind(event.id.into());
+                txn.execute_raw(sql.build()).await?;
+                moved.dead += 1;
+                continue;
+            }
+        };
+        let body = envelope.to_json();
+        let message_id = event.event_id.to_string();
+        for consumer in routes(&event.event_type) {
+            let row = super::inbox::NewInboxRow {
+                consumer,
+                message_id: &message_id,
+                event_type: Some(&event.event_type),
+                source: Some(&event.source),
+                aggregate_type: Some(&event.aggregate_type),
+                aggregate_id: Some(&event.aggregate_id),
+                aggregate_version: event.aggregate_version,
+                schema_version: Some(event.schema_version),
+                payload: &body,
+            };
+            if super::inbox::insert(&txn, &row, &super::inbox::InitialState::Pending, params.now)
+                .await?
+            {
+                moved.inbox_rows += 1;
+            }
+        }
+        sent.push(event.id);
+    }
+    for chunk in sent.chunks(1000) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!("UPDATE {OUTBOX_TABLE} SET status = 'SENT', sent_at = "))
+            .bind(dialect.timestamp(params.now))
+            .push(", locked_by = ")
+            .bind(params.relay_id.to_owned().into())
+            .push(", locked_until = NULL, last_error = NULL WHERE id IN ")
+            .bind_list(chunk.iter().map(|id| Value::from(*id)));
+        txn.execute_raw(sql.build()).await?;
+    }
+    moved.events = sent.len();
+    txn.commit().await?;
+    Ok(moved)
 }

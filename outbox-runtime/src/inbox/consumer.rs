@@ -1,0 +1,775 @@
+//! One consumer at run time: its handlers, the dispatch of broker deliveries, and the worker
+//! that runs stored, retried and locally delivered messages.
+//!
+//! **Delivery (inline mode).** Decode the CloudEvent; in one transaction insert
+//! `(consumer, message_id)` (a duplicate is acked and counted, nothing else runs), run the
+//! handler, commit; then ack. If the handler fails, the transaction rolls back, the message is
+//! stored as RETRY (or DEAD) with its payload in a new transaction, and only then is the broker
+//! acked: the worker below is the one retry mechanism. A message that cannot be decoded, or that
+//! no handler of this consumer takes, is stored DEAD with the raw bytes and a clear error, then
+//! acked. If even storing fails, the delivery is nacked and the broker redelivers it.
+//!
+//! **Worker.** Claims PENDING and due RETRY messages of the consumer (and PROCESSING ones whose
+//! lease expired) with the same lease, fencing and per-aggregate rules as the relay; marks each
+//! DONE inside the handler's transaction, fenced by its claim token, so a worker that lost its
+//! claim commits nothing.
+//!
+//! **Order.** With ordering on, a message waits behind an unfinished message of its aggregate
+//! (stored PENDING behind it), and deliveries of one aggregate run one after another while
+//! different aggregates run in parallel (keyed concurrency). Order holds within one runtime
+//! instance; instances sharing a consumer name on a broker can each get messages of one aggregate,
+//! so handlers that must not apply stale events should also check the aggregate version.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    hash::{Hash, Hasher},
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use chrono::Utc;
+use futures_util::{FutureExt, StreamExt};
+use sea_orm::DatabaseConnection;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::{HandlerContext, HandlerError, HandlerMode, HandlerRegistration, InboxTransaction};
+use crate::{
+    envelope::Envelope,
+    outbox::Outbox,
+    relay::Backoff,
+    runtime::health::LoopHealth,
+    store::{
+        self,
+        inbox::{ClaimedMessage, InitialState, NewInboxRow},
+        relay::ClaimParams,
+    },
+    transport::{Delivery, SubscribeOptions, Transport},
+};
+
+/// Settings of the inbox side of a runtime, per consumer unless a handler overrides them.
+#[derive(Debug, Clone)]
+pub struct InboxConfig {
+    /// Messages handled in parallel per consumer (different aggregates). Default 8.
+    pub concurrency: usize,
+    /// Messages the worker claims per round. Default 100.
+    pub batch_size: usize,
+    /// How long a worker owns a claimed message. Default 30 s: longer than a handler runs.
+    pub lease: Duration,
+    /// Worker sleep when idle and not woken. Default 1 s.
+    pub poll_interval: Duration,
+    /// Handler attempts before DEAD (a handler's `max_attempts` overrides it). Default 10.
+    pub max_attempts: u32,
+    /// Retry delays (a handler's `backoff`/`backoff_cap` override them). Default 1 s · 2ⁿ,
+    /// capped at 300 s, plus up to 20% jitter.
+    pub backoff: Backoff,
+    /// Per-aggregate order (a handler's `ordering` overrides it). Default on.
+    pub ordering: bool,
+    /// Broker subscription settings.
+    pub subscribe: SubscribeOptions,
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        InboxConfig {
+            concurrency: 8,
+            batch_size: 100,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            max_attempts: 10,
+            backoff: Backoff::default(),
+            ordering: true,
+            subscribe: SubscribeOptions::default(),
+        }
+    }
+}
+
+/// Counters of one consumer since start.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    handled: AtomicU64,
+    duplicates: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    stored: AtomicU64,
+    stale: AtomicU64,
+}
+
+/// A snapshot of a consumer's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerStatsSnapshot {
+    /// Messages whose handler committed.
+    pub handled: u64,
+    /// Deliveries suppressed as duplicates of a recorded message.
+    pub duplicates: u64,
+    /// Handler failures scheduled for retry.
+    pub retried: u64,
+    /// Messages that went DEAD.
+    pub dead: u64,
+    /// Messages stored for the worker (stored mode, or waiting behind their aggregate).
+    pub stored: u64,
+    /// Worker writes fenced off because another worker took the message over.
+    pub stale: u64,
+}
+
+impl ConsumerStats {
+    /// Read every counter.
+    pub fn snapshot(&self) -> ConsumerStatsSnapshot {
+        ConsumerStatsSnapshot {
+            handled: self.handled.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+            stored: self.stored.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A consumer's handlers and settings, shared by its dispatcher and worker.
+pub(crate) struct Consumer {
+    pub(crate) name: &'static str,
+    handlers: HashMap<(&'static str, u32), &'static HandlerRegistration>,
+    pub(crate) event_types: Vec<String>,
+    ordering: bool,
+    mode: HandlerMode,
+    config: InboxConfig,
+    db: DatabaseConnection,
+    outbox: Outbox,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) stats: Arc<ConsumerStats>,
+    worker_id: String,
+}
+
+impl fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("name", &self.name)
+            .field("event_types", &self.event_types)
+            .field("ordering", &self.ordering)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// Outcome of handling one message.
+enum Outcome {
+    Done,
+    Failed,
+}
+
+impl Consumer {
+    pub(crate) fn new(
+        name: &'static str,
+        registrations: &[&'static HandlerRegistration],
+        config: InboxConfig,
+        db: DatabaseConnection,
+        outbox: Outbox,
+        wake: Arc<Notify>,
+        worker_id: String,
+    ) -> Self {
+        let handlers: HashMap<_, _> = registrations
+            .iter()
+            .map(|r| ((r.event_type, r.schema_version), *r))
+            .collect();
+        let mut event_types: Vec<String> = registrations
+            .iter()
+            .map(|r| r.event_type.to_owned())
+            .collect();
+        event_types.sort();
+        event_types.dedup();
+        let ordering = registrations
+            .iter()
+            .find_map(|r| r.ordering)
+            .unwrap_or(config.ordering);
+        let mode = if registrations.iter().any(|r| r.mode == HandlerMode::Stored) {
+            HandlerMode::Stored
+        } else {
+            HandlerMode::Inline
+        };
+        Consumer {
+            name,
+            handlers,
+            event_types,
+            ordering,
+            mode,
+            config,
+            db,
+            outbox,
+            wake,
+            stats: Arc::default(),
+            worker_id,
+        }
+    }
+
+    fn handler(&self, envelope: &Envelope) -> Result<&'static HandlerRegistration, String> {
+        let version = envelope.schema_version.unwrap_or(1);
+        if let Some(reg) = self.handlers.get(&(envelope.event_type.as_str(), version)) {
+            return Ok(reg);
+        }
+        let versions: Vec<u32> = self
+            .handlers
+            .keys()
+            .filter(|(t, _)| *t == envelope.event_type)
+            .map(|(_, v)| *v)
+            .collect();
+        if versions.is_empty() {
+            Err(format!(
+                "consumer `{}` has no handler for event type `{}`",
+                self.name, envelope.event_type
+            ))
+        } else {
+            Err(format!(
+                "consumer `{}` has no handler for `{}` schema version {version} (it handles versions {versions:?})",
+                self.name, envelope.event_type
+            ))
+        }
+    }
+
+    fn max_attempts(&self, reg: Option<&HandlerRegistration>) -> u32 {
+        reg.and_then(|r| r.max_attempts)
+            .unwrap_or(self.config.max_attempts)
+            .max(1)
+    }
+
+    fn backoff(&self, reg: &HandlerRegistration) -> Backoff {
+        let mut backoff = self.config.backoff;
+        if let Some(ms) = reg.backoff_base_ms {
+            backoff.base = Duration::from_millis(ms);
+        }
+        if let Some(ms) = reg.backoff_cap_ms {
+            backoff.cap = Duration::from_millis(ms);
+        }
+        backoff
+    }
+
+    /// Where a failed attempt goes: RETRY at its due time, or DEAD.
+    fn failure_state(
+        &self,
+        reg: Option<&HandlerRegistration>,
+        error: &HandlerError,
+        attempts: u32,
+    ) -> InitialState {
+        let dead = error.is_permanent() || attempts >= self.max_attempts(reg);
+        if dead {
+            return InitialState::Dead {
+                attempts,
+                error: error.to_string(),
+            };
+        }
+        let delay = error.retry_after().unwrap_or_else(|| {
+            reg.map_or(self.config.backoff, |r| self.backoff(r))
+                .delay(attempts.saturating_sub(1))
+        });
+        InitialState::Retry {
+            attempts,
+            next_attempt_at: Utc::now()
+                + chrono::Duration::from_std(delay).unwrap_or_else(|_| chrono::Duration::hours(1)),
+            error: error.to_string(),
+        }
+    }
+
+    /// Run a handler inside `tx`; a panic is turned into an error.
+    async fn run_handler(
+        &self,
+        reg: &HandlerRegistration,
+        itx: &InboxTransaction,
+        envelope: &Envelope,
+        attempt: u32,
+    ) -> Result<(), HandlerError> {
+        match AssertUnwindSafe((reg.handler)(itx, envelope, attempt))
+            .catch_unwind()
+            .await
+        {
+            Ok(result) => result,
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-string panic payload".to_owned());
+                Err(HandlerError::retry(format!(
+                    "handler `{}` panicked: {message}",
+                    reg.function
+                )))
+            }
+        }
+    }
+
+    /// Record a message as `state` in its own transaction.
+    async fn store(
+        &self,
+        row: &NewInboxRow<'_>,
+        state: &InitialState,
+    ) -> Result<bool, sea_orm::DbErr> {
+        store::inbox::insert(&self.db, row, state, Utc::now()).await
+    }
+
+    /// Handle one broker delivery, then settle it with the broker.
+    pub(crate) async fn deliver(&self, delivery: Delivery, decoded: Result<Envelope, String>) {
+        let settle = match self.process_delivery(&delivery, decoded).await {
+            Ok(()) => delivery.ack().await,
+            Err(e) => {
+                tracing::warn!(consumer = self.name, error = %e, "could not record a delivery; the broker will redeliver it");
+                delivery.nack(Some(Duration::from_secs(1))).await
+            }
+        };
+        if let Err(e) = settle {
+            tracing::warn!(consumer = self.name, error = %e, "could not settle a delivery with the broker");
+        }
+    }
+
+    async fn process_delivery(
+        &self,
+        delivery: &Delivery,
+        decoded: Result<Envelope, String>,
+    ) -> Result<(), sea_orm::DbErr> {
+        let envelope = match decoded {
+            Ok(envelope) => envelope,
+            Err(error) => {
+                let message_id = delivery
+                    .message_id
+                    .clone()
+                    .unwrap_or_else(|| format!("undecodable-{:016x}", digest(&delivery.body)));
+                let row = NewInboxRow {
+                    consumer: self.name,
+                    message_id: &message_id,
+                    payload: &delivery.body,
+                    ..NewInboxRow::default()
+                };
+                let state = InitialState::Dead {
+                    attempts: 0,
+                    error: format!("undecodable message: {error}"),
+                };
+                tracing::error!(consumer = self.name, message_id = %message_id, %error, "undecodable message stored as DEAD");
+                if self.store(&row, &state).await? {
+                    bump(&self.stats.dead);
+                } else {
+                    bump(&self.stats.duplicates);
+                }
+                return Ok(());
+            }
+        };
+        let row = inbox_row(self.name, &envelope, &delivery.body);
+
+        let reg = match self.handler(&envelope) {
+            Ok(reg) => reg,
+            Err(error) => {
+                tracing::error!(consumer = self.name, message_id = %envelope.id, %error, "message stored as DEAD");
+                let state = InitialState::Dead { attempts: 0, error };
+                if self.store(&row, &state).await? {
+                    bump(&self.stats.dead);
+                } else {
+                    bump(&self.stats.duplicates);
+                }
+                return Ok(());
+            }
+        };
+
+        let behind = self.ordering
+            && match (&envelope.aggregate_type, &envelope.subject) {
+                (Some(t), Some(id)) => {
+                    store::inbox::has_unfinished(&self.db, self.name, t, id).await?
+                }
+                _ => false,
+            };
+        if behind || self.mode == HandlerMode::Stored {
+            if self.store(&row, &InitialState::Pending).await? {
+                bump(&self.stats.stored);
+                self.wake.notify_one();
+            } else {
+                bump(&self.stats.duplicates);
+            }
+            return Ok(());
+        }
+
+        // Inline: record and handle in one transaction.
+        let tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
+        if !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await? {
+            tx.rollback().await.map_err(into_db_err)?;
+            bump(&self.stats.duplicates);
+            tracing::debug!(consumer = self.name, message_id = %envelope.id, "duplicate delivery suppressed");
+            return Ok(());
+        }
+        let itx = InboxTransaction::new(
+            tx,
+            HandlerContext {
+                consumer: self.name,
+                message_id: envelope.id.clone(),
+                attempt: 1,
+            },
+        );
+        let result = self.run_handler(reg, &itx, &envelope, 1).await;
+        let error = match result {
+            Ok(()) => match itx.into_inner().commit().await {
+                Ok(_) => {
+                    bump(&self.stats.handled);
+                    return Ok(());
+                }
+                Err(e) => HandlerError::retry(format!("commit failed: {e}")),
+            },
+            Err(error) => {
+                drop(itx); // roll back the handler's work and the inbox record
+                error
+            }
+        };
+        let state = self.failure_state(Some(reg), &error, 1);
+        self.log_failure(&envelope.id, &state);
+        if self.store(&row, &state).await? {
+            self.count_failure(&state);
+            self.wake.notify_one();
+        } else {
+            bump(&self.stats.duplicates);
+        }
+        Ok(())
+    }
+
+    fn log_failure(&self, message_id: &str, state: &InitialState) {
+        match state {
+            InitialState::Dead { attempts, error } => tracing::error!(
+                consumer = self.name, message_id, attempts, error = %error, "message is DEAD"
+            ),
+            InitialState::Retry {
+                attempts,
+                next_attempt_at,
+                error,
+            } => tracing::warn!(
+                consumer = self.name, message_id, attempts, error = %error,
+                next_attempt_at = %next_attempt_at, "handler failed; will retry"
+            ),
+            _ => {}
+        }
+    }
+
+    fn count_failure(&self, state: &InitialState) {
+        match state {
+            InitialState::Dead { .. } => bump(&self.stats.dead),
+            _ => bump(&self.stats.retried),
+        }
+    }
+
+    /// Pull deliveries until shutdown; run them in `concurrency` lanes keyed by aggregate.
+    pub(crate) async fn run_dispatcher(
+        self: Arc<Self>,
+        transport: Arc<dyn Transport>,
+        shutdown: CancellationToken,
+        health: Arc<LoopHealth>,
+    ) {
+        let lanes = self.config.concurrency.max(1);
+        let mut senders = Vec::with_capacity(lanes);
+        let mut workers = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            let (tx, mut rx) = mpsc::channel::<(Delivery, Result<Envelope, String>)>(32);
+            senders.push(tx);
+            let consumer = self.clone();
+            workers.push(tokio::spawn(async move {
+                while let Some((delivery, decoded)) = rx.recv().await {
+                    consumer.deliver(delivery, decoded).await;
+                }
+            }));
+        }
+        let mut delay = Duration::from_millis(100);
+        'subscribe: while !shutdown.is_cancelled() {
+            let mut subscription = match transport
+                .subscribe(self.name, &self.event_types, &self.config.subscribe)
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    health.failure(&e.to_string());
+                    tracing::warn!(consumer = self.name, error = %e, "subscribe failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            delay = Duration::from_millis(100);
+            health.success();
+            loop {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => break 'subscribe,
+                    next = subscription.next() => next,
+                };
+                match next {
+                    Some(Ok(delivery)) => {
+                        health.success();
+                        let decoded = Envelope::from_json(&delivery.body).map_err(|e| e.to_string());
+                        let key = match &decoded {
+                            Ok(e) => lane_key(e),
+                            Err(_) => delivery.message_id.clone().unwrap_or_default(),
+                        };
+                        let lane = (digest(key.as_bytes()) % lanes as u64) as usize;
+                        if senders[lane].send((delivery, decoded)).await.is_err() {
+                            break 'subscribe;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        health.failure(&e.to_string());
+                        tracing::warn!(consumer = self.name, error = %e, "subscription error; resubscribing");
+                        tokio::time::sleep(delay).await;
+                        continue 'subscribe;
+                    }
+                    None => continue 'subscribe,
+                }
+            }
+        }
+        drop(senders);
+        for worker in workers {
+            let _ = worker.await;
+        }
+    }
+
+    /// Claim and handle stored, retried and locally delivered messages until shutdown.
+    pub(crate) async fn run_worker(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        health: Arc<LoopHealth>,
+    ) {
+        while !shutdown.is_cancelled() {
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.work_once(&shutdown).await {
+                Ok(claimed) => {
+                    health.success();
+                    if claimed >= self.config.batch_size {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    health.failure(&e.to_string());
+                    tracing::warn!(consumer = self.name, error = %e, "inbox worker round failed; retrying");
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+
+    /// One worker round: claim, handle per aggregate in order, aggregates in parallel.
+    pub(crate) async fn work_once(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<usize, sea_orm::DbErr> {
+        let now = Utc::now();
+        let lease = chrono::Duration::from_std(self.config.lease)
+            .unwrap_or_else(|_| chrono::Duration::seconds(30));
+        let params = ClaimParams {
+            relay_id: &self.worker_id,
+            batch_size: self.config.batch_size,
+            locked_until: now + lease,
+            now,
+            ordering: self.ordering,
+            max_attempts: self.max_attempts(None),
+        };
+        let claim = store::inbox::claim(&self.db, self.name, &params).await?;
+        for _ in 0..claim.dead {
+            bump(&self.stats.dead);
+        }
+        let claimed = claim.messages.len() + claim.dead;
+        if claim.messages.is_empty() {
+            return Ok(claimed);
+        }
+        // Group by aggregate, keeping arrival order inside each group.
+        let mut groups: Vec<Vec<ClaimedMessage>> = Vec::new();
+        let mut index: HashMap<(String, String), usize> = HashMap::new();
+        for message in claim.messages {
+            match (&message.aggregate_type, &message.aggregate_id) {
+                (Some(t), Some(id)) if self.ordering => {
+                    let slot = *index.entry((t.clone(), id.clone())).or_insert_with(|| {
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    });
+                    groups[slot].push(message);
+                }
+                _ => groups.push(vec![message]),
+            }
+        }
+        let token = claim.token;
+        let released = futures_util::stream::iter(groups)
+            .map(|group| async move {
+                let mut rest = group.into_iter();
+                let mut released = Vec::new();
+                for message in rest.by_ref() {
+                    if shutdown.is_cancelled() {
+                        released.push(message);
+                        break;
+                    }
+                    match self.handle_claimed(&message, token).await {
+                        Outcome::Done => {}
+                        Outcome::Failed => break,
+                    }
+                }
+                released.extend(rest);
+                released
+            })
+            .buffer_unordered(self.config.concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        let released: Vec<ClaimedMessage> = released.into_iter().flatten().collect();
+        if !released.is_empty() {
+            let ids: Vec<i64> = released.iter().map(|m| m.id).collect();
+            let reclaimed: Vec<i64> = released.iter().filter(|m| m.reclaimed).map(|m| m.id).collect();
+            store::inbox::release(&self.db, token, &ids, &reclaimed).await?;
+        }
+        Ok(claimed)
+    }
+
+    async fn handle_claimed(&self, message: &ClaimedMessage, token: uuid::Uuid) -> Outcome {
+        let attempt = message.attempts + 1;
+        let envelope = match Envelope::from_json(&message.payload) {
+            Ok(e) => e,
+            Err(e) => {
+                self.fail_claimed(message, token, None, HandlerError::permanent(format!("undecodable message: {e}")))
+                    .await;
+                return Outcome::Failed;
+            }
+        };
+        let reg = match self.handler(&envelope) {
+            Ok(reg) => reg,
+            Err(error) => {
+                self.fail_claimed(message, token, None, HandlerError::permanent(error)).await;
+                return Outcome::Failed;
+            }
+        };
+        let tx = match self.outbox.begin(&self.db).await {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e)).await;
+                return Outcome::Failed;
+            }
+        };
+        // Fence first: the row stays locked by this transaction while the handler runs.
+        match store::inbox::mark_done(&tx, message.id, token, Utc::now()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                bump(&self.stats.stale);
+                tracing::warn!(consumer = self.name, message_id = %message.message_id, "message taken over by another worker; skipped");
+                return Outcome::Failed;
+            }
+            Err(e) => {
+                drop(tx);
+                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e)).await;
+                return Outcome::Failed;
+            }
+        }
+        let itx = InboxTransaction::new(
+            tx,
+            HandlerContext {
+                consumer: self.name,
+                message_id: message.message_id.clone(),
+                attempt,
+            },
+        );
+        let error = match self.run_handler(reg, &itx, &envelope, attempt).await {
+            Ok(()) => match itx.into_inner().commit().await {
+                Ok(_) => {
+                    bump(&self.stats.handled);
+                    return Outcome::Done;
+                }
+                Err(e) => HandlerError::retry(format!("commit failed: {e}")),
+            },
+            Err(error) => {
+                drop(itx);
+                error
+            }
+        };
+        self.fail_claimed(message, token, Some(reg), error).await;
+        Outcome::Failed
+    }
+
+    async fn fail_claimed(
+        &self,
+        message: &ClaimedMessage,
+        token: uuid::Uuid,
+        reg: Option<&HandlerRegistration>,
+        error: HandlerError,
+    ) {
+        let attempts = message.attempts + 1;
+        let state = self.failure_state(reg, &error, attempts);
+        self.log_failure(&message.message_id, &state);
+        let (dead, next_attempt_at, text) = match &state {
+            InitialState::Retry {
+                next_attempt_at,
+                error,
+                ..
+            } => (false, *next_attempt_at, error.clone()),
+            InitialState::Dead { error, .. } => (true, Utc::now(), error.clone()),
+            _ => return,
+        };
+        match store::inbox::mark_failed(&self.db, message.id, token, attempts, dead, next_attempt_at, &text)
+            .await
+        {
+            Ok(true) => self.count_failure(&state),
+            Ok(false) => bump(&self.stats.stale),
+            Err(e) => tracing::warn!(consumer = self.name, error = %e, "could not record a handler failure; the lease will expire and the message be retried"),
+        }
+    }
+}
+
+/// The inbox row of a decoded message.
+fn inbox_row<'a>(consumer: &'a str, envelope: &'a Envelope, body: &'a [u8]) -> NewInboxRow<'a> {
+    NewInboxRow {
+        consumer,
+        message_id: &envelope.id,
+        event_type: Some(&envelope.event_type),
+        source: Some(&envelope.source),
+        aggregate_type: envelope.aggregate_type.as_deref(),
+        aggregate_id: envelope.subject.as_deref(),
+        aggregate_version: envelope.aggregate_version,
+        schema_version: envelope.schema_version,
+        payload: body,
+    }
+}
+
+/// Deliveries with the same key run in the same lane, one after another.
+fn lane_key(envelope: &Envelope) -> String {
+    match (&envelope.aggregate_type, &envelope.subject) {
+        (Some(t), Some(id)) => format!("{t}/{id}"),
+        _ => envelope.id.clone(),
+    }
+}
+
+/// A stable 64-bit digest (FNV-1a) for lane routing and ids of undecodable messages.
+fn digest(bytes: &[u8]) -> u64 {
+    let mut hasher = Fnv(0xcbf2_9ce4_8422_2325);
+    bytes.hash(&mut hasher);
+    hasher.finish()
+}
+
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+fn into_db_err(e: crate::error::OutboxError) -> sea_orm::DbErr {
+    match e {
+        crate::error::OutboxError::Database(e) => e,
+        other => sea_orm::DbErr::Custom(other.to_string()),
+    }
+}

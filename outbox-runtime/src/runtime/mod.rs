@@ -1,0 +1,438 @@
+//! The runtime: started from `main`, it finds every `#[inbox_handler]` linked into the binary and
+//! runs the relay, one dispatcher and one worker per consumer, under one cancellation token.
+//!
+//! ```no_run
+//! # async fn demo(db: sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_runtime::runtime::Runtime;
+//! let runtime = Runtime::builder(db)
+//!     .source("order-service")
+//!     .expect_consumers(["inventory"]) // fail fast if a handler crate was not linked
+//!     .start()
+//!     .await?;
+//! let outbox = runtime.outbox().clone(); // produce through it: commits wake the relay
+//! // ... serve ...
+//! runtime.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Without a transport, the runtime uses the database-local transport: the relay moves each
+//! event into inbox rows of every local consumer subscribed to its type and marks it SENT in one
+//! transaction. No broker, exactly once, on any backend including SQLite.
+//!
+//! **Linking.** Handlers register through the `inventory` crate: a handler in a crate the binary
+//! never references may be dropped by the linker and silently not run. Reference such crates
+//! (`use inventory_handlers as _;`), and name the consumers you expect with
+//! [`RuntimeBuilder::expect_consumers`] so start-up fails instead.
+
+pub mod health;
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use sea_orm::DatabaseConnection;
+use tokio::{sync::Notify, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    inbox::{
+        ConsumerStats, ConsumerStatsSnapshot, HandlerRegistration, InboxConfig,
+        consumer::Consumer,
+    },
+    outbox::Outbox,
+    registry::{EventCatalogue, RegistryError},
+    relay::{Relay, RelayConfig, RelayStats, RelayStatsSnapshot},
+    transport::Transport,
+};
+use health::{Health, LoopHealth};
+
+/// Why the runtime did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The event or handler catalogue has problems (each listed).
+    #[error("outbox registry: {}", list(.0))]
+    Registry(Vec<RegistryError>),
+    /// Two handlers claim the same consumer, event type and version.
+    #[error(
+        "consumer `{consumer}` has two handlers for `{event_type}` version {schema_version}: {first} and {second}"
+    )]
+    DuplicateHandler {
+        /// Consumer.
+        consumer: String,
+        /// Event type.
+        event_type: String,
+        /// Schema version.
+        schema_version: u32,
+        /// Where the first one is.
+        first: String,
+        /// Where the second one is.
+        second: String,
+    },
+    /// An expected consumer has no handler linked in.
+    #[error(
+        "expected consumer `{0}` has no #[inbox_handler] linked into this binary (found: {1}); \
+         is the crate declaring it referenced from main?"
+    )]
+    MissingConsumer(String, String),
+    /// The transport could not be set up.
+    #[error(transparent)]
+    Transport(#[from] crate::transport::TransportError),
+}
+
+fn list(errors: &[RegistryError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Every handler linked into this binary, grouped by consumer, checked for duplicates.
+pub fn handlers() -> Result<BTreeMap<&'static str, Vec<&'static HandlerRegistration>>, RuntimeError>
+{
+    handlers_from(inventory::iter::<HandlerRegistration>.into_iter())
+}
+
+fn handlers_from(
+    registrations: impl Iterator<Item = &'static HandlerRegistration>,
+) -> Result<BTreeMap<&'static str, Vec<&'static HandlerRegistration>>, RuntimeError> {
+    let mut by_consumer: BTreeMap<&'static str, Vec<&'static HandlerRegistration>> =
+        BTreeMap::new();
+    let mut all: Vec<&'static HandlerRegistration> = registrations.collect();
+    all.sort_by_key(|r| (r.consumer, r.event_type, r.schema_version, r.file, r.line));
+    for reg in all {
+        let list = by_consumer.entry(reg.consumer).or_default();
+        if let Some(first) = list
+            .iter()
+            .find(|r| r.event_type == reg.event_type && r.schema_version == reg.schema_version)
+        {
+            return Err(RuntimeError::DuplicateHandler {
+                consumer: reg.consumer.to_owned(),
+                event_type: reg.event_type.to_owned(),
+                schema_version: reg.schema_version,
+                first: first.location(),
+                second: reg.location(),
+            });
+        }
+        list.push(reg);
+    }
+    Ok(by_consumer)
+}
+
+/// Configures and starts a [`Runtime`].
+pub struct RuntimeBuilder {
+    db: DatabaseConnection,
+    outbox: Option<Outbox>,
+    source: Option<String>,
+    transport: Option<Arc<dyn Transport>>,
+    relay: Option<RelayConfig>,
+    inbox: InboxConfig,
+    consumers: Option<Vec<String>>,
+    expected: Vec<String>,
+}
+
+impl fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("transport", &self.transport.as_ref().map(|t| t.name()))
+            .field("relay", &self.relay)
+            .field("inbox", &self.inbox)
+            .field("consumers", &self.consumers)
+            .field("expected", &self.expected)
+            .finish()
+    }
+}
+
+impl RuntimeBuilder {
+    /// Produce through this handle (its commits wake the runtime's relay).
+    pub fn outbox(mut self, outbox: &Outbox) -> Self {
+        self.outbox = Some(outbox.clone());
+        self
+    }
+
+    /// The service's CloudEvents `source`, when the runtime creates the outbox handle.
+    /// Default `outbox`.
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Publish to and consume from a broker. Without one, the database-local transport is used.
+    pub fn transport(mut self, transport: impl Transport) -> Self {
+        self.transport = Some(Arc::new(transport));
+        self
+    }
+
+    /// Like [`transport`](Self::transport), for a shared transport.
+    pub fn transport_arc(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// Relay settings.
+    pub fn relay_config(mut self, config: RelayConfig) -> Self {
+        self.relay = Some(config);
+        self
+    }
+
+    /// Run no relay in this process (a consumer-only service, or relays run elsewhere).
+    pub fn without_relay(mut self) -> Self {
+        self.relay = None;
+        self
+    }
+
+    /// Inbox settings.
+    pub fn inbox_config(mut self, config: InboxConfig) -> Self {
+        self.inbox = config;
+        self
+    }
+
+    /// Run only these consumers of the handlers linked in (default: all). An empty list runs
+    /// none: a producer-only process.
+    pub fn consumers<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.consumers = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Fail start-up unless each of these consumers has at least one handler linked in.
+    pub fn expect_consumers<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.expected.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Check the catalogues, set up the transport, and start every loop.
+    pub async fn start(self) -> Result<Runtime, RuntimeError> {
+        let catalogue = EventCatalogue::load().map_err(RuntimeError::Registry)?;
+        catalogue.log();
+        let mut by_consumer = handlers()?;
+        let found = by_consumer.keys().copied().collect::<Vec<_>>().join(", ");
+        for name in &self.expected {
+            if !by_consumer.contains_key(name.as_str()) {
+                return Err(RuntimeError::MissingConsumer(name.clone(), found));
+            }
+        }
+        if let Some(only) = &self.consumers {
+            by_consumer.retain(|name, _| only.iter().any(|o| o == name));
+        }
+        for (consumer, regs) in &by_consumer {
+            for reg in regs {
+                tracing::info!(
+                    consumer, event_type = reg.event_type, version = reg.schema_version,
+                    handler = %reg.location(), "inbox handler"
+                );
+            }
+        }
+
+        let outbox = self.outbox.unwrap_or_else(|| {
+            Outbox::new(self.source.clone().unwrap_or_else(|| "outbox".to_owned()))
+        });
+        if let Some(transport) = &self.transport {
+            transport.setup().await?;
+        }
+        let shutdown = CancellationToken::new();
+        let mut tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)> = Vec::new();
+        let mut consumers: BTreeMap<&'static str, Arc<ConsumerStats>> = BTreeMap::new();
+        let mut relay_stats = None;
+        let worker_id = self
+            .relay
+            .as_ref()
+            .map(|r| r.relay_id.clone())
+            .unwrap_or_else(|| RelayConfig::default().relay_id);
+
+        let mut wakes: BTreeMap<&'static str, Arc<Notify>> = BTreeMap::new();
+        for (name, regs) in &by_consumer {
+            let wake = Arc::new(Notify::new());
+            wakes.insert(name, wake.clone());
+            let consumer = Arc::new(Consumer::new(
+                name,
+                regs,
+                self.inbox.clone(),
+                self.db.clone(),
+                outbox.clone(),
+                wake,
+                format!("{worker_id}/{name}"),
+            ));
+            consumers.insert(name, consumer.stats.clone());
+            if let Some(transport) = &self.transport {
+                let health = Arc::new(LoopHealth::new(format!("dispatch:{name}")));
+                let task = tokio::spawn({
+                    let consumer = consumer.clone();
+                    let transport = transport.clone();
+                    let shutdown = shutdown.clone();
+                    let health = health.clone();
+                    async move {
+                        consumer.run_dispatcher(transport, shutdown, health.clone()).await;
+                        health.stopped();
+                    }
+                });
+                tasks.push((health, task));
+            }
+            let health = Arc::new(LoopHealth::new(format!("worker:{name}")));
+            let task = tokio::spawn({
+                let shutdown = shutdown.clone();
+                let health = health.clone();
+                async move {
+                    consumer.run_worker(shutdown, health.clone()).await;
+                    health.stopped();
+                }
+            });
+            tasks.push((health, task));
+        }
+
+        if let Some(config) = self.relay {
+            let relay = match &self.transport {
+                Some(transport) => Relay::new(self.db.clone(), transport.clone()),
+                None => {
+                    let mut routes: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
+                    for (name, regs) in &by_consumer {
+                        for reg in regs {
+                            let list = routes.entry(reg.event_type.to_owned()).or_default();
+                            if !list.contains(name) {
+                                list.push(name);
+                            }
+                        }
+                    }
+                    let delivered = Arc::new(Notify::new());
+                    // One notification from the relay wakes every local consumer's worker.
+                    let fan_out = tokio::spawn({
+                        let delivered = delivered.clone();
+                        let wakes: Vec<Arc<Notify>> = wakes.values().cloned().collect();
+                        let shutdown = shutdown.clone();
+                        async move {
+                            loop {
+                                tokio::select! {
+                                    _ = shutdown.cancelled() => break,
+                                    _ = delivered.notified() => {
+                                        for wake in &wakes {
+                                            wake.notify_one();
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    });
+                    tasks.push((Arc::new(LoopHealth::new("local-fan-out".into())), fan_out));
+                    let routes = Arc::new(routes);
+                    Relay::local(
+                        self.db.clone(),
+                        Arc::new(move |event_type: &str| {
+                            routes.get(event_type).cloned().unwrap_or_default()
+                        }),
+                        delivered,
+                    )
+                }
+            }
+            .with_config(config)
+            .with_outbox(&outbox);
+            relay_stats = Some(relay.stats_handle());
+            let health = Arc::new(LoopHealth::new("relay".into()));
+            let task = tokio::spawn({
+                let shutdown = shutdown.clone();
+                let health = health.clone();
+                async move {
+                    if let Err(e) = relay.run_with_health(shutdown, &health).await {
+                        health.failure(&e.to_string());
+                        tracing::error!(error = %e, "outbox relay stopped with an error");
+                    }
+                    health.stopped();
+                }
+            });
+            tasks.push((health, task));
+        }
+        tracing::info!(
+            consumers = by_consumer.len(),
+            transport = self.transport.as_ref().map_or("database-local", |t| t.name()),
+            "outbox runtime started"
+        );
+        Ok(Runtime {
+            outbox,
+            shutdown,
+            tasks,
+            consumers,
+            relay_stats,
+        })
+    }
+}
+
+/// The running SDK: relay, dispatchers and workers. Stop it with [`shutdown`](Self::shutdown).
+pub struct Runtime {
+    outbox: Outbox,
+    shutdown: CancellationToken,
+    tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)>,
+    consumers: BTreeMap<&'static str, Arc<ConsumerStats>>,
+    relay_stats: Option<Arc<RelayStats>>,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("outbox", &self.outbox)
+            .field("consumers", &self.consumers.keys().collect::<Vec<_>>())
+            .field("loops", &self.tasks.len())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Configure a runtime over `db`.
+    pub fn builder(db: DatabaseConnection) -> RuntimeBuilder {
+        RuntimeBuilder {
+            db,
+            outbox: None,
+            source: None,
+            transport: None,
+            relay: Some(RelayConfig::default()),
+            inbox: InboxConfig::default(),
+            consumers: None,
+            expected: Vec::new(),
+        }
+    }
+
+    /// The outbox handle to produce through.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// The consumers running here.
+    pub fn consumers(&self) -> Vec<&'static str> {
+        self.consumers.keys().copied().collect()
+    }
+
+    /// A consumer's counters.
+    pub fn consumer_stats(&self, consumer: &str) -> Option<ConsumerStatsSnapshot> {
+        self.consumers.get(consumer).map(|s| s.snapshot())
+    }
+
+    /// The relay's counters, if a relay runs here.
+    pub fn relay_stats(&self) -> Option<RelayStatsSnapshot> {
+        self.relay_stats.as_ref().map(|s| s.snapshot())
+    }
+
+    /// Each loop's health.
+    pub fn health(&self) -> Health {
+        Health {
+            loops: self.tasks.iter().map(|(h, _)| h.report()).collect(),
+        }
+    }
+
+    /// Stop every loop: no new claims or deliveries, work in flight finishes, unstarted claims
+    /// are handed back. Returns once every loop has ended.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for (health, task) in self.tasks {
+            if let Err(e) = task.await
+                && e.is_panic()
+            {
+                tracing::error!(task = %health.report().name, "outbox loop panicked");
+            }
+        }
+        tracing::info!("outbox runtime stopped");
+    }
+}

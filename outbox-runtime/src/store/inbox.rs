@@ -1,0 +1,399 @@
+//! The inbox's SQL: record a delivery once per `(consumer, message_id)`, and the worker's claims
+//! and fenced write-backs.
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Value};
+use uuid::Uuid;
+
+use super::{
+    Dialect, INBOX_TABLE,
+    claim::{Queue, Sql, begin, select_claimable},
+    relay::ClaimParams,
+};
+
+/// Status values of `inbox_event.status`.
+pub mod inbox_status {
+    /// Stored, not yet handled (stored mode, or waiting behind its aggregate).
+    pub const PENDING: &str = "PENDING";
+    /// Claimed by a worker under a lease.
+    pub const PROCESSING: &str = "PROCESSING";
+    /// Handled; its effects committed with this row.
+    pub const DONE: &str = "DONE";
+    /// The handler failed; due again at `next_attempt_at`.
+    pub const RETRY: &str = "RETRY";
+    /// Gave up (or could not be decoded); waits for an operator.
+    pub const DEAD: &str = "DEAD";
+    /// An operator decided not to handle it.
+    pub const IGNORED: &str = "IGNORED";
+}
+
+/// Longest consumer name the table holds.
+pub const MAX_CONSUMER_CHARS: usize = 128;
+
+const COLUMNS: &str = "id, consumer, message_id, event_type, aggregate_type, aggregate_id, \
+     payload, status, attempts, locked_until";
+
+/// A delivery to record.
+#[derive(Debug, Clone, Default)]
+pub struct NewInboxRow<'a> {
+    /// Consumer name.
+    pub consumer: &'a str,
+    /// Message id (the CloudEvents `id`, or a digest of an undecodable body).
+    pub message_id: &'a str,
+    /// Event type, when known.
+    pub event_type: Option<&'a str>,
+    /// CloudEvents source, when known.
+    pub source: Option<&'a str>,
+    /// Aggregate type, when known.
+    pub aggregate_type: Option<&'a str>,
+    /// Aggregate id, when known.
+    pub aggregate_id: Option<&'a str>,
+    /// Aggregate version, when known.
+    pub aggregate_version: Option<i64>,
+    /// Schema version, when known.
+    pub schema_version: Option<u32>,
+    /// The message as received.
+    pub payload: &'a [u8],
+}
+
+/// The state a recorded delivery starts in.
+#[derive(Debug, Clone)]
+pub enum InitialState {
+    /// Handled in the same transaction.
+    Done,
+    /// To be handled by the worker.
+    Pending,
+    /// The handler failed once; retry at the instant given.
+    Retry {
+        /// Attempts so far.
+        attempts: u32,
+        /// When to try again.
+        next_attempt_at: DateTime<Utc>,
+        /// Why it failed.
+        error: String,
+    },
+    /// Cannot be handled; an operator must look.
+    Dead {
+        /// Attempts so far.
+        attempts: u32,
+        /// Why.
+        error: String,
+    },
+}
+
+fn truncate(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        Some((i, _)) => s[..i].to_owned(),
+        None => s.to_owned(),
+    }
+}
+
+/// Record a delivery unless `(consumer, message_id)` is already there. Returns whether it was
+/// inserted (`false`: a duplicate).
+pub async fn insert<C: ConnectionTrait>(
+    conn: &C,
+    row: &NewInboxRow<'_>,
+    state: &InitialState,
+    now: DateTime<Utc>,
+) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(conn);
+    let (status, attempts, next_attempt_at, error, processed_at) = match state {
+        InitialState::Done => (inbox_status::DONE, 1, None, None, Some(now)),
+        InitialState::Pending => (inbox_status::PENDING, 0, None, None, None),
+        InitialState::Retry {
+            attempts,
+            next_attempt_at,
+            error,
+        } => (inbox_status::RETRY, *attempts, Some(*next_attempt_at), Some(error.as_str()), None),
+        InitialState::Dead { attempts, error } => {
+            (inbox_status::DEAD, *attempts, None, Some(error.as_str()), None)
+        }
+    };
+    let backend = dialect.backend();
+    let mut sql = Sql::new(dialect);
+    sql.push(match backend {
+        // Values are validated before this point, so IGNORE only skips the duplicate key.
+        DbBackend::MySql => "INSERT IGNORE INTO ",
+        _ => "INSERT INTO ",
+    })
+    .push(INBOX_TABLE)
+    .push(
+        " (consumer, message_id, event_type, source, aggregate_type, aggregate_id, aggregate_version, \
+         schema_version, payload, status, attempts, next_attempt_at, last_error, received_at, processed_at) VALUES (",
+    );
+    let values: Vec<Value> = vec![
+        row.consumer.to_owned().into(),
+        truncate(row.message_id, 255).into(),
+        row.event_type.map(|s| truncate(s, 255)).into(),
+        row.source.map(|s| truncate(s, 255)).into(),
+        row.aggregate_type.map(|s| truncate(s, 128)).into(),
+        row.aggregate_id.map(|s| truncate(s, 255)).into(),
+        row.aggregate_version.into(),
+        row.schema_version.map(i64::from).into(),
+        row.payload.to_vec().into(),
+        status.to_owned().into(),
+        i64::from(attempts).into(),
+        next_attempt_at
+            .map(|t| dialect.timestamp(t))
+            .unwrap_or_else(|| null_timestamp(backend)),
+        error.map(|e| truncate(e, 4000)).into(),
+        dialect.timestamp(now),
+        processed_at
+            .map(|t| dialect.timestamp(t))
+            .unwrap_or_else(|| null_timestamp(backend)),
+    ];
+    for (i, value) in values.into_iter().enumerate() {
+        if i > 0 {
+            sql.push(", ");
+        }
+        sql.bind(value);
+    }
+    sql.push(")");
+    if backend != DbBackend::MySql {
+        sql.push(" ON CONFLICT (consumer, message_id) DO NOTHING");
+    }
+    let result = conn.execute_raw(sql.build()).await?;
+    Ok(result.rows_affected() == 1)
+}
+
+fn null_timestamp(backend: DbBackend) -> Value {
+    match backend {
+        DbBackend::Sqlite => Option::<String>::None.into(),
+        _ => Option::<DateTime<Utc>>::None.into(),
+    }
+}
+
+/// Whether `consumer` has an unfinished message (pending, in progress, waiting for a retry, or
+/// dead) for this aggregate: a new message of it must wait behind that one.
+pub async fn has_unfinished<C: ConnectionTrait>(
+    conn: &C,
+    consumer: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(conn);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!("SELECT 1 AS x FROM {INBOX_TABLE} WHERE consumer = "))
+        .bind(consumer.to_owned().into())
+        .push(" AND aggregate_type = ")
+        .bind(aggregate_type.to_owned().into())
+        .push(" AND aggregate_id = ")
+        .bind(aggregate_id.to_owned().into())
+        .push(" AND ")
+        .push(&unfinished(dialect.backend(), ""))
+        .push(" LIMIT 1");
+    Ok(conn.query_one_raw(sql.build()).await?.is_some())
+}
+
+/// "This message holds its aggregate back": the partial indexes' predicate.
+fn unfinished(_backend: DbBackend, prefix: &str) -> String {
+    format!("{prefix}status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')")
+}
+
+/// A message claimed by a consumer's worker.
+#[derive(Debug, Clone)]
+pub struct ClaimedMessage {
+    /// Row id (arrival order).
+    pub id: i64,
+    /// Message id.
+    pub message_id: String,
+    /// Event type, when known.
+    pub event_type: Option<String>,
+    /// Aggregate type, when known.
+    pub aggregate_type: Option<String>,
+    /// Aggregate id, when known.
+    pub aggregate_id: Option<String>,
+    /// The message as received.
+    pub payload: Vec<u8>,
+    /// Failed attempts so far (counting this claim if it took over an expired lease).
+    pub attempts: u32,
+    /// Whether this claim took over an expired lease.
+    pub reclaimed: bool,
+}
+
+/// Messages claimed under one token.
+#[derive(Debug, Clone)]
+pub struct InboxClaim {
+    /// The fencing token written into each claimed row.
+    pub token: Uuid,
+    /// Messages to handle, in arrival order.
+    pub messages: Vec<ClaimedMessage>,
+    /// Messages whose lease expired once too often: marked DEAD by this claim.
+    pub dead: usize,
+}
+
+/// Claim due messages of `consumer`: PENDING, RETRY that are due, PROCESSING whose lease
+/// expired. With ordering, only the first unfinished message of each aggregate and the PENDING
+/// run behind it.
+///
+/// `params.relay_id` names the worker in `locked_by`.
+pub async fn claim(
+    db: &DatabaseConnection,
+    consumer: &str,
+    params: &ClaimParams<'_>,
+) -> Result<InboxClaim, DbErr> {
+    let ClaimParams {
+        relay_id: worker_id,
+        batch_size,
+        locked_until,
+        now,
+        ordering,
+        max_attempts,
+    } = *params;
+    let txn = begin(db).await?;
+    let dialect = Dialect::of(&txn);
+    let queue = Queue {
+        table: INBOX_TABLE,
+        columns: COLUMNS,
+        scope: Some(("consumer", consumer)),
+        unfinished,
+    };
+    let mut messages = Vec::new();
+    let mut expired_dead = Vec::new();
+    let mut blocked = std::collections::HashSet::new();
+    for candidate in select_claimable(&txn, &queue, now, batch_size, ordering).await? {
+        let row = &candidate.row;
+        let status: String = row.try_get("", "status")?;
+        let attempts: i64 = match dialect.backend() {
+            DbBackend::Sqlite => row.try_get("", "attempts")?,
+            _ => i64::from(row.try_get::<i32>("", "attempts")?),
+        };
+        let mut message = ClaimedMessage {
+            id: candidate.id,
+            message_id: row.try_get("", "message_id")?,
+            event_type: row.try_get("", "event_type")?,
+            aggregate_type: row.try_get("", "aggregate_type")?,
+            aggregate_id: row.try_get("", "aggregate_id")?,
+            payload: row.try_get("", "payload")?,
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            reclaimed: false,
+        };
+        let key = (message.aggregate_type.clone(), message.aggregate_id.clone());
+        if ordering && key.0.is_some() && blocked.contains(&key) {
+            continue;
+        }
+        if status == inbox_status::PROCESSING {
+            message.attempts += 1;
+            message.reclaimed = true;
+            if message.attempts >= max_attempts {
+                blocked.insert(key);
+                expired_dead.push(message);
+                continue;
+            }
+        }
+        messages.push(message);
+    }
+    let token = Uuid::new_v4();
+    if !messages.is_empty() {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "UPDATE {INBOX_TABLE} SET attempts = CASE WHEN status = 'PROCESSING' THEN attempts + 1 ELSE attempts END, \
+             status = 'PROCESSING', locked_by = "
+        ))
+        .bind(worker_id.to_owned().into())
+        .push(", locked_until = ")
+        .bind(dialect.timestamp(locked_until))
+        .push(", claim_token = ")
+        .bind(dialect.uuid(token))
+        .push(" WHERE id IN ")
+        .bind_list(messages.iter().map(|m| Value::from(m.id)));
+        txn.execute_raw(sql.build()).await?;
+    }
+    for message in &expired_dead {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "UPDATE {INBOX_TABLE} SET attempts = attempts + 1, status = 'DEAD', locked_until = NULL, last_error = "
+        ))
+        .bind(
+            format!(
+                "lease expired {} times: a worker crashed or hung while handling this message",
+                message.attempts
+            )
+            .into(),
+        )
+        .push(" WHERE id = ")
+        .bind(message.id.into());
+        txn.execute_raw(sql.build()).await?;
+    }
+    txn.commit().await?;
+    Ok(InboxClaim {
+        token,
+        messages,
+        dead: expired_dead.len(),
+    })
+}
+
+/// Inside the handler's transaction: mark the claimed message DONE, fenced by the claim token.
+/// `false` means another worker owns it now: roll the handler's work back.
+pub async fn mark_done<C: ConnectionTrait>(
+    conn: &C,
+    id: i64,
+    token: Uuid,
+    now: DateTime<Utc>,
+) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(conn);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!("UPDATE {INBOX_TABLE} SET status = 'DONE', processed_at = "))
+        .bind(dialect.timestamp(now))
+        .push(", attempts = attempts + 1, locked_until = NULL, last_error = NULL WHERE id = ")
+        .bind(id.into())
+        .push(" AND status = 'PROCESSING' AND claim_token = ")
+        .bind(dialect.uuid(token));
+    Ok(conn.execute_raw(sql.build()).await?.rows_affected() == 1)
+}
+
+/// After a failed attempt: RETRY at `next_attempt_at`, or DEAD, fenced by the claim token.
+pub async fn mark_failed(
+    db: &DatabaseConnection,
+    id: i64,
+    token: Uuid,
+    attempts: u32,
+    dead: bool,
+    next_attempt_at: DateTime<Utc>,
+    error: &str,
+) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(db);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
+        .bind(if dead { inbox_status::DEAD } else { inbox_status::RETRY }.to_owned().into())
+        .push(", attempts = ")
+        .bind(i64::from(attempts).into())
+        .push(", next_attempt_at = ")
+        .bind(dialect.timestamp(next_attempt_at))
+        .push(", last_error = ")
+        .bind(truncate(error, 4000).into())
+        .push(", locked_until = NULL WHERE id = ")
+        .bind(id.into())
+        .push(" AND status = 'PROCESSING' AND claim_token = ")
+        .bind(dialect.uuid(token));
+    Ok(db.execute_raw(sql.build()).await?.rows_affected() == 1)
+}
+
+/// Hand claimed messages back unhandled (behind a failure of their aggregate, or at shutdown),
+/// giving back the attempt a reclaim counted.
+pub async fn release(
+    db: &DatabaseConnection,
+    token: Uuid,
+    ids: &[i64],
+    reclaimed: &[i64],
+) -> Result<u64, DbErr> {
+    let dialect = Dialect::of(db);
+    let mut released = 0;
+    let (given_back, plain): (Vec<i64>, Vec<i64>) =
+        ids.iter().copied().partition(|id| reclaimed.contains(id));
+    for (ids, refund) in [(plain, 0), (given_back, 1)] {
+        if ids.is_empty() {
+            continue;
+        }
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "UPDATE {INBOX_TABLE} SET attempts = attempts - {refund}, status = 'PENDING', locked_until = NULL \
+             WHERE status = 'PROCESSING' AND claim_token = "
+        ))
+        .bind(dialect.uuid(token))
+        .push(" AND id IN ")
+        .bind_list(ids.iter().map(|id| Value::from(*id)));
+        released += db.execute_raw(sql.build()).await?.rows_affected();
+    }
+    Ok(released)
+}
