@@ -1,16 +1,18 @@
 #![doc = include_str!("../README.md")]
 
 pub use outbox_runtime::CancellationToken;
+pub use outbox_runtime::inbox::InboxConfig;
 pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
+pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError};
 #[cfg(feature = "nats")]
 pub use outbox_runtime::transport::nats::NatsTransport;
 pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
 pub use outbox_runtime::{
     CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, Event, EventId, EventMeta,
     EventRegistration, HandlerContext, HandlerError, HandlerMode, HandlerRegistration, Headers,
-    InboxTransaction, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TraceContext,
-    TraceContextError, TransactionError, WakeReceiver, envelope, event, inbox, registry, relay, store,
-    trace, transaction, transport,
+    InboxTransaction, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent,
+    TraceContext, TraceContextError, TransactionError, WakeReceiver, envelope, event, inbox,
+    registry, relay, runtime, store, trace, transaction, transport,
 };
 
 #[cfg(feature = "macros")]
@@ -22,12 +24,13 @@ pub use outbox_migrations::{Migrator, migrate, migrations};
 
 /// Everything a service needs in one `use outbox::prelude::*;`.
 pub mod prelude {
-    pub use crate::{
-        CommitReport, DomainEvent, EnqueueError, Envelope, Event, EventId, HandlerError,
-        InboxTransaction, Outbox, OutboxError, OutboxTransaction, TraceContext, TransactionError,
-    };
     #[cfg(feature = "macros")]
     pub use crate::inbox_handler;
+    pub use crate::{
+        CommitReport, DomainEvent, EnqueueError, Envelope, Event, EventId, HandlerError,
+        InboxTransaction, Outbox, OutboxError, OutboxTransaction, Runtime, TraceContext,
+        TransactionError,
+    };
 }
 
 /// The SeaORM version this SDK is built on, re-exported so versions cannot drift apart.

@@ -49,6 +49,7 @@ const POSTGRES_UP: &[&str] = &[
 ];
 
 const MYSQL_UP: &[&str] = &[r#"CREATE TABLE inbox_event (
+        id                BIGINT NOT NULL AUTO_INCREMENT,
         consumer          VARCHAR(128) NOT NULL,
         message_id        VARCHAR(255) NOT NULL,
         event_type        VARCHAR(255) NULL,

@@ -1,12 +1,13 @@
 //! Parsing of `#[event(...)]` attributes, on the struct and on its fields.
 //!
-//! Parsing never stops at the first mistake: an error is recorded, the parser skips to the next
-//! `,` and goes on, so every wrong key is reported at once.
+//! Parsing never stops at the first mistake (see [`crate::keys`]): every wrong key is reported at
+//! once.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use crate::keys::{int_value, parse_items, set_once, string_value};
+use proc_macro2::Span;
 use syn::ext::IdentExt;
 use syn::parse::ParseStream;
-use syn::{Attribute, Error, Ident, Lit, LitInt, LitStr, Token};
+use syn::{Attribute, Error, Ident, LitInt, LitStr, Token};
 
 mod kw {
     syn::custom_keyword!(name);
@@ -121,31 +122,6 @@ pub(crate) fn parse_field(attrs: &[Attribute], errors: &mut Vec<Error>) -> Vec<R
     roles
 }
 
-/// Runs `item` over a comma-separated list; on an error, records it and skips to the next comma.
-fn parse_items(
-    input: ParseStream<'_>,
-    errors: &mut Vec<Error>,
-    mut item: impl FnMut(ParseStream<'_>) -> syn::Result<()>,
-) -> syn::Result<()> {
-    while !input.is_empty() {
-        if let Err(error) = item(input) {
-            errors.push(error);
-            skip_to_comma(input)?;
-        }
-        if input.is_empty() {
-            break;
-        }
-        if !input.peek(Token![,]) {
-            // A well-formed item was followed by something other than `,`.
-            let rest = take_until_comma(input)?;
-            errors.push(Error::new_spanned(rest, "expected `,` between keys"));
-            continue;
-        }
-        input.parse::<Token![,]>()?;
-    }
-    Ok(())
-}
-
 fn parse_container_item(input: ParseStream<'_>, c: &mut Container) -> syn::Result<()> {
     if input.peek(kw::name) {
         let key = input.parse::<kw::name>()?;
@@ -223,96 +199,4 @@ fn parse_field_item(input: ParseStream<'_>, roles: &mut Vec<RoleAttr>) -> syn::R
     }
     roles.push(RoleAttr { role, span });
     Ok(())
-}
-
-/// Records the first value of a key; a second one is an error on its key.
-fn set_once<T>(slot: &mut Option<T>, value: T, key_span: Span, key: &str) -> syn::Result<()> {
-    if slot.is_some() {
-        return Err(Error::new(
-            key_span,
-            format!("`{key}` specified more than once"),
-        ));
-    }
-    *slot = Some(value);
-    Ok(())
-}
-
-/// Parses `= <tokens up to the next comma>` after a key.
-fn value(input: ParseStream<'_>, key_span: Span, key: &str, example: &str) -> syn::Result<Lit> {
-    if !input.peek(Token![=]) {
-        return Err(Error::new(
-            key_span,
-            format!("`{key}` needs a value: `{example}`"),
-        ));
-    }
-    let eq = input.parse::<Token![=]>()?;
-    let tokens = take_until_comma(input)?;
-    if tokens.is_empty() {
-        return Err(Error::new(
-            eq.span,
-            format!("expected a value after `{key} =`, e.g. `{example}`"),
-        ));
-    }
-    let mut trees = tokens.clone().into_iter();
-    if let (Some(TokenTree::Literal(first)), Some(second)) = (trees.next(), trees.next()) {
-        // `name = "a" aggregate = "b"`: a literal, then more instead of a comma.
-        return Err(Error::new(
-            second.span(),
-            format!("expected `,` after `{key} = {first}`"),
-        ));
-    }
-    syn::parse2::<Lit>(tokens.clone()).map_err(|_| not_a_literal(&tokens, key, example))
-}
-
-fn not_a_literal(tokens: &TokenStream, key: &str, example: &str) -> Error {
-    let kind = if key == "version" {
-        "an integer literal"
-    } else {
-        "a string literal"
-    };
-    Error::new_spanned(tokens, format!("`{key}` must be {kind}, e.g. `{example}`"))
-}
-
-fn string_value(
-    input: ParseStream<'_>,
-    key_span: Span,
-    key: &str,
-    example: &str,
-) -> syn::Result<LitStr> {
-    match value(input, key_span, key, example)? {
-        Lit::Str(lit) => Ok(lit),
-        other => Err(not_a_literal(&quote::quote!(#other), key, example)),
-    }
-}
-
-fn int_value(
-    input: ParseStream<'_>,
-    key_span: Span,
-    key: &str,
-    example: &str,
-) -> syn::Result<LitInt> {
-    match value(input, key_span, key, example)? {
-        Lit::Int(lit) => Ok(lit),
-        other => Err(not_a_literal(&quote::quote!(#other), key, example)),
-    }
-}
-
-/// Consumes and returns the tokens up to (not including) the next top-level `,`.
-fn take_until_comma(input: ParseStream<'_>) -> syn::Result<TokenStream> {
-    input.step(|cursor| {
-        let mut rest = *cursor;
-        let mut tokens = TokenStream::new();
-        while let Some((tt, next)) = rest.token_tree() {
-            if matches!(&tt, TokenTree::Punct(punct) if punct.as_char() == ',') {
-                break;
-            }
-            tokens.extend([tt]);
-            rest = next;
-        }
-        Ok((tokens, rest))
-    })
-}
-
-fn skip_to_comma(input: ParseStream<'_>) -> syn::Result<()> {
-    take_until_comma(input).map(drop)
 }

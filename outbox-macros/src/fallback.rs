@@ -1,7 +1,7 @@
 //! What to generate when the input is invalid: the errors, plus a stub `impl DomainEvent` so code
 //! that uses the type as an event reports nothing more. One mistake, one error.
 
-use crate::{attr, valid};
+use crate::{attr, keys};
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::DeriveInput;
@@ -16,7 +16,7 @@ pub(crate) fn expand(node: &DeriveInput, error: syn::Error) -> TokenStream {
     let krate = if container.crate_failed {
         None
     } else {
-        valid::crate_path(&container).ok()
+        keys::crate_path(container.krate.as_ref()).ok()
     };
     let Some(krate) = krate else {
         return error;

@@ -1,17 +1,20 @@
 //! Procedural macros of the outbox SDK.
 //!
 //! Do not depend on this crate directly: use the `outbox` crate, which re-exports
-//! [`macro@DomainEvent`] and everything its generated code needs (through the hidden
-//! `outbox::__private` module), so your crate needs no extra dependencies.
+//! [`macro@DomainEvent`], [`macro@inbox_handler`] and everything their generated code needs
+//! (through the hidden `outbox::__private` module), so your crate needs no extra dependencies.
 //!
-//! Layout: `attr` parses `#[event(...)]`, `ast` is the input model, `valid` checks it and
-//! collects every error, `expand` generates the impl, and `fallback` emits a stub impl next to
-//! the errors so one mistake gives one error.
+//! Layout of the derive: `attr` parses `#[event(...)]`, `ast` is the input model, `valid` checks
+//! it and collects every error, `expand` generates the impl, and `fallback` emits a stub impl next
+//! to the errors so one mistake gives one error. `handler` holds the same steps for
+//! `#[inbox_handler]`; `keys` is the `key = value` parsing both share.
 
 mod ast;
 mod attr;
 mod expand;
 mod fallback;
+mod handler;
+mod keys;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -65,4 +68,66 @@ use syn::{DeriveInput, parse_macro_input};
 pub fn derive_domain_event(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     expand::derive(&input).into()
+}
+
+/// Declares an inbox handler: an `async fn` the runtime calls once per delivered event of one
+/// type, inside the transaction that records the delivery in the inbox.
+///
+/// ```ignore
+/// use outbox::prelude::*;
+///
+/// #[inbox_handler(consumer = "inventory", max_attempts = 5, backoff = "500ms")]
+/// async fn reserve_stock(
+///     tx: &InboxTransaction,
+///     event: Event<OrderPlaced>,
+/// ) -> Result<(), HandlerError> {
+///     // Any SeaORM call with `tx`; `tx.enqueue(&StockReserved { .. })?` commits a follow-up
+///     // event with the consumption.
+///     stock::reserve(tx, event.order_id).await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// The handler's database writes commit together with the inbox record of the message, so they
+/// happen once per `(consumer, event id)`, through redeliveries, crashes and concurrent consumers.
+/// Returning an error rolls them back; the message is retried with backoff, or moved to DEAD at
+/// once by `HandlerError::permanent`.
+///
+/// # Arguments
+///
+/// - `consumer = "inventory"` (required): the consumer's name, stored with every message it
+///   handles. Non-empty, at most 128 characters, no whitespace. Never derived from the function's
+///   name or module, so renaming them cannot make messages look new. Each consumer handles an event
+///   type at most once; handlers of the same event under different consumers each get every
+///   event.
+/// - `max_attempts = 5` (optional, at least 1): attempts before the message goes DEAD.
+/// - `backoff = "500ms"` (optional): the delay before the first retry; it doubles after each
+///   failure, plus jitter.
+/// - `backoff_cap = "5m"` (optional, at least `backoff`): the longest delay between two attempts.
+///   Durations are an integer and a unit: `ms`, `s`, `m` or `h`.
+/// - `ordering = false` (optional): whether events of one aggregate are handled in order.
+/// - `mode = "stored"` (optional, default `"inline"`): `"inline"` handles the event on delivery
+///   and acknowledges the broker after the commit; `"stored"` records it and acknowledges first,
+///   then handles it in the background (webhooks, slow handlers).
+/// - `crate = "my_outbox"` (optional, default `::outbox`): the path of the `outbox` crate when it
+///   is renamed in `Cargo.toml` or re-exported by another crate.
+///
+/// Options not given use the runtime's configuration.
+///
+/// # The function
+///
+/// An `async fn` (not a method, not generic) taking the transaction by reference
+/// (`&InboxTransaction`) and the event by value (`Event<T>`, where `T` derives `DomainEvent` and
+/// implements `serde::Deserialize`), returning `Result<(), E>` where `E` converts into
+/// `HandlerError` (any `std::error::Error + Send + Sync + 'static` does). Its future must be
+/// `Send`: do not hold an `Rc` or a `std::sync::MutexGuard` across an `.await`. Each of these is
+/// checked at compile time, and reported on the token to change.
+///
+/// The function stays as written, so tests can call it directly. The attribute adds a wrapper that
+/// decodes the payload and calls it, and submits an `outbox::HandlerRegistration` (consumer, event
+/// type and schema version, options, source location) that the runtime finds at start-up. A
+/// registration counts only when the crate holding the handler is linked into the final binary.
+#[proc_macro_attribute]
+pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    handler::inbox_handler(args.into(), item.into()).into()
 }

@@ -2,7 +2,8 @@
 //! to the token the user must change.
 
 use crate::ast::{Event, Field, Input, Shape};
-use crate::attr::{Container, Role};
+use crate::attr::Role;
+use crate::keys::{combine, crate_path};
 use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{Error, LitInt, LitStr, Path};
@@ -35,29 +36,6 @@ pub(crate) fn validate<'a>(input: &'a Input<'a>) -> syn::Result<Event<'a>> {
         _ => Err(combine(errors)
             .unwrap_or_else(|| Error::new(input.ident.span(), "invalid #[derive(DomainEvent)]"))),
     }
-}
-
-/// The path of the facade crate: `crate = "..."` when given, `::outbox` otherwise.
-pub(crate) fn crate_path(container: &Container) -> syn::Result<Path> {
-    match &container.krate {
-        Some(lit) => lit.parse::<Path>().map_err(|_| {
-            Error::new(
-                lit.span(),
-                format!(
-                    "`crate` must be a path, e.g. `crate = \"my_outbox\"`; `{}` is not one",
-                    lit.value()
-                ),
-            )
-        }),
-        None => Ok(syn::parse_quote!(::outbox)),
-    }
-}
-
-fn combine(errors: Vec<Error>) -> Option<Error> {
-    errors.into_iter().reduce(|mut all, error| {
-        all.combine(error);
-        all
-    })
 }
 
 struct Header {
@@ -111,7 +89,9 @@ fn check_container(input: &Input<'_>, errors: &mut Vec<Error>) -> Option<Header>
         Some(lit) => check_version(lit, errors),
         None => Some(LitInt::new("1", Span::call_site())),
     };
-    let krate = crate_path(container).map_err(|e| errors.push(e)).ok();
+    let krate = crate_path(container.krate.as_ref())
+        .map_err(|e| errors.push(e))
+        .ok();
 
     Some(Header {
         krate: krate?,

@@ -40,11 +40,16 @@ pub use transaction::{CommitReport, Headers, OutboxTransaction, SkippedEvent};
 /// Items the macros' generated code uses. Not public API: no stability guarantees.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::envelope::Envelope;
     pub use crate::event::{AggregateVersionValue, DedupKeyValue, DomainEvent, EventRegistration};
+    pub use crate::inbox::{
+        Event, HandlerError, HandlerFuture, HandlerMode, HandlerRegistration, InboxTransaction,
+    };
     pub use inventory;
     pub use sea_orm;
     pub use serde;
     pub use serde_json;
+    pub use std::pin::Pin;
     pub use std::{
         boxed::Box,
         option::Option::{self, None, Some},

@@ -171,10 +171,79 @@ pub mod order {
     impl ActiveModelBehavior for ActiveModel {}
 }
 
+/// What consumers' handlers write: one row per handled message.
+pub mod effect {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "effect")]
+    pub struct Model {
+        #[sea_orm(primary_key)]
+        pub id: i64,
+        pub consumer: String,
+        pub event_id: String,
+        pub cart: String,
+        pub seq: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
 pub async fn create_business_tables(db: &DatabaseConnection) {
     let schema = Schema::new(db.get_database_backend());
     let stmt = schema.create_table_from_entity(order::Entity);
     db.execute(&stmt).await.expect("create shop_order");
+    let stmt = schema.create_table_from_entity(effect::Entity);
+    db.execute(&stmt).await.expect("create effect");
+}
+
+/// Every effect row, in insertion order.
+pub async fn effects<C: ConnectionTrait>(db: &C) -> Vec<effect::Model> {
+    use sea_orm::QueryOrder;
+    effect::Entity::find()
+        .order_by_asc(effect::Column::Id)
+        .all(db)
+        .await
+        .unwrap()
+}
+
+/// Inbox rows of a consumer: (message_id, status, attempts, last_error), in arrival order.
+pub async fn inbox_rows<C: ConnectionTrait>(
+    db: &C,
+    consumer: &str,
+) -> Vec<(String, String, i64, Option<String>, Option<String>)> {
+    let backend = db.get_database_backend();
+    let cast = if backend == DbBackend::MySql {
+        "SIGNED"
+    } else {
+        "BIGINT"
+    };
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            backend,
+            format!(
+                "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, last_error, event_type \
+                 FROM inbox_event WHERE consumer = {} ORDER BY id",
+                if backend == DbBackend::Postgres { "$1" } else { "?" }
+            ),
+            [consumer.into()],
+        ))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            (
+                r.try_get("", "message_id").unwrap(),
+                r.try_get("", "status").unwrap(),
+                r.try_get("", "attempts").unwrap(),
+                r.try_get("", "last_error").unwrap(),
+                r.try_get("", "event_type").unwrap(),
+            )
+        })
+        .collect()
 }
 
 pub async fn count_orders<C: ConnectionTrait>(db: &C) -> u64 {

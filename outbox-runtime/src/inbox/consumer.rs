@@ -505,7 +505,8 @@ impl Consumer {
                 match next {
                     Some(Ok(delivery)) => {
                         health.success();
-                        let decoded = Envelope::from_json(&delivery.body).map_err(|e| e.to_string());
+                        let decoded =
+                            Envelope::from_json(&delivery.body).map_err(|e| e.to_string());
                         let key = match &decoded {
                             Ok(e) => lane_key(e),
                             Err(_) => delivery.message_id.clone().unwrap_or_default(),
@@ -624,7 +625,11 @@ impl Consumer {
         let released: Vec<ClaimedMessage> = released.into_iter().flatten().collect();
         if !released.is_empty() {
             let ids: Vec<i64> = released.iter().map(|m| m.id).collect();
-            let reclaimed: Vec<i64> = released.iter().filter(|m| m.reclaimed).map(|m| m.id).collect();
+            let reclaimed: Vec<i64> = released
+                .iter()
+                .filter(|m| m.reclaimed)
+                .map(|m| m.id)
+                .collect();
             store::inbox::release(&self.db, token, &ids, &reclaimed).await?;
         }
         Ok(claimed)
@@ -635,22 +640,29 @@ impl Consumer {
         let envelope = match Envelope::from_json(&message.payload) {
             Ok(e) => e,
             Err(e) => {
-                self.fail_claimed(message, token, None, HandlerError::permanent(format!("undecodable message: {e}")))
-                    .await;
+                self.fail_claimed(
+                    message,
+                    token,
+                    None,
+                    HandlerError::permanent(format!("undecodable message: {e}")),
+                )
+                .await;
                 return Outcome::Failed;
             }
         };
         let reg = match self.handler(&envelope) {
             Ok(reg) => reg,
             Err(error) => {
-                self.fail_claimed(message, token, None, HandlerError::permanent(error)).await;
+                self.fail_claimed(message, token, None, HandlerError::permanent(error))
+                    .await;
                 return Outcome::Failed;
             }
         };
         let tx = match self.outbox.begin(&self.db).await {
             Ok(tx) => tx,
             Err(e) => {
-                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e)).await;
+                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e))
+                    .await;
                 return Outcome::Failed;
             }
         };
@@ -664,7 +676,8 @@ impl Consumer {
             }
             Err(e) => {
                 drop(tx);
-                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e)).await;
+                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e))
+                    .await;
                 return Outcome::Failed;
             }
         }
@@ -712,12 +725,22 @@ impl Consumer {
             InitialState::Dead { error, .. } => (true, Utc::now(), error.clone()),
             _ => return,
         };
-        match store::inbox::mark_failed(&self.db, message.id, token, attempts, dead, next_attempt_at, &text)
-            .await
+        match store::inbox::mark_failed(
+            &self.db,
+            message.id,
+            token,
+            attempts,
+            dead,
+            next_attempt_at,
+            &text,
+        )
+        .await
         {
             Ok(true) => self.count_failure(&state),
             Ok(false) => bump(&self.stats.stale),
-            Err(e) => tracing::warn!(consumer = self.name, error = %e, "could not record a handler failure; the lease will expire and the message be retried"),
+            Err(e) => {
+                tracing::warn!(consumer = self.name, error = %e, "could not record a handler failure; the lease will expire and the message be retried")
+            }
         }
     }
 }

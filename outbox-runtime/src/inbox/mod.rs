@@ -115,7 +115,10 @@ impl<E: DomainEvent + serde::de::DeserializeOwned> Event<E> {
                 std::any::type_name::<E>()
             ))
         })?;
-        Ok(Event::new(payload, EventMeta::from_envelope(envelope, attempt)))
+        Ok(Event::new(
+            payload,
+            EventMeta::from_envelope(envelope, attempt),
+        ))
     }
 }
 
@@ -316,7 +319,9 @@ impl TransactionTrait for InboxTransaction {
         isolation_level: Option<IsolationLevel>,
         access_mode: Option<AccessMode>,
     ) -> Result<OutboxTransaction, DbErr> {
-        self.tx.begin_with_config(isolation_level, access_mode).await
+        self.tx
+            .begin_with_config(isolation_level, access_mode)
+            .await
     }
 
     async fn begin_with_options(

@@ -34,8 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     inbox::{
-        ConsumerStats, ConsumerStatsSnapshot, HandlerRegistration, InboxConfig,
-        consumer::Consumer,
+        ConsumerStats, ConsumerStatsSnapshot, HandlerRegistration, InboxConfig, consumer::Consumer,
     },
     outbox::Outbox,
     registry::{EventCatalogue, RegistryError},
@@ -268,7 +267,9 @@ impl RuntimeBuilder {
                     let shutdown = shutdown.clone();
                     let health = health.clone();
                     async move {
-                        consumer.run_dispatcher(transport, shutdown, health.clone()).await;
+                        consumer
+                            .run_dispatcher(transport, shutdown, health.clone())
+                            .await;
                         health.stopped();
                     }
                 });
@@ -348,7 +349,10 @@ impl RuntimeBuilder {
         }
         tracing::info!(
             consumers = by_consumer.len(),
-            transport = self.transport.as_ref().map_or("database-local", |t| t.name()),
+            transport = self
+                .transport
+                .as_ref()
+                .map_or("database-local", |t| t.name()),
             "outbox runtime started"
         );
         Ok(Runtime {

@@ -127,8 +127,14 @@ pub(crate) async fn select_claimable(
     let backend = dialect.backend();
     let limit = limit.max(1);
     let mut rows = Vec::new();
-    for row in txn.query_all_raw(heads_query(dialect, queue, now, limit, ordering)).await? {
-        rows.push(Candidate { id: row.try_get("", "id")?, row });
+    for row in txn
+        .query_all_raw(heads_query(dialect, queue, now, limit, ordering))
+        .await?
+    {
+        rows.push(Candidate {
+            id: row.try_get("", "id")?,
+            row,
+        });
     }
     if !ordering || rows.is_empty() || rows.len() >= limit {
         return Ok(rows);
@@ -156,7 +162,8 @@ pub(crate) async fn select_claimable(
         (queue.unfinished)(backend, "")
     ));
     if let Some((column, value)) = queue.scope {
-        sql.push(&format!(" AND {column} = ")).bind(value.to_owned().into());
+        sql.push(&format!(" AND {column} = "))
+            .bind(value.to_owned().into());
     }
     sql.push(" AND (");
     for (i, (aggregate_type, aggregate_id)) in aggregates.iter().enumerate() {
@@ -263,7 +270,9 @@ fn heads_query(
             if ordering {
                 push_no_unfinished_predecessor(&mut sql, queue);
             }
-            sql.push(&format!(" ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"));
+            sql.push(&format!(
+                " ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+            ));
         }
         sql.push(&format!(" ORDER BY id LIMIT {limit}"));
         return sql.build();

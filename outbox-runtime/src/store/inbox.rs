@@ -104,10 +104,20 @@ pub async fn insert<C: ConnectionTrait>(
             attempts,
             next_attempt_at,
             error,
-        } => (inbox_status::RETRY, *attempts, Some(*next_attempt_at), Some(error.as_str()), None),
-        InitialState::Dead { attempts, error } => {
-            (inbox_status::DEAD, *attempts, None, Some(error.as_str()), None)
-        }
+        } => (
+            inbox_status::RETRY,
+            *attempts,
+            Some(*next_attempt_at),
+            Some(error.as_str()),
+            None,
+        ),
+        InitialState::Dead { attempts, error } => (
+            inbox_status::DEAD,
+            *attempts,
+            None,
+            Some(error.as_str()),
+            None,
+        ),
     };
     let backend = dialect.backend();
     let mut sql = Sql::new(dialect);
@@ -173,15 +183,17 @@ pub async fn has_unfinished<C: ConnectionTrait>(
 ) -> Result<bool, DbErr> {
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
-    sql.push(&format!("SELECT 1 AS x FROM {INBOX_TABLE} WHERE consumer = "))
-        .bind(consumer.to_owned().into())
-        .push(" AND aggregate_type = ")
-        .bind(aggregate_type.to_owned().into())
-        .push(" AND aggregate_id = ")
-        .bind(aggregate_id.to_owned().into())
-        .push(" AND ")
-        .push(&unfinished(dialect.backend(), ""))
-        .push(" LIMIT 1");
+    sql.push(&format!(
+        "SELECT 1 AS x FROM {INBOX_TABLE} WHERE consumer = "
+    ))
+    .bind(consumer.to_owned().into())
+    .push(" AND aggregate_type = ")
+    .bind(aggregate_type.to_owned().into())
+    .push(" AND aggregate_id = ")
+    .bind(aggregate_id.to_owned().into())
+    .push(" AND ")
+    .push(&unfinished(dialect.backend(), ""))
+    .push(" LIMIT 1");
     Ok(conn.query_one_raw(sql.build()).await?.is_some())
 }
 
@@ -333,12 +345,14 @@ pub async fn mark_done<C: ConnectionTrait>(
 ) -> Result<bool, DbErr> {
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
-    sql.push(&format!("UPDATE {INBOX_TABLE} SET status = 'DONE', processed_at = "))
-        .bind(dialect.timestamp(now))
-        .push(", attempts = attempts + 1, locked_until = NULL, last_error = NULL WHERE id = ")
-        .bind(id.into())
-        .push(" AND status = 'PROCESSING' AND claim_token = ")
-        .bind(dialect.uuid(token));
+    sql.push(&format!(
+        "UPDATE {INBOX_TABLE} SET status = 'DONE', processed_at = "
+    ))
+    .bind(dialect.timestamp(now))
+    .push(", attempts = attempts + 1, locked_until = NULL, last_error = NULL WHERE id = ")
+    .bind(id.into())
+    .push(" AND status = 'PROCESSING' AND claim_token = ")
+    .bind(dialect.uuid(token));
     Ok(conn.execute_raw(sql.build()).await?.rows_affected() == 1)
 }
 
@@ -355,7 +369,15 @@ pub async fn mark_failed(
     let dialect = Dialect::of(db);
     let mut sql = Sql::new(dialect);
     sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
-        .bind(if dead { inbox_status::DEAD } else { inbox_status::RETRY }.to_owned().into())
+        .bind(
+            if dead {
+                inbox_status::DEAD
+            } else {
+                inbox_status::RETRY
+            }
+            .to_owned()
+            .into(),
+        )
         .push(", attempts = ")
         .bind(i64::from(attempts).into())
         .push(", next_attempt_at = ")

@@ -171,7 +171,9 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         unfinished: unsent_predicate,
     };
     let mut rows = Vec::new();
-    for candidate in select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await? {
+    for candidate in
+        select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
+    {
         rows.push(decode(&dialect, &candidate.row)?);
     }
 
@@ -453,12 +455,14 @@ pub async fn move_to_inbox(
     }
     for chunk in sent.chunks(1000) {
         let mut sql = Sql::new(dialect);
-        sql.push(&format!("UPDATE {OUTBOX_TABLE} SET status = 'SENT', sent_at = "))
-            .bind(dialect.timestamp(params.now))
-            .push(", locked_by = ")
-            .bind(params.relay_id.to_owned().into())
-            .push(", locked_until = NULL, last_error = NULL WHERE id IN ")
-            .bind_list(chunk.iter().map(|id| Value::from(*id)));
+        sql.push(&format!(
+            "UPDATE {OUTBOX_TABLE} SET status = 'SENT', sent_at = "
+        ))
+        .bind(dialect.timestamp(params.now))
+        .push(", locked_by = ")
+        .bind(params.relay_id.to_owned().into())
+        .push(", locked_until = NULL, last_error = NULL WHERE id IN ")
+        .bind_list(chunk.iter().map(|id| Value::from(*id)));
         txn.execute_raw(sql.build()).await?;
     }
     moved.events = sent.len();

@@ -73,6 +73,7 @@ struct Faults {
     fail_matching: Option<Predicate>,
     permanent_matching: Option<Predicate>,
     unavailable: bool,
+    lose_acks: usize,
 }
 
 struct Group {
@@ -147,6 +148,12 @@ impl MemoryTransport {
     /// Store the next `n` messages but report them as unconfirmed (a lost confirm).
     pub fn lose_next_confirms(&self, n: usize) {
         self.state().faults.lose_confirm_next = n;
+    }
+
+    /// Report the next `n` consumer acks as done but forget them, so the messages are
+    /// redelivered after the ack wait (an ack lost on the way to the broker).
+    pub fn lose_next_acks(&self, n: usize) {
+        self.state().faults.lose_acks = n;
     }
 
     /// Wait this long before confirming each publish call.
@@ -475,9 +482,15 @@ struct MemoryAcker {
 #[async_trait::async_trait]
 impl Acker for MemoryAcker {
     async fn ack(&self) -> Result<(), TransportError> {
-        if let Some(group) = self.transport.state().groups.get_mut(&self.consumer) {
+        let mut state = self.transport.state();
+        if state.faults.lose_acks > 0 {
+            state.faults.lose_acks -= 1;
+            return Ok(());
+        }
+        if let Some(group) = state.groups.get_mut(&self.consumer) {
             group.in_flight.remove(&self.seq);
         }
+        drop(state);
         self.transport.bump();
         Ok(())
     }

@@ -1,0 +1,536 @@
+//! Inbox handlers and the runtime on real PostgreSQL, MariaDB and SQLite: effectively-once
+//! handling through duplicates and lost acks, retries, dead letters, per-aggregate order,
+//! consume-then-produce atomicity, bad input, stored mode, and the database-local transport.
+//! Deliveries come through the in-memory transport (its lost-ack fault is injected on purpose)
+//! or the database-local one.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    sync::{LazyLock, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use common::carts::*;
+use common::*;
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::{Backoff, RelayConfig};
+use outbox::runtime::Runtime;
+use outbox::transport::{OutgoingMessage, Transport, memory::MemoryTransport};
+use sea_orm::{ActiveModelTrait, NotSet, Set};
+use serde::{Deserialize, Serialize};
+
+/// Injected handler failures, keyed by cart (unique per test): how many attempts fail.
+static FAILURES: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
+
+fn fail_times(cart: &str, n: u32) {
+    FAILURES.lock().unwrap().insert(cart.to_owned(), n);
+}
+
+fn should_fail(cart: &str) -> bool {
+    let mut failures = FAILURES.lock().unwrap();
+    match failures.get_mut(cart) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+async fn record(tx: &InboxTransaction, event: &Event<LineAdded>) -> Result<(), HandlerError> {
+    effect::ActiveModel {
+        id: NotSet,
+        consumer: Set(tx.context().consumer.to_owned()),
+        event_id: Set(event.id().to_owned()),
+        cart: Set(event.cart.clone()),
+        seq: Set(i64::from(event.seq)),
+    }
+    .insert(tx)
+    .await?;
+    Ok(())
+}
+
+#[inbox_handler(consumer = "t-inline", backoff = "10ms", backoff_cap = "50ms")]
+async fn inline_handler(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record(tx, &event).await?;
+    if should_fail(&event.cart) {
+        return Err(HandlerError::retry("transient failure injected"));
+    }
+    Ok(())
+}
+
+#[inbox_handler(
+    consumer = "t-limited",
+    max_attempts = 3,
+    backoff = "10ms",
+    backoff_cap = "20ms"
+)]
+async fn limited_handler(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    if event.cart.starts_with("poison") {
+        return Err(HandlerError::retry(format!(
+            "cannot reserve stock for {}",
+            event.cart
+        )));
+    }
+    record(tx, &event).await
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[event(name = "line.priced", aggregate = "cart")]
+struct LinePriced {
+    #[event(aggregate_id)]
+    cart: String,
+    seq: u32,
+}
+
+#[inbox_handler(consumer = "t-chain", max_attempts = 2, backoff = "10ms")]
+async fn chain_handler(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    record(tx, &event).await?;
+    tx.enqueue(&LinePriced {
+        cart: event.cart.clone(),
+        seq: event.seq,
+    })?;
+    if event.cart.starts_with("broken") {
+        return Err(HandlerError::permanent("price list missing"));
+    }
+    Ok(())
+}
+
+#[inbox_handler(consumer = "t-stored", mode = "stored")]
+async fn stored_handler(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record(tx, &event).await
+}
+
+#[inbox_handler(consumer = "t-notify")]
+async fn notify_handler(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record(tx, &event).await
+}
+
+fn inbox_config() -> InboxConfig {
+    InboxConfig {
+        poll_interval: Duration::from_millis(50),
+        backoff: Backoff {
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(50),
+            jitter: 0.1,
+        },
+        ..InboxConfig::default()
+    }
+}
+
+fn relay_config() -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        ..RelayConfig::default()
+    }
+}
+
+/// The CloudEvents body of a line, as a producer would publish it.
+fn message(cart: &str, seq: u32) -> OutgoingMessage {
+    let event_id = uuid::Uuid::now_v7();
+    let body = serde_json::json!({
+        "specversion": "1.0", "id": event_id.to_string(), "source": "tests", "type": "line.added",
+        "subject": cart, "aggregatetype": "cart", "schemaversion": 1,
+        "datacontenttype": "application/json", "data": {"cart": cart, "seq": seq},
+    });
+    raw(event_id, "line.added", serde_json::to_vec(&body).unwrap())
+}
+
+fn raw(event_id: uuid::Uuid, event_type: &str, body: Vec<u8>) -> OutgoingMessage {
+    OutgoingMessage {
+        event_id,
+        event_type: event_type.to_owned(),
+        aggregate_type: "cart".into(),
+        aggregate_id: "x".into(),
+        body: Bytes::from(body),
+    }
+}
+
+async fn consumer_runtime(t: &TestDb, transport: &MemoryTransport, consumer: &str) -> Runtime {
+    Runtime::builder(t.db.clone())
+        .transport(transport.clone())
+        .without_relay()
+        .consumers([consumer])
+        .expect_consumers([consumer])
+        .inbox_config(inbox_config())
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn wait_until<F, Fut>(what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    assert!(
+        eventually(Duration::from_secs(60), check).await,
+        "timed out waiting until {what}"
+    );
+}
+
+async fn same_message_five_times_one_effect(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-inline").await;
+    let m = message("dup-cart", 1);
+    for _ in 0..5 {
+        assert!(transport.publish(std::slice::from_ref(&m)).await[0].is_ok());
+    }
+    wait_until("5 deliveries settled", || async {
+        let s = runtime.consumer_stats("t-inline").unwrap();
+        s.handled + s.duplicates == 5
+    })
+    .await;
+    let stats = runtime.consumer_stats("t-inline").unwrap();
+    runtime.shutdown().await;
+    assert_eq!((stats.handled, stats.duplicates), (1, 4));
+    let effects = effects(&t.db).await;
+    assert_eq!(effects.len(), 1, "one effect for five deliveries");
+    assert_eq!(effects[0].event_id, m.event_id.to_string());
+    let rows = inbox_rows(&t.db, "t-inline").await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].1, "DONE");
+}
+
+async fn lost_ack_is_redelivered_and_suppressed(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let mut config = inbox_config();
+    config.subscribe.ack_wait = Duration::from_millis(300);
+    let runtime = Runtime::builder(t.db.clone())
+        .transport(transport.clone())
+        .without_relay()
+        .consumers(["t-inline"])
+        .inbox_config(config)
+        .start()
+        .await
+        .unwrap();
+    transport.lose_next_acks(1);
+    let m = message("lost-ack", 1);
+    assert!(transport.publish(&[m]).await[0].is_ok());
+    wait_until("the redelivery was suppressed", || async {
+        runtime.consumer_stats("t-inline").unwrap().duplicates == 1
+    })
+    .await;
+    let stats = runtime.consumer_stats("t-inline").unwrap();
+    runtime.shutdown().await;
+    assert_eq!(stats.handled, 1);
+    assert_eq!(
+        effects(&t.db).await.len(),
+        1,
+        "handled once although delivered twice"
+    );
+}
+
+async fn transient_errors_retry_then_done(t: TestDb) {
+    let cart = format!("flaky-{}", t.name);
+    fail_times(&cart, 2);
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-inline").await;
+    assert!(transport.publish(&[message(&cart, 1)]).await[0].is_ok());
+    wait_until("the message is DONE", || async {
+        inbox_rows(&t.db, "t-inline")
+            .await
+            .first()
+            .is_some_and(|r| r.1 == "DONE")
+    })
+    .await;
+    let stats = runtime.consumer_stats("t-inline").unwrap();
+    runtime.shutdown().await;
+    let rows = inbox_rows(&t.db, "t-inline").await;
+    assert_eq!(rows[0].2, 3, "two failed attempts, then success");
+    assert_eq!((stats.retried, stats.handled), (2, 1));
+    let effects = effects(&t.db).await;
+    assert_eq!(
+        effects.len(),
+        1,
+        "failed attempts rolled their effects back"
+    );
+}
+
+async fn permanent_failures_dead_after_limit_others_flow(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-limited").await;
+    let mut messages = vec![message("poison-1", 0)];
+    for i in 0..10 {
+        messages.push(message(&format!("healthy-{i}"), 0));
+    }
+    assert!(transport.publish(&messages).await.iter().all(Result::is_ok));
+    wait_until("poison DEAD and the rest DONE", || async {
+        let rows = inbox_rows(&t.db, "t-limited").await;
+        rows.len() == 11 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
+    })
+    .await;
+    let stats = runtime.consumer_stats("t-limited").unwrap();
+    runtime.shutdown().await;
+    let rows = inbox_rows(&t.db, "t-limited").await;
+    let dead: Vec<_> = rows.iter().filter(|r| r.1 == "DEAD").collect();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0, messages[0].event_id.to_string());
+    assert_eq!(dead[0].2, 3, "DEAD after max_attempts = 3");
+    assert!(
+        dead[0]
+            .3
+            .as_deref()
+            .unwrap()
+            .contains("cannot reserve stock for poison-1")
+    );
+    assert_eq!(stats.dead, 1);
+    assert_eq!(
+        effects(&t.db).await.len(),
+        10,
+        "every healthy message handled"
+    );
+}
+
+async fn per_aggregate_order_under_keyed_concurrency(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-inline").await;
+    // Some carts fail now and then: later lines wait behind the retry.
+    for a in 0..20 {
+        if a % 4 == 0 {
+            fail_times(&format!("{}-cart-{a}", t.name), 2);
+        }
+    }
+    let mut messages = Vec::new();
+    for seq in 0..15 {
+        for a in 0..20 {
+            messages.push(message(&format!("{}-cart-{a}", t.name), seq));
+        }
+    }
+    assert!(transport.publish(&messages).await.iter().all(Result::is_ok));
+    wait_until("all 300 handled", || async {
+        runtime.consumer_stats("t-inline").unwrap().handled == 300
+    })
+    .await;
+    runtime.shutdown().await;
+    let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in effects(&t.db).await {
+        per_cart.entry(e.cart).or_default().push(e.seq);
+    }
+    assert_eq!(per_cart.len(), 20);
+    for (cart, seqs) in per_cart {
+        assert_eq!(
+            seqs,
+            (0..15).collect::<Vec<_>>(),
+            "{cart} handled out of order"
+        );
+    }
+}
+
+async fn consume_then_produce_is_atomic(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-chain").await;
+    let ok = message("fine-cart", 1);
+    let broken = message("broken-cart", 1);
+    assert!(
+        transport
+            .publish(&[ok.clone(), broken.clone()])
+            .await
+            .iter()
+            .all(Result::is_ok)
+    );
+    wait_until("both settled", || async {
+        let rows = inbox_rows(&t.db, "t-chain").await;
+        rows.len() == 2 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
+    })
+    .await;
+    runtime.shutdown().await;
+    let rows = outbox_rows(&t.db).await;
+    assert_eq!(
+        rows.len(),
+        1,
+        "only the handled message produced its follow-up"
+    );
+    assert_eq!(rows[0].event_type, "line.priced");
+    assert_eq!(rows[0].aggregate_id, "fine-cart");
+    let effects = effects(&t.db).await;
+    assert_eq!(effects.len(), 1);
+    assert_eq!(effects[0].event_id, ok.event_id.to_string());
+    let dead = inbox_rows(&t.db, "t-chain")
+        .await
+        .into_iter()
+        .find(|r| r.1 == "DEAD")
+        .unwrap();
+    assert_eq!(dead.0, broken.event_id.to_string());
+    assert!(dead.3.unwrap().contains("price list missing"));
+}
+
+async fn bad_input_is_dead_with_a_clear_error(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-inline").await;
+    let id = uuid::Uuid::now_v7;
+    let cases: Vec<(OutgoingMessage, &str)> = vec![
+        (raw(id(), "line.added", b"{\"specversion\":\"1.0\",".to_vec()), "not valid JSON"),
+        (raw(id(), "line.added", br#"{"specversion":"1.0","source":"s","type":"line.added"}"#.to_vec()), "`id` is missing"),
+        (raw(id(), "line.added", br#"{"specversion":"0.3","id":"x1","source":"s","type":"line.added"}"#.to_vec()), "specversion"),
+        (raw(id(), "line.added", br#"{"specversion":"1.0","id":"x2","source":"s","type":"line.removed","data":{}}"#.to_vec()), "no handler for event type `line.removed`"),
+        (raw(id(), "line.added", br#"{"specversion":"1.0","id":"x3","source":"s","type":"line.added","schemaversion":7,"data":{}}"#.to_vec()), "schema version 7"),
+        (raw(id(), "line.added", br#"{"specversion":"1.0","id":"x4","source":"s","type":"line.added","data":{"cart":5}}"#.to_vec()), "does not match"),
+        (raw(id(), "line.added", vec![0xff, 0xfe, 0x00]), "not UTF-8"),
+    ];
+    let messages: Vec<OutgoingMessage> = cases.iter().map(|(m, _)| m.clone()).collect();
+    assert!(transport.publish(&messages).await.iter().all(Result::is_ok));
+    let good = message("after-bad-input", 1);
+    assert!(transport.publish(&[good.clone()]).await[0].is_ok());
+    wait_until("every message settled", || async {
+        let rows = inbox_rows(&t.db, "t-inline").await;
+        rows.len() == cases.len() + 1 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
+    })
+    .await;
+    runtime.shutdown().await;
+    let rows = inbox_rows(&t.db, "t-inline").await;
+    for (_, expected) in &cases {
+        assert!(
+            rows.iter()
+                .any(|r| r.1 == "DEAD" && r.3.as_deref().is_some_and(|e| e.contains(expected))),
+            "no DEAD row mentioning {expected:?}: {rows:?}"
+        );
+    }
+    assert!(
+        rows.iter()
+            .any(|r| r.1 == "DONE" && r.0 == good.event_id.to_string()),
+        "the loop kept going"
+    );
+    assert_eq!(effects(&t.db).await.len(), 1);
+}
+
+async fn stored_mode_acks_first_then_handles(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-stored").await;
+    let m = message("stored-cart", 1);
+    assert!(transport.publish(&[m.clone()]).await[0].is_ok());
+    wait_until("handled by the worker", || async {
+        runtime.consumer_stats("t-stored").unwrap().handled == 1
+    })
+    .await;
+    let stats = runtime.consumer_stats("t-stored").unwrap();
+    runtime.shutdown().await;
+    assert_eq!(stats.stored, 1, "stored before handling");
+    let rows = inbox_rows(&t.db, "t-stored").await;
+    assert_eq!(rows[0].1, "DONE");
+    assert_eq!(effects(&t.db).await.len(), 1);
+}
+
+async fn local_transport_delivers_to_every_consumer_once(t: TestDb) {
+    for a in 0..3 {
+        fail_times(&format!("{}-local-{a}", t.name), 1);
+    }
+    let runtime = Runtime::builder(t.db.clone())
+        .source("carts")
+        .consumers(["t-inline", "t-notify"])
+        .relay_config(relay_config())
+        .inbox_config(inbox_config())
+        .start()
+        .await
+        .unwrap();
+    let outbox = runtime.outbox().clone();
+    let mut expected = 0;
+    for seq in 0..10 {
+        let tx = outbox.begin(&t.db).await.unwrap();
+        for a in 0..3 {
+            tx.enqueue(&LineAdded {
+                cart: format!("{}-local-{a}", t.name),
+                seq,
+            })
+            .unwrap();
+            expected += 1;
+        }
+        let _ = tx.commit().await.unwrap();
+    }
+    wait_until("both consumers handled every event", || async {
+        effects(&t.db).await.len() == 2 * expected
+    })
+    .await;
+    // Resend everything: the inbox suppresses the second delivery.
+    let db = &t.db;
+    sea_orm::ConnectionTrait::execute_unprepared(db, "UPDATE outbox_event SET status = 'PENDING'")
+        .await
+        .unwrap();
+    wait_until("resent events were moved again", || async {
+        status_counts(db).await.get("SENT").copied() == Some(expected as i64)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let inline = runtime.consumer_stats("t-inline").unwrap();
+    runtime.shutdown().await;
+    let effects = effects(&t.db).await;
+    assert_eq!(
+        effects.len(),
+        2 * expected,
+        "exactly once per consumer and event"
+    );
+    assert_eq!(inline.retried, 3, "the injected failures were retried");
+    for consumer in ["t-inline", "t-notify"] {
+        let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
+        for e in effects.iter().filter(|e| e.consumer == consumer) {
+            per_cart.entry(e.cart.clone()).or_default().push(e.seq);
+        }
+        for (cart, seqs) in per_cart {
+            assert_eq!(
+                seqs,
+                (0..10).collect::<Vec<_>>(),
+                "{consumer}/{cart} out of order"
+            );
+        }
+    }
+    assert!(
+        inbox_rows(&t.db, "t-inline")
+            .await
+            .iter()
+            .all(|r| r.1 == "DONE")
+    );
+}
+
+backend_tests! {
+    five_deliveries => same_message_five_times_one_effect;
+    lost_ack => lost_ack_is_redelivered_and_suppressed;
+    transient => transient_errors_retry_then_done;
+    dead_after_limit => permanent_failures_dead_after_limit_others_flow;
+    keyed_order => per_aggregate_order_under_keyed_concurrency;
+    chain_atomic => consume_then_produce_is_atomic;
+    bad_input => bad_input_is_dead_with_a_clear_error;
+    stored_mode => stored_mode_acks_first_then_handles;
+    local_transport => local_transport_delivers_to_every_consumer_once;
+}
+
+#[test]
+fn handlers_are_registered_with_their_options() {
+    let handlers = outbox::runtime::handlers().unwrap();
+    let limited = &handlers["t-limited"][0];
+    assert_eq!(limited.event_type, "line.added");
+    assert_eq!(limited.max_attempts, Some(3));
+    assert_eq!(limited.backoff_base_ms, Some(10));
+    assert_eq!(handlers["t-stored"][0].mode, outbox::HandlerMode::Stored);
+    assert!(limited.file.ends_with("inbox.rs"));
+}
+
+#[tokio::test]
+async fn start_fails_for_a_missing_expected_consumer() {
+    let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
+    let err = Runtime::builder(db)
+        .expect_consumers(["billing"])
+        .start()
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("`billing`") && text.contains("t-inline"),
+        "{text}"
+    );
+}

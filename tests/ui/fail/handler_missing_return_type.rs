@@ -1,0 +1,16 @@
+use outbox::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, DomainEvent)]
+#[event(name = "order.placed", aggregate = "order")]
+struct OrderPlaced {
+    #[event(aggregate_id)]
+    order_id: i64,
+}
+
+#[inbox_handler(consumer = "inventory")]
+async fn reserve_stock(tx: &InboxTransaction, event: Event<OrderPlaced>) {
+    let _ = (tx, event.order_id);
+}
+
+fn main() {}

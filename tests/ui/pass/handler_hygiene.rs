@@ -1,0 +1,95 @@
+// The code `#[inbox_handler]` generates must not care what the user's module calls `Result`,
+// `Option`, `Box`, `Send`, ..., must work when the facade crate is renamed (`crate = "..."`) and
+// without the prelude, and must not trip the lints a careful workspace turns on.
+#![forbid(unsafe_code)]
+#![deny(missing_docs, unreachable_pub, rust_2018_idioms, unused_qualifications, warnings)]
+//! Hygiene test.
+
+extern crate outbox as renamed;
+
+/// A module that shadows everything the generated code could refer to.
+pub mod shadowing {
+    #![allow(dead_code, non_camel_case_types)]
+
+    use ::serde::{Deserialize, Serialize};
+
+    struct Result;
+    struct Option;
+    struct Box;
+    struct String;
+    struct ToString;
+    struct Some;
+    struct None;
+    struct Ok;
+    struct Err;
+    struct Send;
+    struct Sync;
+    struct Sized;
+    struct Future;
+    struct Pin;
+    struct PhantomData;
+    struct Into;
+    struct From;
+    struct u32;
+    struct u64;
+    struct str;
+    struct Event;
+    struct Envelope;
+    struct HandlerError;
+    struct InboxTransaction;
+    struct HandlerFuture;
+    mod core {}
+    mod std {}
+    mod serde {}
+    mod inventory {}
+    mod outbox {}
+    mod __private {}
+
+    /// An event derived among the shadowing items, through the renamed crate.
+    #[derive(Serialize, Deserialize, renamed::DomainEvent)]
+    #[event(name = "shadow.happened", aggregate = "shadow", crate = "renamed")]
+    pub struct ShadowHappened {
+        #[event(aggregate_id)]
+        pub(crate) id: ::core::primitive::i64,
+    }
+
+    /// A handler written among the shadowing items, through the renamed crate.
+    #[renamed::inbox_handler(consumer = "shadow", max_attempts = 2, crate = "renamed")]
+    pub(crate) async fn on_shadow(
+        _tx: &renamed::InboxTransaction,
+        event: renamed::Event<ShadowHappened>,
+    ) -> ::core::result::Result<(), renamed::HandlerError> {
+        let _ = event.id;
+        ::core::result::Result::Ok(())
+    }
+}
+
+/// Without any prelude, through an absolute crate path; a raw identifier as the handler's name.
+#[no_implicit_prelude]
+pub mod no_prelude {
+    /// A handler whose name is a raw identifier.
+    #[::renamed::inbox_handler(consumer = "raw", crate = "::renamed")]
+    pub(crate) async fn r#match(
+        _tx: &::renamed::InboxTransaction,
+        _event: ::renamed::Event<super::shadowing::ShadowHappened>,
+    ) -> ::core::result::Result<(), ::renamed::HandlerError> {
+        ::core::result::Result::Ok(())
+    }
+}
+
+fn main() {
+    let find = |consumer: &str| {
+        renamed::__private::inventory::iter::<renamed::HandlerRegistration>
+            .into_iter()
+            .find(|registration| registration.consumer == consumer)
+            .expect("registered")
+    };
+    let shadow = find("shadow");
+    assert_eq!(shadow.event_type, "shadow.happened");
+    assert_eq!(shadow.max_attempts, Some(2));
+    assert_eq!(shadow.function, "on_shadow");
+    let raw = find("raw");
+    assert_eq!(raw.event_type, "shadow.happened");
+    assert_eq!(raw.function, "match");
+    assert_eq!(raw.module_path, concat!(module_path!(), "::no_prelude"));
+}
