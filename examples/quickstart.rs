@@ -1,79 +1,89 @@
-//! Quickstart: an order service on a SQLite file. Each order and its `order.placed` event commit
-//! in one transaction; an order whose payment is declined rolls back and leaves no event behind.
+//! Quickstart: an order service and two consumers on one SQLite file, no broker.
 //!
 //! ```sh
 //! cargo run --example quickstart
 //! ```
+//!
+//! Each order commits with its `order.placed` event. The runtime's relay moves every event into
+//! the inbox of each consumer in the same database (the database-local transport), and the
+//! consumers handle them effectively once:
+//!
+//! - `inventory` reserves stock; an order for more than is in stock fails for good and its message
+//!   ends DEAD, where an operator sees it;
+//! - `notification` records a confirmation; its "mail server" times out once, and the message is
+//!   retried with backoff and recovers.
+//!
+//! Finally one event is sent again, as an operator's `resend` would: the inbox suppresses the
+//! duplicate, so nothing is handled twice.
 
-use outbox::prelude::*;
-use outbox::sea_orm::{
-    ActiveModelTrait, ConnectionTrait, Database, DatabaseConnection, Schema, Set, Statement,
-    entity::prelude::*,
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
 };
+
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::{Backoff, RelayConfig};
+use outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 use serde::{Deserialize, Serialize};
 
-/// The business table: orders.
-#[allow(unreachable_pub)] // SeaORM entities are declared `pub`.
-mod order {
-    use outbox::sea_orm::entity::prelude::*;
-
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "orders")]
-    pub struct Model {
-        #[sea_orm(primary_key, auto_increment = false)]
-        pub id: i64,
-        pub customer: String,
-        pub total_cents: i64,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
-
-/// The event other services learn about.
 #[derive(Debug, Serialize, Deserialize, DomainEvent)]
 #[event(name = "order.placed", aggregate = "order", version = 1)]
 struct OrderPlaced {
     #[event(aggregate_id)]
     order_id: i64,
     customer: String,
-    total_cents: i64,
+    sku: String,
+    quantity: i64,
 }
 
-async fn place_order(
-    outbox: &Outbox,
-    db: &DatabaseConnection,
-    id: i64,
-    customer: &str,
-    total_cents: i64,
-) -> Result<(), TransactionError<String>> {
-    let customer = customer.to_owned();
-    outbox
-        .transaction(db, |tx| {
-            Box::pin(async move {
-                order::ActiveModel {
-                    id: Set(id),
-                    customer: Set(customer.clone()),
-                    total_cents: Set(total_cents),
-                }
-                .insert(tx)
-                .await
-                .map_err(|e| e.to_string())?;
-                tx.enqueue(&OrderPlaced {
-                    order_id: id,
-                    customer,
-                    total_cents,
-                })
-                .map_err(|e| e.to_string())?;
-                if total_cents > 100_000 {
-                    return Err(format!("payment declined for order {id}"));
-                }
-                Ok(())
-            })
-        })
-        .await
+#[inbox_handler(consumer = "inventory", max_attempts = 3, backoff = "100ms")]
+async fn reserve_stock(
+    tx: &InboxTransaction,
+    event: Event<OrderPlaced>,
+) -> Result<(), HandlerError> {
+    let reserved = tx
+        .execute_unprepared(&format!(
+            "UPDATE stock SET available = available - {q} WHERE sku = '{sku}' AND available >= {q}",
+            q = event.quantity,
+            sku = event.sku
+        ))
+        .await?;
+    if reserved.rows_affected() == 0 {
+        return Err(HandlerError::permanent(format!(
+            "not enough {} in stock for order {} ({} wanted)",
+            event.sku, event.order_id, event.quantity
+        )));
+    }
+    Ok(())
+}
+
+static MAIL_SERVER_DOWN_ONCE: AtomicBool = AtomicBool::new(true);
+
+#[inbox_handler(consumer = "notification", backoff = "200ms")]
+async fn send_confirmation(
+    tx: &InboxTransaction,
+    event: Event<OrderPlaced>,
+) -> Result<(), HandlerError> {
+    if event.order_id == 2 && MAIL_SERVER_DOWN_ONCE.swap(false, Ordering::SeqCst) {
+        return Err(HandlerError::retry("mail server timed out"));
+    }
+    tx.execute_unprepared(&format!(
+        "INSERT INTO confirmation (order_id, customer, attempt) VALUES ({}, '{}', {})",
+        event.order_id,
+        event.customer,
+        event.meta().attempt
+    ))
+    .await?;
+    Ok(())
+}
+
+async fn count(db: &DatabaseConnection, sql: &str) -> Result<i64, Box<dyn std::error::Error>> {
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await?
+        .ok_or("no row")?;
+    Ok(row.try_get_by_index::<i64>(0)?)
 }
 
 #[tokio::main]
@@ -84,50 +94,129 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
     outbox::migrate(&db).await?;
-    let backend = db.get_database_backend();
-    db.execute(&Schema::new(backend).create_table_from_entity(order::Entity))
-        .await?;
-
-    let outbox = Outbox::new("order-service");
-    println!("database: {}", path.display());
-    for (id, customer, total) in [(1, "ada", 4_200), (2, "grace", 250_000), (3, "linus", 990)] {
-        match place_order(&outbox, &db, id, customer, total).await {
-            Ok(()) => println!("placed order {id} for {customer}"),
-            Err(e) => println!("order {id} rolled back: {e}"),
-        }
+    for ddl in [
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
+        "CREATE TABLE stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
+        "CREATE TABLE confirmation (order_id INTEGER NOT NULL, customer TEXT NOT NULL, attempt INTEGER NOT NULL)",
+        "INSERT INTO stock (sku, available) VALUES ('kettle', 10), ('teapot', 1)",
+    ] {
+        db.execute_unprepared(ddl).await?;
     }
+    println!("database: {}", path.display());
 
-    let orders = order::Entity::find().all(&db).await?;
-    println!("\n{} orders committed", orders.len());
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            backend,
-            "SELECT id, event_id, event_type, aggregate_id, status, payload FROM outbox_event ORDER BY id",
+    let runtime = Runtime::builder(db.clone())
+        .source("order-service")
+        .expect_consumers(["inventory", "notification"])
+        .relay_config(RelayConfig {
+            poll_interval: Duration::from_millis(100),
+            ..RelayConfig::default()
+        })
+        .inbox_config(InboxConfig {
+            poll_interval: Duration::from_millis(100),
+            backoff: Backoff {
+                base: Duration::from_millis(200),
+                cap: Duration::from_secs(2),
+                jitter: 0.2,
+            },
+            ..InboxConfig::default()
+        })
+        .start()
+        .await?;
+    let outbox = runtime.outbox().clone();
+
+    let orders = [
+        (1, "ada", "kettle", 2),
+        (2, "grace", "kettle", 1),
+        (3, "linus", "teapot", 5), // more teapots than in stock
+        (4, "barbara", "kettle", 3),
+    ];
+    for (id, customer, sku, quantity) in orders {
+        let tx = outbox.begin(&db).await?;
+        tx.execute_unprepared(&format!(
+            "INSERT INTO orders (id, customer, sku, quantity) VALUES ({id}, '{customer}', '{sku}', {quantity})"
         ))
         .await?;
+        tx.enqueue(&OrderPlaced {
+            order_id: id,
+            customer: customer.into(),
+            sku: sku.into(),
+            quantity,
+        })?;
+        let _ = tx.commit().await?;
+        println!("placed order {id}: {quantity} x {sku} for {customer}");
+    }
+
+    // Wait until both consumers settled every message (DONE or DEAD).
+    let settled = "SELECT COUNT(*) FROM inbox_event WHERE status IN ('DONE', 'DEAD')";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while count(&db, settled).await? < 2 * orders.len() as i64 {
+        if tokio::time::Instant::now() > deadline {
+            return Err("consumers did not settle within 20 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // An operator resends order 1's event (what `outbox resend` does): delivered again, and
+    // suppressed by both inboxes as a duplicate.
+    db.execute_unprepared(
+        "UPDATE outbox_event SET status = 'PENDING', sent_at = NULL WHERE aggregate_id = '1'",
+    )
+    .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while runtime.relay_stats().map_or(0, |s| s.duplicates) < 2 {
+        if tokio::time::Instant::now() > deadline {
+            return Err("the resent event was not delivered again".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let relay = runtime.relay_stats().unwrap_or_default();
+    println!();
     println!(
-        "{} events in the outbox, written in the same transactions:",
-        rows.len()
+        "events placed: {}, delivered to consumers: {}, suppressed as duplicate on resend: {}",
+        count(&db, "SELECT COUNT(*) FROM outbox_event").await?,
+        count(&db, "SELECT COUNT(*) FROM inbox_event").await?,
+        relay.duplicates,
     );
     println!(
-        "{:<4} {:<38} {:<14} {:<10} {:<8} payload",
-        "id", "event_id", "type", "aggregate", "status"
+        "{:<14} {:>8} {:>8} {:>6}",
+        "consumer", "handled", "retried", "dead"
     );
-    for row in &rows {
+    for consumer in runtime.consumers() {
+        let s = runtime.consumer_stats(consumer).unwrap_or_default();
         println!(
-            "{:<4} {:<38} {:<14} {:<10} {:<8} {}",
-            row.try_get::<i64>("", "id")?,
-            row.try_get::<String>("", "event_id")?,
-            row.try_get::<String>("", "event_type")?,
-            row.try_get::<String>("", "aggregate_id")?,
-            row.try_get::<String>("", "status")?,
-            row.try_get::<String>("", "payload")?,
+            "{consumer:<14} {:>8} {:>8} {:>6}",
+            s.handled, s.retried, s.dead
         );
     }
-    assert_eq!(
-        orders.len(),
-        rows.len(),
-        "every committed order has its event, and only those"
+    let dead = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT consumer, message_id, last_error FROM inbox_event WHERE status = 'DEAD'",
+        ))
+        .await?;
+    for row in &dead {
+        println!(
+            "DEAD {}/{}: {}",
+            row.try_get::<String>("", "consumer")?,
+            row.try_get::<String>("", "message_id")?,
+            row.try_get::<String>("", "last_error")?
+        );
+    }
+    println!(
+        "kettles left: {}, confirmations sent: {} (order 2 on attempt {})",
+        count(&db, "SELECT available FROM stock WHERE sku = 'kettle'").await?,
+        count(&db, "SELECT COUNT(*) FROM confirmation").await?,
+        count(&db, "SELECT attempt FROM confirmation WHERE order_id = 2").await?,
     );
+    runtime.shutdown().await;
+
+    // What the run must show, checked so that the example fails loudly if it ever stops working.
+    assert_eq!(
+        count(&db, "SELECT available FROM stock WHERE sku = 'kettle'").await?,
+        4
+    );
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM confirmation").await?, 4);
+    assert_eq!(dead.len(), 1);
     Ok(())
 }

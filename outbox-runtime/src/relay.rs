@@ -160,6 +160,8 @@ pub struct RoundReport {
     pub released: usize,
     /// Writes that touched no row because another relay had taken the claim over.
     pub stale: usize,
+    /// Database-local transport: deliveries a consumer's inbox already had (suppressed).
+    pub duplicates: usize,
 }
 
 /// Counters since the relay started.
@@ -172,6 +174,7 @@ pub struct RelayStats {
     dead: AtomicU64,
     released: AtomicU64,
     stale: AtomicU64,
+    duplicates: AtomicU64,
     errors: AtomicU64,
 }
 
@@ -192,6 +195,8 @@ pub struct RelayStatsSnapshot {
     pub released: u64,
     /// Fenced writes that touched nothing (another relay took over).
     pub stale: u64,
+    /// Database-local transport: deliveries suppressed as duplicates by the inbox.
+    pub duplicates: u64,
     /// Rounds that ended in an error.
     pub errors: u64,
 }
@@ -208,6 +213,8 @@ impl RelayStats {
         self.released
             .fetch_add(report.released as u64, Ordering::Relaxed);
         self.stale.fetch_add(report.stale as u64, Ordering::Relaxed);
+        self.duplicates
+            .fetch_add(report.duplicates as u64, Ordering::Relaxed);
     }
 
     /// Read every counter.
@@ -220,6 +227,7 @@ impl RelayStats {
             dead: self.dead.load(Ordering::Relaxed),
             released: self.released.load(Ordering::Relaxed),
             stale: self.stale.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
         }
     }
@@ -336,6 +344,7 @@ impl Relay {
             total.dead += r.dead;
             total.released += r.released;
             total.stale += r.stale;
+            total.duplicates += r.duplicates;
             if r.claimed == 0 && r.dead == 0 {
                 break;
             }
@@ -506,6 +515,7 @@ impl Relay {
                 claimed: moved.events,
                 sent: moved.events,
                 dead: moved.dead,
+                duplicates: moved.duplicates,
                 ..RoundReport::default()
             };
             self.stats.add(&report);

@@ -11,7 +11,7 @@
 //! the two assertions, spanned to the event type.
 
 use super::ast::{Function, Handler, Mode};
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
@@ -46,16 +46,28 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
         const _: fn() = __outbox_assert_deserialize_owned::<#event_ty>;
     };
     // Mismatched parameter types are reported on the arguments of this call.
-    let tx_arg = quote_spanned!(at(tx_ty.span())=> tx);
-    let event_arg = quote_spanned!(at(event_param_ty.span())=> event);
-    let error_at = at(error_type(output).span());
-    let ok_unit = quote_spanned!(at(output.span())=> #private::Ok(()));
-    let into_handler_error = quote_spanned! {error_at=>
-        ::core::convert::Into::<#private::HandlerError>::into(error)
+    let tx_arg = covering(tx_ty, quote!(tx));
+    let event_arg = covering(event_param_ty, quote!(event));
+    let (ok_ty, error_ty) = result_types(output);
+    let ok_unit = quote_spanned!(at(ok_ty.span())=> #private::Ok(()));
+    // `<E as Trait>::into_handler_error` names the error type as written when there is one, so
+    // "`()` does not convert into `HandlerError`" underlines exactly it.
+    let into_handler_error = match error_ty {
+        Some(error_ty) => quote_spanned! {at(error_ty.span())=>
+            <#error_ty as __OutboxIntoHandlerError>::into_handler_error(error)
+        },
+        None => {
+            let function = quote_spanned! {at(output.span())=>
+                __OutboxIntoHandlerError::into_handler_error
+            };
+            covering_with(output, function, quote!(error))
+        }
     };
     // A future that is not `Send` fails this coercion to `HandlerFuture`: on the function's name.
-    let boxed = quote_spanned! {at(ident.span())=>
-        #private::Box::pin(async move {
+    let name_at = at(ident.span());
+    let private_at_name = respan(private.clone(), name_at);
+    let boxed = quote_spanned! {name_at=>
+        #private_at_name::Box::pin(async move {
             let event = match <#private::Event<#event_ty>>::decode(envelope, attempt) {
                 #private::Ok(event) => event,
                 #private::Err(error) => return #private::Err(error),
@@ -100,6 +112,24 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
             #[doc(hidden)]
             fn __outbox_assert_deserialize_owned<T: #private::serde::de::DeserializeOwned>() {}
             #assert_event
+
+            #[doc(hidden)]
+            #[diagnostic::on_unimplemented(
+                message = "the handler's error type `{Self}` does not convert into `HandlerError`",
+                label = "returned by the handler",
+                note = "return `HandlerError`, or an error type implementing \
+                        `std::error::Error + Send + Sync + 'static`",
+            )]
+            trait __OutboxIntoHandlerError {
+                fn into_handler_error(self) -> #private::HandlerError;
+            }
+
+            #[automatically_derived]
+            impl<E: ::core::convert::Into<#private::HandlerError>> __OutboxIntoHandlerError for E {
+                fn into_handler_error(self) -> #private::HandlerError {
+                    ::core::convert::Into::into(self)
+                }
+            }
 
             #[doc(hidden)]
             struct __OutboxHandler<T: ?::core::marker::Sized>(::core::marker::PhantomData<T>);
@@ -169,15 +199,124 @@ fn at(span: Span) -> Span {
     Span::call_site().located_at(span)
 }
 
-/// `E` in a return type written `Result<(), E>`, else the whole return type.
-fn error_type(output: &Type) -> &Type {
+/// `T` and `E` of a return type written `Result<T, E>` (any path ending in two type arguments),
+/// else the whole return type and no error type.
+fn result_types(output: &Type) -> (&Type, Option<&Type>) {
     if let Type::Path(path) = output
         && let Some(last) = path.path.segments.last()
         && let PathArguments::AngleBracketed(args) = &last.arguments
-        && let Some(GenericArgument::Type(error)) = args.args.iter().nth(1)
-        && args.args.len() == 2
+        && let [GenericArgument::Type(ok), GenericArgument::Type(error)] =
+            args.args.iter().collect::<Vec<_>>()[..]
     {
-        return error;
+        return (ok, Some(error));
     }
-    output
+    (output, None)
+}
+
+/// `expr` as an expression that covers `ty` from its first token to its last, so an error on it
+/// underlines the whole type: `::core::convert::identity(expr)`.
+fn covering(ty: &Type, expr: TokenStream) -> TokenStream {
+    covering_with(ty, quote!(::core::convert::identity), expr)
+}
+
+/// `function(arg)`, `function` on the first token of `ty` and the parentheses on its last.
+fn covering_with(ty: &Type, function: TokenStream, arg: TokenStream) -> TokenStream {
+    let mut tokens = ty.to_token_stream().into_iter();
+    let first = tokens
+        .next()
+        .map_or_else(Span::call_site, |token| token.span());
+    let last = tokens.last().map_or(first, |token| token.span());
+    let function = respan(function, at(first));
+    let mut args = Group::new(Delimiter::Parenthesis, arg);
+    args.set_span(at(last));
+    quote!(#function #args)
+}
+
+/// `tokens`, every one placed at `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut respanned = Group::new(group.delimiter(), respan(group.stream(), span));
+                respanned.set_span(span);
+                token = TokenTree::Group(respanned);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::inbox_handler;
+    use quote::quote;
+
+    fn function() -> proc_macro2::TokenStream {
+        quote! {
+            pub async fn reserve_stock(
+                tx: &InboxTransaction,
+                event: Event<OrderPlaced>,
+            ) -> Result<(), HandlerError> {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn reaches_the_runtime_through_the_crate_path() {
+        let out = inbox_handler(
+            quote!(
+                consumer = "inventory",
+                backoff = "1s",
+                mode = "stored",
+                crate = "renamed"
+            ),
+            function(),
+        )
+        .to_string();
+        assert!(out.starts_with("pub async fn reserve_stock"), "{out}");
+        assert!(
+            out.contains("renamed :: __private :: inventory :: submit !"),
+            "{out}"
+        );
+        assert!(out.contains("consumer : \"inventory\""), "{out}");
+        assert!(
+            out.contains("backoff_base_ms : renamed :: __private :: Some (1000u64)"),
+            "{out}"
+        );
+        assert!(
+            out.contains("backoff_cap_ms : renamed :: __private :: None"),
+            "{out}"
+        );
+        assert!(
+            out.contains("renamed :: __private :: HandlerMode :: Stored"),
+            "{out}"
+        );
+        assert!(out.contains("function : \"reserve_stock\""), "{out}");
+        assert!(!out.contains(":: outbox"), "{out}");
+        assert!(!out.contains("compile_error"), "{out}");
+    }
+
+    #[test]
+    fn invalid_input_gives_the_errors_and_the_function_unchanged() {
+        let out = inbox_handler(quote!(consumer = ""), function()).to_string();
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(out.contains("pub async fn reserve_stock"), "{out}");
+        assert!(!out.contains("const _"), "{out}");
+        assert!(!out.contains("submit"), "{out}");
+
+        let out = inbox_handler(
+            quote!(consumer = "a"),
+            quote!(
+                struct NotAFunction;
+            ),
+        )
+        .to_string();
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(out.contains("goes on an `async fn`"), "{out}");
+        assert!(out.ends_with("struct NotAFunction ;"), "{out}");
+    }
 }

@@ -9,7 +9,6 @@ use super::ast::{Handler, Input, Mode};
 use crate::keys::{combine, crate_path};
 use proc_macro2::Span;
 use syn::punctuated::Punctuated;
-use syn::spanned::Spanned;
 use syn::{
     Error, FnArg, GenericArgument, LitInt, LitStr, PathArguments, ReturnType, Signature, Token,
     Type,
@@ -191,35 +190,31 @@ pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, String> {
             "`{text}` is not a duration: write an integer followed by {UNITS}, e.g. \"500ms\""
         ));
     }
-    if unit.starts_with(char::is_whitespace) {
+    if let Some(fraction) = unit.strip_prefix('.')
+        && fraction.starts_with(|c: char| c.is_ascii_digit())
+    {
         return Err(format!(
-            "`{text}` has a space: write \"{number}{}\"",
-            unit.trim_start()
+            "`{text}` has a fraction: write an integer of a smaller unit, e.g. \"1500ms\" \
+             instead of \"1.5s\""
         ));
-    }
-    if let Some(fraction) = unit.strip_prefix('.') {
-        if fraction.starts_with(|c: char| c.is_ascii_digit()) {
-            return Err(format!(
-                "`{text}` has a fraction: write an integer of a smaller unit, e.g. \"1500ms\" \
-                 instead of \"1.5s\""
-            ));
-        }
     }
     let factor: u64 = match unit {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
-        "" => {
-            return Err(format!(
-                "`{text}` has no unit: write {number} followed by {UNITS}, e.g. \"{number}ms\""
-            ));
-        }
         _ => {
-            return Err(format!(
-                "unknown unit `{}` in `{text}`; expected {UNITS}, e.g. \"{number}s\"",
-                unit.trim()
-            ));
+            let written = unit.trim();
+            return Err(match unit_named(written) {
+                Some(unit) => format!("write \"{number}{unit}\" instead of `{text}`"),
+                None if written.is_empty() => format!(
+                    "`{text}` has no unit: write {number} followed by {UNITS}, e.g. \
+                     \"{number}ms\""
+                ),
+                None => format!(
+                    "unknown unit `{written}` in `{text}`; expected {UNITS}, e.g. \"{number}s\""
+                ),
+            });
         }
     };
     number
@@ -227,6 +222,17 @@ pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(factor))
         .ok_or_else(|| format!("`{text}` is too long"))
+}
+
+/// The unit meant by a unit written another way (`sec`, `Minutes`, ...).
+fn unit_named(written: &str) -> Option<&'static str> {
+    Some(match written.to_ascii_lowercase().as_str() {
+        "ms" | "msec" | "msecs" | "milli" | "millis" | "millisecond" | "milliseconds" => "ms",
+        "s" | "sec" | "secs" | "second" | "seconds" => "s",
+        "m" | "min" | "mins" | "minute" | "minutes" => "m",
+        "h" | "hr" | "hrs" | "hour" | "hours" => "h",
+        _ => return None,
+    })
 }
 
 fn check_mode(lit: &LitStr, errors: &mut Vec<Error>) -> Option<Mode> {
@@ -283,17 +289,12 @@ fn check_signature<'a>(sig: &'a Signature, errors: &mut Vec<Error>) -> Option<Pa
             ),
         ));
     }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        let span = if sig.generics.params.is_empty() {
-            sig.generics.where_clause.span()
-        } else {
-            sig.generics.span()
-        };
-        errors.push(Error::new(
-            span,
-            "an inbox handler cannot be generic: the runtime calls one function per consumer \
-             and event type; write one handler per event type",
-        ));
+    let generic = "an inbox handler cannot be generic: the runtime calls one function per \
+                   consumer and event type; write one handler per event type";
+    if !sig.generics.params.is_empty() {
+        errors.push(Error::new_spanned(&sig.generics, generic));
+    } else if let Some(where_clause) = &sig.generics.where_clause {
+        errors.push(Error::new_spanned(where_clause, generic));
     }
     let params = check_params(sig, errors);
     let output = match &sig.output {
@@ -526,11 +527,20 @@ mod tests {
             error("500"),
             "`500` has no unit: write 500 followed by `ms`, `s`, `m` or `h`, e.g. \"500ms\""
         );
+        assert_eq!(error("5sec"), "write \"5s\" instead of `5sec`");
         assert_eq!(
-            error("5sec"),
-            "unknown unit `sec` in `5sec`; expected `ms`, `s`, `m` or `h`, e.g. \"5s\""
+            error("5 fortnights"),
+            "unknown unit `fortnights` in `5 fortnights`; expected `ms`, `s`, `m` or `h`, e.g. \"5s\""
         );
-        assert_eq!(error("5 s"), "`5 s` has a space: write \"5s\"");
+        assert_eq!(error("5 s"), "write \"5s\" instead of `5 s`");
+        assert_eq!(error("5 seconds"), "write \"5s\" instead of `5 seconds`");
+        assert_eq!(error("10min"), "write \"10m\" instead of `10min`");
+        assert_eq!(error("2Hours"), "write \"2h\" instead of `2Hours`");
+        assert_eq!(error("250MS"), "write \"250ms\" instead of `250MS`");
+        assert_eq!(
+            error("250 "),
+            "`250 ` has no unit: write 250 followed by `ms`, `s`, `m` or `h`, e.g. \"250ms\""
+        );
         assert_eq!(
             error("1.5s"),
             "`1.5s` has a fraction: write an integer of a smaller unit, e.g. \"1500ms\" instead \

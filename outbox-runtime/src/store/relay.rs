@@ -392,6 +392,8 @@ pub struct Moved {
     pub inbox_rows: usize,
     /// Events that could not be turned into an envelope, marked DEAD.
     pub dead: usize,
+    /// Inbox rows not inserted because the consumer already had the message (a resend).
+    pub duplicates: usize,
 }
 
 /// The database-local transport: in one transaction, claim a batch, insert each event as a
@@ -449,6 +451,8 @@ pub async fn move_to_inbox(
                 .await?
             {
                 moved.inbox_rows += 1;
+            } else {
+                moved.duplicates += 1;
             }
         }
         sent.push(event.id);

@@ -7,11 +7,24 @@
 
 extern crate outbox as renamed;
 
+/// The event, outside the shadowing module: serde's own derive expects the prelude's names.
+pub mod events {
+    use serde::{Deserialize, Serialize};
+
+    /// An event derived through the renamed crate.
+    #[derive(Serialize, Deserialize, renamed::DomainEvent)]
+    #[event(name = "shadow.happened", aggregate = "shadow", crate = "renamed")]
+    pub struct ShadowHappened {
+        #[event(aggregate_id)]
+        pub(crate) id: i64,
+    }
+}
+
 /// A module that shadows everything the generated code could refer to.
 pub mod shadowing {
     #![allow(dead_code, non_camel_case_types)]
 
-    use ::serde::{Deserialize, Serialize};
+    use crate::events::ShadowHappened;
 
     struct Result;
     struct Option;
@@ -45,14 +58,6 @@ pub mod shadowing {
     mod outbox {}
     mod __private {}
 
-    /// An event derived among the shadowing items, through the renamed crate.
-    #[derive(Serialize, Deserialize, renamed::DomainEvent)]
-    #[event(name = "shadow.happened", aggregate = "shadow", crate = "renamed")]
-    pub struct ShadowHappened {
-        #[event(aggregate_id)]
-        pub(crate) id: ::core::primitive::i64,
-    }
-
     /// A handler written among the shadowing items, through the renamed crate.
     #[renamed::inbox_handler(consumer = "shadow", max_attempts = 2, crate = "renamed")]
     pub(crate) async fn on_shadow(
@@ -71,7 +76,7 @@ pub mod no_prelude {
     #[::renamed::inbox_handler(consumer = "raw", crate = "::renamed")]
     pub(crate) async fn r#match(
         _tx: &::renamed::InboxTransaction,
-        _event: ::renamed::Event<super::shadowing::ShadowHappened>,
+        _event: ::renamed::Event<crate::events::ShadowHappened>,
     ) -> ::core::result::Result<(), ::renamed::HandlerError> {
         ::core::result::Result::Ok(())
     }

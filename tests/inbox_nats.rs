@@ -1,0 +1,135 @@
+//! Two runtimes of one service sharing a consumer name over real NATS JetStream: every event is
+//! handled exactly once as far as the database is concerned.
+
+#![cfg(feature = "nats")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::carts::*;
+use common::nats::transport;
+use common::*;
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::RelayConfig;
+use outbox::runtime::Runtime;
+use outbox::transport::nats::NatsTransport;
+use sea_orm::{ActiveModelTrait, NotSet, Set};
+
+#[inbox_handler(consumer = "t-nats")]
+async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    effect::ActiveModel {
+        id: NotSet,
+        consumer: Set("t-nats".into()),
+        event_id: Set(event.id().to_owned()),
+        cart: Set(event.cart.clone()),
+        seq: Set(i64::from(event.seq)),
+    }
+    .insert(tx)
+    .await?;
+    Ok(())
+}
+
+async fn start(t: &TestDb, nats: &NatsTransport, name: &str) -> Runtime {
+    // Each runtime has its own connections, as two processes would.
+    let db = t.connect_again().await;
+    let transport = NatsTransport::builder(common::nats::NATS_URL)
+        .namespace(nats.namespace())
+        .connect()
+        .await
+        .unwrap();
+    Runtime::builder(db)
+        .source("carts")
+        .transport(transport)
+        .relay_config(RelayConfig {
+            relay_id: name.to_owned(),
+            poll_interval: Duration::from_millis(50),
+            ..RelayConfig::default()
+        })
+        .inbox_config(InboxConfig {
+            poll_interval: Duration::from_millis(50),
+            ..InboxConfig::default()
+        })
+        .expect_consumers(["t-nats"])
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn two_runtimes_share_a_consumer(t: TestDb) {
+    let test = format!("inbox2_{}", t.name.rsplit('_').next().unwrap());
+    let Some(nats) = transport(&test).await else {
+        return;
+    };
+    let a = start(&t, &nats, "runtime-a").await;
+    let b = start(&t, &nats, "runtime-b").await;
+    // Both produce: each runtime's relay publishes what its own service commits.
+    let mut total = 0;
+    for (runtime, prefix) in [(&a, "a"), (&b, "b")] {
+        for seq in 0..15 {
+            let tx = runtime.outbox().begin(&t.db).await.unwrap();
+            for cart in 0..10 {
+                tx.enqueue(&LineAdded {
+                    cart: format!("{prefix}-{cart}"),
+                    seq,
+                })
+                .unwrap();
+                total += 1;
+            }
+            let _ = tx.commit().await.unwrap();
+        }
+    }
+    let ok = eventually(Duration::from_secs(120), || async {
+        effects(&t.db).await.len() >= total
+    })
+    .await;
+    // Let redeliveries, if any, arrive before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (sa, sb) = (
+        a.consumer_stats("t-nats").unwrap(),
+        b.consumer_stats("t-nats").unwrap(),
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    assert!(
+        ok,
+        "not every event handled: {} of {total}",
+        effects(&t.db).await.len()
+    );
+    let effects = effects(&t.db).await;
+    assert_eq!(effects.len(), total, "each event handled exactly once");
+    let ids: std::collections::HashSet<&str> =
+        effects.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids.len(), total);
+    assert_eq!(sa.handled + sb.handled, total as u64);
+    let rows = inbox_rows(&t.db, "t-nats").await;
+    assert_eq!(rows.len(), total);
+    assert!(rows.iter().all(|r| r.1 == "DONE"));
+    assert_eq!(
+        status_counts(&t.db).await.get("SENT"),
+        Some(&(total as i64))
+    );
+}
+
+// Two runtimes need two connections to one database: not possible with in-memory SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runtimes_postgres() {
+    if let Some(t) = test_db(Backend::Postgres, "inbox_nats_two_pg").await {
+        two_runtimes_share_a_consumer(t).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runtimes_mysql() {
+    if let Some(t) = test_db(Backend::MySql, "inbox_nats_two_my").await {
+        two_runtimes_share_a_consumer(t).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runtimes_sqlite_file() {
+    if let Some(t) = test_db(Backend::SqliteFile, "inbox_nats_two_lf").await {
+        two_runtimes_share_a_consumer(t).await;
+    }
+}
