@@ -122,6 +122,35 @@ async fn notify_handler(
     record(tx, &event).await
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[event(name = "cart.repriced", aggregate = "cart")]
+struct CartRepriced {
+    #[event(aggregate_id)]
+    cart: String,
+    #[event(aggregate_version)]
+    version: i64,
+}
+
+#[inbox_handler(consumer = "t-versioned", ordering = false)]
+async fn versioned_handler(
+    tx: &InboxTransaction,
+    event: Event<CartRepriced>,
+) -> Result<(), HandlerError> {
+    if !tx.accept_version(&event).await? {
+        return Ok(()); // stale: a newer price was applied already
+    }
+    effect::ActiveModel {
+        id: NotSet,
+        consumer: Set("t-versioned".into()),
+        event_id: Set(event.id().to_owned()),
+        cart: Set(event.cart.clone()),
+        seq: Set(event.version),
+    }
+    .insert(tx)
+    .await?;
+    Ok(())
+}
+
 fn inbox_config() -> InboxConfig {
     InboxConfig {
         poll_interval: Duration::from_millis(50),
@@ -497,7 +526,47 @@ async fn local_transport_delivers_to_every_consumer_once(t: TestDb) {
     );
 }
 
+async fn version_guard_drops_stale_events(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let mut config = inbox_config();
+    config.concurrency = 1; // deliver in publish order, so "stale" is deterministic
+    let runtime = Runtime::builder(t.db.clone())
+        .transport(transport.clone())
+        .without_relay()
+        .consumers(["t-versioned"])
+        .inbox_config(config)
+        .start()
+        .await
+        .unwrap();
+    let versions = [1, 3, 2, 3, 5, 4];
+    let messages: Vec<OutgoingMessage> = versions
+        .iter()
+        .map(|v| {
+            let id = uuid::Uuid::now_v7();
+            let body = serde_json::json!({
+                "specversion": "1.0", "id": id.to_string(), "source": "tests", "type": "cart.repriced",
+                "subject": "c-1", "aggregatetype": "cart", "aggregateversion": v, "schemaversion": 1,
+                "data": {"cart": "c-1", "version": v},
+            });
+            raw(id, "cart.repriced", serde_json::to_vec(&body).unwrap())
+        })
+        .collect();
+    assert!(transport.publish(&messages).await.iter().all(Result::is_ok));
+    wait_until("all six handled", || async {
+        runtime.consumer_stats("t-versioned").unwrap().handled == 6
+    })
+    .await;
+    runtime.shutdown().await;
+    let applied: Vec<i64> = effects(&t.db).await.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        applied,
+        [1, 3, 5],
+        "stale and repeated versions were dropped"
+    );
+}
+
 backend_tests! {
+    version_guard => version_guard_drops_stale_events;
     five_deliveries => same_message_five_times_one_effect;
     lost_ack => lost_ack_is_redelivered_and_suppressed;
     transient => transient_errors_retry_then_done;

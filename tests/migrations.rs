@@ -56,7 +56,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 2);
+    assert_eq!(applied, 3);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -81,6 +81,7 @@ async fn up_down_up(t: TestDb) {
     Migrator::down(&t.db, None).await.unwrap();
     assert!(!table_exists(&t.db, "outbox_event").await);
     assert!(!table_exists(&t.db, "inbox_event").await);
+    assert!(!table_exists(&t.db, "inbox_aggregate_version").await);
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         0
@@ -89,10 +90,11 @@ async fn up_down_up(t: TestDb) {
     Migrator::up(&t.db, None).await.unwrap();
     assert!(table_exists(&t.db, "outbox_event").await);
     assert!(table_exists(&t.db, "inbox_event").await);
+    assert!(table_exists(&t.db, "inbox_aggregate_version").await);
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        2
+        3
     );
 }
 
@@ -159,7 +161,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
         [
             "m20260101_000001_create_invoice",
             "outbox_0001_create_outbox_event",
-            "outbox_0002_create_inbox_event"
+            "outbox_0002_create_inbox_event",
+            "outbox_0003_create_inbox_aggregate_version"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();

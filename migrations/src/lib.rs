@@ -23,12 +23,14 @@ use sea_orm_migration::sea_orm::{DatabaseConnection, DbBackend};
 
 mod m0001_outbox_event;
 mod m0002_inbox_event;
+mod m0003_inbox_aggregate_version;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
     vec![
         Box::new(m0001_outbox_event::Migration),
         Box::new(m0002_inbox_event::Migration),
+        Box::new(m0003_inbox_aggregate_version::Migration),
     ]
 }
 

@@ -11,7 +11,7 @@
 //! the two assertions, spanned to the event type.
 
 use super::ast::{Function, Handler, Mode};
-use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
@@ -45,23 +45,21 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
         #[doc(hidden)]
         const _: fn() = __outbox_assert_deserialize_owned::<#event_ty>;
     };
-    // Mismatched parameter types are reported on the arguments of this call.
-    let tx_arg = covering(tx_ty, quote!(tx));
-    let event_arg = covering(event_param_ty, quote!(event));
+    // Mismatched parameter types are reported on the arguments of this call: `String` in
+    // `tx: &String`, `MyEvent` in `event: MyEvent<OrderPlaced>`.
+    let tx_arg = quote_spanned!(at(last_token(tx_ty))=> tx);
+    let event_arg = quote_spanned!(at(event_param_ty.span())=> event);
     let (ok_ty, error_ty) = result_types(output);
     let ok_unit = quote_spanned!(at(ok_ty.span())=> #private::Ok(()));
-    // `<E as Trait>::into_handler_error` names the error type as written when there is one, so
-    // "`()` does not convert into `HandlerError`" underlines exactly it.
+    // Naming the error type as written underlines exactly it in "the trait bound
+    // `(): Into<HandlerError>` is not satisfied".
     let into_handler_error = match error_ty {
         Some(error_ty) => quote_spanned! {at(error_ty.span())=>
-            <#error_ty as __OutboxIntoHandlerError>::into_handler_error(error)
+            <#error_ty as ::core::convert::Into<#private::HandlerError>>::into(error)
         },
-        None => {
-            let function = quote_spanned! {at(output.span())=>
-                __OutboxIntoHandlerError::into_handler_error
-            };
-            covering_with(output, function, quote!(error))
-        }
+        None => quote_spanned! {at(output.span())=>
+            ::core::convert::Into::<#private::HandlerError>::into(error)
+        },
     };
     // A future that is not `Send` fails this coercion to `HandlerFuture`: on the function's name.
     let name_at = at(ident.span());
@@ -112,24 +110,6 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
             #[doc(hidden)]
             fn __outbox_assert_deserialize_owned<T: #private::serde::de::DeserializeOwned>() {}
             #assert_event
-
-            #[doc(hidden)]
-            #[diagnostic::on_unimplemented(
-                message = "the handler's error type `{Self}` does not convert into `HandlerError`",
-                label = "returned by the handler",
-                note = "return `HandlerError`, or an error type implementing \
-                        `std::error::Error + Send + Sync + 'static`",
-            )]
-            trait __OutboxIntoHandlerError {
-                fn into_handler_error(self) -> #private::HandlerError;
-            }
-
-            #[automatically_derived]
-            impl<E: ::core::convert::Into<#private::HandlerError>> __OutboxIntoHandlerError for E {
-                fn into_handler_error(self) -> #private::HandlerError {
-                    ::core::convert::Into::into(self)
-                }
-            }
 
             #[doc(hidden)]
             struct __OutboxHandler<T: ?::core::marker::Sized>(::core::marker::PhantomData<T>);
@@ -213,23 +193,12 @@ fn result_types(output: &Type) -> (&Type, Option<&Type>) {
     (output, None)
 }
 
-/// `expr` as an expression that covers `ty` from its first token to its last, so an error on it
-/// underlines the whole type: `::core::convert::identity(expr)`.
-fn covering(ty: &Type, expr: TokenStream) -> TokenStream {
-    covering_with(ty, quote!(::core::convert::identity), expr)
-}
-
-/// `function(arg)`, `function` on the first token of `ty` and the parentheses on its last.
-fn covering_with(ty: &Type, function: TokenStream, arg: TokenStream) -> TokenStream {
-    let mut tokens = ty.to_token_stream().into_iter();
-    let first = tokens
-        .next()
-        .map_or_else(Span::call_site, |token| token.span());
-    let last = tokens.last().map_or(first, |token| token.span());
-    let function = respan(function, at(first));
-    let mut args = Group::new(Delimiter::Parenthesis, arg);
-    args.set_span(at(last));
-    quote!(#function #args)
+/// The span of the last token of `ty`.
+fn last_token(ty: &Type) -> Span {
+    ty.to_token_stream()
+        .into_iter()
+        .last()
+        .map_or_else(|| ty.span(), |token| token.span())
 }
 
 /// `tokens`, every one placed at `span`.

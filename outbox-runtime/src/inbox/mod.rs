@@ -268,6 +268,34 @@ impl InboxTransaction {
     pub fn into_inner(self) -> OutboxTransaction {
         self.tx
     }
+
+    /// The aggregate-version guard, for handlers that must not apply a stale event: records the
+    /// event's aggregate version as the newest this consumer has accepted for its aggregate and
+    /// returns `true`, or returns `false` when this consumer already accepted that version or a
+    /// newer one (return `Ok(())` to drop the event). Events without an aggregate version or
+    /// aggregate id are always accepted. The record commits with the handler's writes.
+    ///
+    /// ```ignore
+    /// if !tx.accept_version(&event).await? {
+    ///     return Ok(()); // stale: a newer state of this order was applied already
+    /// }
+    /// ```
+    pub async fn accept_version<E>(&self, event: &Event<E>) -> Result<bool, DbErr> {
+        let meta = event.meta();
+        let (Some(version), Some(aggregate_id)) = (meta.aggregate_version, &meta.aggregate_id)
+        else {
+            return Ok(true);
+        };
+        let aggregate_type = meta.aggregate_type.as_deref().unwrap_or("");
+        crate::store::inbox::accept_version(
+            self,
+            self.context.consumer,
+            aggregate_type,
+            aggregate_id,
+            version,
+        )
+        .await
+    }
 }
 
 impl Deref for InboxTransaction {

@@ -419,3 +419,58 @@ pub async fn release(
     }
     Ok(released)
 }
+
+/// The aggregate-version guard: record `version` as the newest this consumer accepted for the
+/// aggregate, unless it already accepted this version or a newer one. Returns whether the event
+/// is new (`false`: stale or repeated, drop it). Runs in the handler's transaction, so a handler
+/// that fails later rolls the record back with everything else.
+pub async fn accept_version<C: ConnectionTrait>(
+    conn: &C,
+    consumer: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    version: i64,
+) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(conn);
+    let backend = dialect.backend();
+    let advance = || {
+        let mut sql = Sql::new(dialect);
+        sql.push("UPDATE inbox_aggregate_version SET version = ")
+            .bind(version.into())
+            .push(" WHERE consumer = ")
+            .bind(consumer.to_owned().into())
+            .push(" AND aggregate_type = ")
+            .bind(aggregate_type.to_owned().into())
+            .push(" AND aggregate_id = ")
+            .bind(aggregate_id.to_owned().into())
+            .push(" AND version < ")
+            .bind(version.into());
+        sql.build()
+    };
+    if conn.execute_raw(advance()).await?.rows_affected() == 1 {
+        return Ok(true);
+    }
+    let mut sql = Sql::new(dialect);
+    sql.push(if backend == DbBackend::MySql {
+        "INSERT IGNORE INTO "
+    } else {
+        "INSERT INTO "
+    })
+    .push("inbox_aggregate_version (consumer, aggregate_type, aggregate_id, version) VALUES (")
+    .bind(consumer.to_owned().into())
+    .push(", ")
+    .bind(aggregate_type.to_owned().into())
+    .push(", ")
+    .bind(aggregate_id.to_owned().into())
+    .push(", ")
+    .bind(version.into())
+    .push(")");
+    if backend != DbBackend::MySql {
+        sql.push(" ON CONFLICT (consumer, aggregate_type, aggregate_id) DO NOTHING");
+    }
+    if conn.execute_raw(sql.build()).await?.rows_affected() == 1 {
+        return Ok(true);
+    }
+    // Another transaction recorded this aggregate meanwhile: compare against what it wrote.
+    Ok(conn.execute_raw(advance()).await?.rows_affected() == 1)
+}
