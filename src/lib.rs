@@ -26,6 +26,8 @@ pub use outbox_migrations::{Migrator, migrate, migrations};
 pub mod prelude {
     #[cfg(feature = "macros")]
     pub use crate::inbox_handler;
+    /// Brings `execute_unprepared`, `query_one_raw`, … to `&tx`.
+    pub use outbox_runtime::__private::sea_orm::ConnectionTrait;
     pub use crate::{
         CommitReport, DomainEvent, EnqueueError, Envelope, Event, EventId, HandlerError,
         InboxTransaction, Outbox, OutboxError, OutboxTransaction, Runtime, TraceContext,

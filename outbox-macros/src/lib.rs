@@ -97,9 +97,9 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 ///
 /// - `consumer = "inventory"` (required): the consumer's name, stored with every message it
 ///   handles. Non-empty, at most 128 characters, no whitespace. Never derived from the function's
-///   name or module, so renaming them cannot make messages look new. Each consumer handles an event
-///   type at most once; handlers of the same event under different consumers each get every
-///   event.
+///   name or module, so renaming them cannot make messages look new. Handlers of one event under
+///   different consumers each get every event; a consumer has at most one handler per event type
+///   and schema version (the runtime refuses to start on a duplicate and names both locations).
 /// - `max_attempts = 5` (optional, at least 1): attempts before the message goes DEAD.
 /// - `backoff = "500ms"` (optional): the delay before the first retry; it doubles after each
 ///   failure, plus jitter.

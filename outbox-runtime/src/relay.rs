@@ -233,6 +233,9 @@ impl RelayStats {
     }
 }
 
+/// The database-local transport's routing: the consumers subscribed to an event type.
+pub type Routes = Arc<dyn Fn(&str) -> Vec<&'static str> + Send + Sync>;
+
 /// Where a relay delivers.
 #[derive(Clone)]
 enum Sink {
@@ -241,7 +244,7 @@ enum Sink {
     /// The database-local transport: move events into inbox rows of local consumers, then wake
     /// their workers.
     Local {
-        routes: Arc<dyn Fn(&str) -> Vec<&'static str> + Send + Sync>,
+        routes: Routes,
         delivered: Arc<Notify>,
     },
 }
@@ -292,7 +295,7 @@ impl Relay {
     /// transaction; then `delivered` is notified so the consumers' workers run.
     pub fn local(
         db: DatabaseConnection,
-        routes: Arc<dyn Fn(&str) -> Vec<&'static str> + Send + Sync>,
+        routes: Routes,
         delivered: Arc<Notify>,
     ) -> Self {
         Relay {

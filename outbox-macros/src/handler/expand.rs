@@ -15,7 +15,7 @@ use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{GenericArgument, LitStr, PathArguments, Type};
+use syn::{GenericArgument, Ident, LitStr, PathArguments, Type};
 
 /// The user's function, then the wrapper, the checks and the registration.
 pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream {
@@ -45,20 +45,30 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
         #[doc(hidden)]
         const _: fn() = __outbox_assert_deserialize_owned::<#event_ty>;
     };
+    // The wrapper's locals have `macro_rules!` hygiene: a handler named `event` or `tx` still
+    // calls the handler.
+    let local = |name: &str, span: Span| Ident::new(name, Span::mixed_site().located_at(span));
+    let (tx, envelope, attempt) = (
+        local("tx", Span::call_site()),
+        local("envelope", Span::call_site()),
+        local("attempt", Span::call_site()),
+    );
+    let event = local("event", Span::call_site());
+    let error = local("error", Span::call_site());
     // Mismatched parameter types are reported on the arguments of this call: `String` in
     // `tx: &String`, `MyEvent` in `event: MyEvent<OrderPlaced>`.
-    let tx_arg = quote_spanned!(at(last_token(tx_ty))=> tx);
-    let event_arg = quote_spanned!(at(event_param_ty.span())=> event);
+    let tx_arg = local("tx", last_token(tx_ty));
+    let event_arg = local("event", event_param_ty.span());
     let (ok_ty, error_ty) = result_types(output);
     let ok_unit = quote_spanned!(at(ok_ty.span())=> #private::Ok(()));
     // Naming the error type as written underlines exactly it in "the trait bound
     // `(): Into<HandlerError>` is not satisfied".
     let into_handler_error = match error_ty {
         Some(error_ty) => quote_spanned! {at(error_ty.span())=>
-            <#error_ty as ::core::convert::Into<#private::HandlerError>>::into(error)
+            <#error_ty as ::core::convert::Into<#private::HandlerError>>::into(#error)
         },
         None => quote_spanned! {at(output.span())=>
-            ::core::convert::Into::<#private::HandlerError>::into(error)
+            ::core::convert::Into::<#private::HandlerError>::into(#error)
         },
     };
     // A future that is not `Send` fails this coercion to `HandlerFuture`: on the function's name.
@@ -66,13 +76,13 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
     let private_at_name = respan(private.clone(), name_at);
     let boxed = quote_spanned! {name_at=>
         #private_at_name::Box::pin(async move {
-            let event = match <#private::Event<#event_ty>>::decode(envelope, attempt) {
-                #private::Ok(event) => event,
-                #private::Err(error) => return #private::Err(error),
+            let #event = match <#private::Event<#event_ty>>::decode(#envelope, #attempt) {
+                #private::Ok(#event) => #event,
+                #private::Err(#error) => return #private::Err(#error),
             };
             match #ident(#tx_arg, #event_arg).await {
                 #ok_unit => #private::Ok(()),
-                #private::Err(error) => #private::Err(#into_handler_error),
+                #private::Err(#error) => #private::Err(#into_handler_error),
             }
         })
     };
@@ -98,7 +108,7 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
             ) -> #private::HandlerFuture<'a>
         }
     };
-    let wrapper = signature(quote!(tx), quote!(envelope), quote!(attempt));
+    let wrapper = signature(quote!(#tx), quote!(#envelope), quote!(#attempt));
     let unreachable = signature(quote!(_), quote!(_), quote!(_));
 
     quote! {

@@ -82,20 +82,19 @@ fn check_args(input: &Input<'_>, errors: &mut Vec<Error>) -> Option<Options> {
         .backoff_cap
         .as_ref()
         .map(|lit| check_duration(lit, "backoff_cap", errors));
-    if let (Some(Some(base)), Some(Some(cap)), Some(cap_lit)) =
-        (backoff, backoff_cap, &args.backoff_cap)
+    if let (Some(Some(base)), Some(Some(cap))) = (backoff, backoff_cap)
+        && let (Some(base_lit), Some(cap_lit)) = (&args.backoff, &args.backoff_cap)
+        && cap < base
     {
-        if cap < base {
-            errors.push(Error::new(
-                cap_lit.span(),
-                format!(
-                    "`backoff_cap` ({}) is shorter than `backoff` ({}): the cap is the longest \
-                     delay between two attempts, the backoff the first one",
-                    cap_lit.value(),
-                    args.backoff.as_ref().map(LitStr::value).unwrap_or_default(),
-                ),
-            ));
-        }
+        errors.push(Error::new(
+            cap_lit.span(),
+            format!(
+                "`backoff_cap` ({}) is shorter than `backoff` ({}): the cap is the longest \
+                 delay between two attempts, the backoff the first one",
+                cap_lit.value(),
+                base_lit.value(),
+            ),
+        ));
     }
     let mode = match &args.mode {
         Some(lit) => check_mode(lit, errors),
@@ -108,12 +107,21 @@ fn check_args(input: &Input<'_>, errors: &mut Vec<Error>) -> Option<Options> {
     Some(Options {
         krate: krate?,
         consumer: consumer?,
-        max_attempts: max_attempts.map_or(Some(None), |value| value.map(Some))?,
-        backoff_ms: backoff.map_or(Some(None), |value| value.map(Some))?,
-        backoff_cap_ms: backoff_cap.map_or(Some(None), |value| value.map(Some))?,
+        max_attempts: optional(max_attempts)?,
+        backoff_ms: optional(backoff)?,
+        backoff_cap_ms: optional(backoff_cap)?,
         ordering: args.ordering.as_ref().map(|lit| lit.value),
         mode: mode?,
     })
+}
+
+/// An optional key's checked value: `Some(None)` when the key is absent, `None` when its value is
+/// invalid (the error is already recorded).
+fn optional<T>(checked: Option<Option<T>>) -> Option<Option<T>> {
+    match checked {
+        None => Some(None),
+        Some(value) => value.map(Some),
+    }
 }
 
 fn check_consumer(lit: &LitStr, errors: &mut Vec<Error>) -> Option<LitStr> {
@@ -125,7 +133,7 @@ fn check_consumer(lit: &LitStr, errors: &mut Vec<Error>) -> Option<LitStr> {
         format!("`consumer` is {len} characters long; the inbox stores at most {MAX_CONSUMER_LEN}")
     } else if value.chars().any(char::is_whitespace) {
         format!(
-            "`consumer` must not contain whitespace: `{value}`; use e.g. `-` or `.` instead, \
+            "`consumer` must not contain whitespace: `{value}`; use `-` or `.`, e.g. \
              `billing-emails`"
         )
     } else {
@@ -652,8 +660,8 @@ mod tests {
                 handler_fn()
             ),
             [
-                "`consumer` must not contain whitespace: `my consumer`; use e.g. `-` or `.` \
-                 instead, `billing-emails`",
+                "`consumer` must not contain whitespace: `my consumer`; use `-` or `.`, e.g. \
+                 `billing-emails`",
                 "`max_attempts` is a u32: write `max_attempts = 3` without the `u8` suffix",
                 "`crate` must be a path, e.g. `crate = \"my_outbox\"`; `a b` is not one",
             ]

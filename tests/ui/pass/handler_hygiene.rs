@@ -2,7 +2,13 @@
 // `Option`, `Box`, `Send`, ..., must work when the facade crate is renamed (`crate = "..."`) and
 // without the prelude, and must not trip the lints a careful workspace turns on.
 #![forbid(unsafe_code)]
-#![deny(missing_docs, unreachable_pub, rust_2018_idioms, unused_qualifications, warnings)]
+#![deny(
+    missing_docs,
+    unreachable_pub,
+    rust_2018_idioms,
+    unused_qualifications,
+    warnings
+)]
 //! Hygiene test.
 
 extern crate outbox as renamed;
@@ -82,6 +88,41 @@ pub mod no_prelude {
     }
 }
 
+/// Handlers named like the wrapper's locals still get called.
+pub mod names {
+    use crate::events::ShadowHappened;
+    use renamed::{Event, HandlerError, InboxTransaction, inbox_handler};
+
+    /// Named like the decoded event.
+    #[inbox_handler(consumer = "names-event", crate = "renamed")]
+    pub(crate) async fn event(
+        tx: &InboxTransaction,
+        event: Event<ShadowHappened>,
+    ) -> Result<(), HandlerError> {
+        let _ = (tx, event.id);
+        Ok(())
+    }
+
+    /// Named like the transaction.
+    #[inbox_handler(consumer = "names-tx", crate = "renamed")]
+    pub(crate) async fn tx(
+        envelope: &InboxTransaction,
+        attempt: Event<ShadowHappened>,
+    ) -> Result<(), HandlerError> {
+        let _ = (envelope, attempt);
+        Ok(())
+    }
+
+    /// Named like the error.
+    #[inbox_handler(consumer = "names-error", crate = "renamed")]
+    pub(crate) async fn error(
+        _tx: &InboxTransaction,
+        error: Event<ShadowHappened>,
+    ) -> Result<(), HandlerError> {
+        Err(HandlerError::retry(error.id))
+    }
+}
+
 fn main() {
     let find = |consumer: &str| {
         renamed::__private::inventory::iter::<renamed::HandlerRegistration>
@@ -97,4 +138,11 @@ fn main() {
     assert_eq!(raw.event_type, "shadow.happened");
     assert_eq!(raw.function, "match");
     assert_eq!(raw.module_path, concat!(module_path!(), "::no_prelude"));
+    for (consumer, function) in [
+        ("names-event", "event"),
+        ("names-tx", "tx"),
+        ("names-error", "error"),
+    ] {
+        assert_eq!(find(consumer).function, function);
+    }
 }

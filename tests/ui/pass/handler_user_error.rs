@@ -37,7 +37,10 @@ impl From<outbox::sea_orm::DbErr> for ShippingError {
 }
 
 #[inbox_handler(consumer = "labels")]
-async fn print_label(tx: &InboxTransaction, event: Event<ParcelShipped>) -> Result<(), ShippingError> {
+async fn print_label(
+    tx: &InboxTransaction,
+    event: Event<ParcelShipped>,
+) -> Result<(), ShippingError> {
     if event.weight_grams > 30_000 {
         return Err(ShippingError::TooHeavy(event.weight_grams));
     }
@@ -62,8 +65,14 @@ fn main() {
         .into_iter()
         .map(|registration| (registration.consumer, registration.event_type))
         .collect();
-    assert!(consumers.contains(&("labels", "parcel.shipped")), "{consumers:?}");
-    assert!(consumers.contains(&("archive", "parcel.shipped")), "{consumers:?}");
+    assert!(
+        consumers.contains(&("labels", "parcel.shipped")),
+        "{consumers:?}"
+    );
+    assert!(
+        consumers.contains(&("archive", "parcel.shipped")),
+        "{consumers:?}"
+    );
 
     let error = HandlerError::from(ShippingError::TooHeavy(40_000));
     assert_eq!(error.to_string(), "40000 g is too heavy");
