@@ -3,7 +3,7 @@
 pub use outbox_runtime::CancellationToken;
 pub use outbox_runtime::inbox::InboxConfig;
 pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
-pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError};
+pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeReport};
 #[cfg(feature = "nats")]
 pub use outbox_runtime::transport::nats::NatsTransport;
 pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
@@ -26,13 +26,13 @@ pub use outbox_migrations::{Migrator, migrate, migrations};
 pub mod prelude {
     #[cfg(feature = "macros")]
     pub use crate::inbox_handler;
-    /// Brings `execute_unprepared`, `query_one_raw`, … to `&tx`.
-    pub use outbox_runtime::__private::sea_orm::ConnectionTrait;
     pub use crate::{
         CommitReport, DomainEvent, EnqueueError, Envelope, Event, EventId, HandlerError,
         InboxTransaction, Outbox, OutboxError, OutboxTransaction, Runtime, TraceContext,
         TransactionError,
     };
+    /// Brings `execute_unprepared`, `query_one_raw`, … to `&tx`.
+    pub use outbox_runtime::__private::sea_orm::ConnectionTrait;
 }
 
 /// The SeaORM version this SDK is built on, re-exported so versions cannot drift apart.

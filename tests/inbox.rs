@@ -226,8 +226,7 @@ async fn same_message_five_times_one_effect(t: TestDb) {
         s.handled + s.duplicates == 5
     })
     .await;
-    let stats = runtime.consumer_stats("t-inline").unwrap();
-    runtime.shutdown().await;
+    let stats = runtime.shutdown().await.consumer("t-inline");
     assert_eq!((stats.handled, stats.duplicates), (1, 4));
     let effects = effects(&t.db).await;
     assert_eq!(effects.len(), 1, "one effect for five deliveries");
@@ -256,8 +255,7 @@ async fn lost_ack_is_redelivered_and_suppressed(t: TestDb) {
         runtime.consumer_stats("t-inline").unwrap().duplicates == 1
     })
     .await;
-    let stats = runtime.consumer_stats("t-inline").unwrap();
-    runtime.shutdown().await;
+    let stats = runtime.shutdown().await.consumer("t-inline");
     assert_eq!(stats.handled, 1);
     assert_eq!(
         effects(&t.db).await.len(),
@@ -279,8 +277,7 @@ async fn transient_errors_retry_then_done(t: TestDb) {
             .is_some_and(|r| r.1 == "DONE")
     })
     .await;
-    let stats = runtime.consumer_stats("t-inline").unwrap();
-    runtime.shutdown().await;
+    let stats = runtime.shutdown().await.consumer("t-inline");
     let rows = inbox_rows(&t.db, "t-inline").await;
     assert_eq!(rows[0].2, 3, "two failed attempts, then success");
     assert_eq!((stats.retried, stats.handled), (2, 1));
@@ -305,8 +302,7 @@ async fn permanent_failures_dead_after_limit_others_flow(t: TestDb) {
         rows.len() == 11 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
     })
     .await;
-    let stats = runtime.consumer_stats("t-limited").unwrap();
-    runtime.shutdown().await;
+    let stats = runtime.shutdown().await.consumer("t-limited");
     let rows = inbox_rows(&t.db, "t-limited").await;
     let dead: Vec<_> = rows.iter().filter(|r| r.1 == "DEAD").collect();
     assert_eq!(dead.len(), 1);
@@ -416,7 +412,7 @@ async fn bad_input_is_dead_with_a_clear_error(t: TestDb) {
     let messages: Vec<OutgoingMessage> = cases.iter().map(|(m, _)| m.clone()).collect();
     assert!(transport.publish(&messages).await.iter().all(Result::is_ok));
     let good = message("after-bad-input", 1);
-    assert!(transport.publish(&[good.clone()]).await[0].is_ok());
+    assert!(transport.publish(std::slice::from_ref(&good)).await[0].is_ok());
     wait_until("every message settled", || async {
         let rows = inbox_rows(&t.db, "t-inline").await;
         rows.len() == cases.len() + 1 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
@@ -443,13 +439,12 @@ async fn stored_mode_acks_first_then_handles(t: TestDb) {
     let transport = MemoryTransport::new();
     let runtime = consumer_runtime(&t, &transport, "t-stored").await;
     let m = message("stored-cart", 1);
-    assert!(transport.publish(&[m.clone()]).await[0].is_ok());
+    assert!(transport.publish(std::slice::from_ref(&m)).await[0].is_ok());
     wait_until("handled by the worker", || async {
         runtime.consumer_stats("t-stored").unwrap().handled == 1
     })
     .await;
-    let stats = runtime.consumer_stats("t-stored").unwrap();
-    runtime.shutdown().await;
+    let stats = runtime.shutdown().await.consumer("t-stored");
     assert_eq!(stats.stored, 1, "stored before handling");
     let rows = inbox_rows(&t.db, "t-stored").await;
     assert_eq!(rows[0].1, "DONE");
@@ -496,8 +491,7 @@ async fn local_transport_delivers_to_every_consumer_once(t: TestDb) {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let inline = runtime.consumer_stats("t-inline").unwrap();
-    runtime.shutdown().await;
+    let inline = runtime.shutdown().await.consumer("t-inline");
     let effects = effects(&t.db).await;
     assert_eq!(
         effects.len(),

@@ -60,8 +60,7 @@ async fn four_relays_publish_each_event_once(t: TestDb) {
     wait_all_sent(&t, total, Duration::from_secs(120)).await;
     let mut sent_by_relays = 0;
     for r in relays {
-        sent_by_relays += r.stats().sent;
-        r.shutdown().await.unwrap();
+        sent_by_relays += r.shutdown().await.unwrap().sent;
     }
     let messages = transport.messages();
     let ids: HashSet<_> = messages.iter().map(|m| m.event_id).collect();
@@ -118,8 +117,7 @@ async fn order_survives_random_failures_and_four_relays(t: TestDb) {
     wait_all_sent(&t, total, Duration::from_secs(300)).await;
     let mut retried = 0;
     for r in relays {
-        retried += r.stats().retried;
-        r.shutdown().await.unwrap();
+        retried += r.shutdown().await.unwrap().retried;
     }
     assert!(retried > 0, "failures were injected and retried");
     let messages = transport.messages();

@@ -80,8 +80,7 @@ async fn ten_thousand_events_four_relays_once_each_on_the_stream(t: TestDb) {
     wait_all_sent(&t, total, Duration::from_secs(240)).await;
     let mut sent = 0;
     for r in relays {
-        sent += r.stats().sent;
-        r.shutdown().await.unwrap();
+        sent += r.shutdown().await.unwrap().sent;
     }
     assert_eq!(
         sent, 10_000,
@@ -258,8 +257,7 @@ async fn order_on_the_stream_with_failures_and_four_relays() {
     wait_all_sent(&t, total, Duration::from_secs(300)).await;
     let mut retried = 0;
     for r in relays {
-        retried += r.stats().retried;
-        r.shutdown().await.unwrap();
+        retried += r.shutdown().await.unwrap().retried;
     }
     assert!(retried > 0, "failures were injected");
     let contents = stream_contents(&nats).await;

@@ -293,11 +293,7 @@ impl Relay {
     /// A relay for the database-local transport: each round moves events into PENDING inbox rows
     /// of every consumer `routes` returns for the event type, and marks them SENT, in one
     /// transaction; then `delivered` is notified so the consumers' workers run.
-    pub fn local(
-        db: DatabaseConnection,
-        routes: Routes,
-        delivered: Arc<Notify>,
-    ) -> Self {
+    pub fn local(db: DatabaseConnection, routes: Routes, delivered: Arc<Notify>) -> Self {
         Relay {
             db,
             sink: Sink::Local { routes, delivered },
@@ -768,12 +764,13 @@ impl RelayHandle {
     }
 
     /// Stop claiming, finish the round in flight, hand unpublished events back, and wait.
-    pub async fn shutdown(self) -> Result<(), RelayError> {
+    /// Returns the final counters.
+    pub async fn shutdown(self) -> Result<RelayStatsSnapshot, RelayError> {
         self.shutdown.cancel();
         match self.task.await {
-            Ok(result) => result,
+            Ok(result) => result.map(|()| self.stats.snapshot()),
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Ok(()),
+            Err(_) => Ok(self.stats.snapshot()),
         }
     }
 }

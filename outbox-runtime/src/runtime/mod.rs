@@ -427,8 +427,8 @@ impl Runtime {
     }
 
     /// Stop every loop: no new claims or deliveries, work in flight finishes, unstarted claims
-    /// are handed back. Returns once every loop has ended.
-    pub async fn shutdown(self) {
+    /// are handed back. Returns the final counters once every loop has ended.
+    pub async fn shutdown(self) -> RuntimeReport {
         self.shutdown.cancel();
         for (health, task) in self.tasks {
             if let Err(e) = task.await
@@ -437,6 +437,31 @@ impl Runtime {
                 tracing::error!(task = %health.report().name, "outbox loop panicked");
             }
         }
-        tracing::info!("outbox runtime stopped");
+        let report = RuntimeReport {
+            consumers: self
+                .consumers
+                .iter()
+                .map(|(name, stats)| (*name, stats.snapshot()))
+                .collect(),
+            relay: self.relay_stats.as_ref().map(|s| s.snapshot()),
+        };
+        tracing::info!(?report, "outbox runtime stopped");
+        report
+    }
+}
+
+/// The counters of a runtime that has stopped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeReport {
+    /// Per consumer.
+    pub consumers: BTreeMap<&'static str, ConsumerStatsSnapshot>,
+    /// The relay's, if one ran.
+    pub relay: Option<RelayStatsSnapshot>,
+}
+
+impl RuntimeReport {
+    /// A consumer's counters (zeros if it did not run).
+    pub fn consumer(&self, name: &str) -> ConsumerStatsSnapshot {
+        self.consumers.get(name).copied().unwrap_or_default()
     }
 }
