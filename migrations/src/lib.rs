@@ -28,10 +28,43 @@ mod m0003_inbox_aggregate_version;
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
     vec![
-        Box::new(m0001_outbox_event::Migration),
-        Box::new(m0002_inbox_event::Migration),
-        Box::new(m0003_inbox_aggregate_version::Migration),
+        Box::new(m0001_outbox_event::MIGRATION),
+        Box::new(m0002_inbox_event::MIGRATION),
+        Box::new(m0003_inbox_aggregate_version::MIGRATION),
     ]
+}
+
+/// A migration written as SQL, one script per backend.
+struct Script {
+    name: &'static str,
+    postgres: &'static [&'static str],
+    mysql: &'static [&'static str],
+    sqlite: &'static [&'static str],
+    down: &'static [&'static str],
+}
+
+impl MigrationName for Script {
+    fn name(&self) -> &str {
+        self.name
+    }
+}
+
+// `MigrationTrait` declares `&SchemaManager` with an elided lifetime; the impl must match it.
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for Script {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let script = match manager.get_database_backend() {
+            DbBackend::Postgres => self.postgres,
+            DbBackend::MySql => self.mysql,
+            _ => self.sqlite,
+        };
+        run_script(manager, script).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_script(manager, self.down).await
+    }
 }
 
 /// A migrator for the SDK's tables alone, tracked in `outbox_migrations`.
@@ -61,18 +94,4 @@ async fn run_script(manager: &SchemaManager<'_>, script: &[&str]) -> Result<(), 
         conn.execute_unprepared(stmt).await?;
     }
     Ok(())
-}
-
-/// Pick the script for the connection's backend.
-fn script_for<'a>(
-    backend: DbBackend,
-    postgres: &'a [&'a str],
-    mysql: &'a [&'a str],
-    sqlite: &'a [&'a str],
-) -> &'a [&'a str] {
-    match backend {
-        DbBackend::Postgres => postgres,
-        DbBackend::MySql => mysql,
-        _ => sqlite,
-    }
 }

@@ -1,16 +1,14 @@
 //! `outbox_event`: events committed with business rows, waiting for (or done with) the relay.
 
-use sea_orm_migration::prelude::*;
+use crate::Script;
 
-use crate::{run_script, script_for};
-
-pub(crate) struct Migration;
-
-impl MigrationName for Migration {
-    fn name(&self) -> &str {
-        "outbox_0001_create_outbox_event"
-    }
-}
+pub(crate) const MIGRATION: Script = Script {
+    name: "outbox_0001_create_outbox_event",
+    postgres: POSTGRES_UP,
+    mysql: MYSQL_UP,
+    sqlite: SQLITE_UP,
+    down: DOWN,
+};
 
 const POSTGRES_UP: &[&str] = &[
     r#"CREATE TABLE outbox_event (
@@ -109,21 +107,3 @@ const SQLITE_UP: &[&str] = &[
 ];
 
 const DOWN: &[&str] = &["DROP TABLE outbox_event"];
-
-// `MigrationTrait` declares `&SchemaManager` with an elided lifetime; the impl must match it.
-#[allow(elided_lifetimes_in_paths)]
-#[async_trait::async_trait]
-impl MigrationTrait for Migration {
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let backend = manager.get_database_backend();
-        run_script(
-            manager,
-            script_for(backend, POSTGRES_UP, MYSQL_UP, SQLITE_UP),
-        )
-        .await
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        run_script(manager, DOWN).await
-    }
-}

@@ -3,17 +3,15 @@
 //! `id` numbers rows in arrival order, which the retry worker follows to keep a consumer's
 //! per-aggregate order; `(consumer, message_id)` is unique.
 
-use sea_orm_migration::prelude::*;
+use crate::Script;
 
-use crate::{run_script, script_for};
-
-pub(crate) struct Migration;
-
-impl MigrationName for Migration {
-    fn name(&self) -> &str {
-        "outbox_0002_create_inbox_event"
-    }
-}
+pub(crate) const MIGRATION: Script = Script {
+    name: "outbox_0002_create_inbox_event",
+    postgres: POSTGRES_UP,
+    mysql: MYSQL_UP,
+    sqlite: SQLITE_UP,
+    down: DOWN,
+};
 
 const POSTGRES_UP: &[&str] = &[
     r#"CREATE TABLE inbox_event (
@@ -105,21 +103,3 @@ const SQLITE_UP: &[&str] = &[
 ];
 
 const DOWN: &[&str] = &["DROP TABLE inbox_event"];
-
-// `MigrationTrait` declares `&SchemaManager` with an elided lifetime; the impl must match it.
-#[allow(elided_lifetimes_in_paths)]
-#[async_trait::async_trait]
-impl MigrationTrait for Migration {
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let backend = manager.get_database_backend();
-        run_script(
-            manager,
-            script_for(backend, POSTGRES_UP, MYSQL_UP, SQLITE_UP),
-        )
-        .await
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        run_script(manager, DOWN).await
-    }
-}

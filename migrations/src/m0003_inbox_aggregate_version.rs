@@ -1,17 +1,15 @@
 //! `inbox_aggregate_version`: the newest aggregate version each consumer accepted, for handlers
 //! that drop stale events (`InboxTransaction::accept_version`).
 
-use sea_orm_migration::prelude::*;
+use crate::Script;
 
-use crate::{run_script, script_for};
-
-pub(crate) struct Migration;
-
-impl MigrationName for Migration {
-    fn name(&self) -> &str {
-        "outbox_0003_create_inbox_aggregate_version"
-    }
-}
+pub(crate) const MIGRATION: Script = Script {
+    name: "outbox_0003_create_inbox_aggregate_version",
+    postgres: POSTGRES_UP,
+    mysql: MYSQL_UP,
+    sqlite: SQLITE_UP,
+    down: DOWN,
+};
 
 const POSTGRES_UP: &[&str] = &[r#"CREATE TABLE inbox_aggregate_version (
         consumer       VARCHAR(128) NOT NULL,
@@ -41,21 +39,3 @@ const SQLITE_UP: &[&str] = &[r#"CREATE TABLE inbox_aggregate_version (
     )"#];
 
 const DOWN: &[&str] = &["DROP TABLE inbox_aggregate_version"];
-
-// `MigrationTrait` declares `&SchemaManager` with an elided lifetime; the impl must match it.
-#[allow(elided_lifetimes_in_paths)]
-#[async_trait::async_trait]
-impl MigrationTrait for Migration {
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let backend = manager.get_database_backend();
-        run_script(
-            manager,
-            script_for(backend, POSTGRES_UP, MYSQL_UP, SQLITE_UP),
-        )
-        .await
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        run_script(manager, DOWN).await
-    }
-}

@@ -13,9 +13,8 @@ use std::{
 
 use chrono::{DateTime, SubsecRound, Utc};
 use sea_orm::{
-    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    ExecResult, IsolationLevel, QueryResult, Statement, TransactionOptions, TransactionSession,
-    TransactionTrait,
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, IsolationLevel,
+    TransactionOptions, TransactionSession, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -332,44 +331,64 @@ fn to_db_err(e: OutboxError) -> DbErr {
     }
 }
 
-#[async_trait::async_trait]
-impl ConnectionTrait for OutboxTransaction {
-    fn get_database_backend(&self) -> DbBackend {
-        self.txn.get_database_backend()
-    }
+/// Implements SeaORM's `ConnectionTrait` for a wrapper by forwarding every call to one field.
+macro_rules! forward_connection_trait {
+    ($ty:ty, $field:ident) => {
+        #[async_trait::async_trait]
+        impl sea_orm::ConnectionTrait for $ty {
+            fn get_database_backend(&self) -> sea_orm::DbBackend {
+                sea_orm::ConnectionTrait::get_database_backend(&self.$field)
+            }
 
-    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
-        self.txn.execute_raw(stmt).await
-    }
+            async fn execute_raw(
+                &self,
+                stmt: sea_orm::Statement,
+            ) -> Result<sea_orm::ExecResult, sea_orm::DbErr> {
+                sea_orm::ConnectionTrait::execute_raw(&self.$field, stmt).await
+            }
 
-    async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
-        self.txn.execute_unprepared(sql).await
-    }
+            async fn execute_unprepared(
+                &self,
+                sql: &str,
+            ) -> Result<sea_orm::ExecResult, sea_orm::DbErr> {
+                sea_orm::ConnectionTrait::execute_unprepared(&self.$field, sql).await
+            }
 
-    async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
-        self.txn.query_one_raw(stmt).await
-    }
+            async fn query_one_raw(
+                &self,
+                stmt: sea_orm::Statement,
+            ) -> Result<Option<sea_orm::QueryResult>, sea_orm::DbErr> {
+                sea_orm::ConnectionTrait::query_one_raw(&self.$field, stmt).await
+            }
 
-    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
-        self.txn.query_all_raw(stmt).await
-    }
+            async fn query_all_raw(
+                &self,
+                stmt: sea_orm::Statement,
+            ) -> Result<Vec<sea_orm::QueryResult>, sea_orm::DbErr> {
+                sea_orm::ConnectionTrait::query_all_raw(&self.$field, stmt).await
+            }
 
-    fn support_returning(&self) -> bool {
-        self.txn.support_returning()
-    }
+            fn support_returning(&self) -> bool {
+                sea_orm::ConnectionTrait::support_returning(&self.$field)
+            }
+        }
+    };
 }
+pub(crate) use forward_connection_trait;
+
+forward_connection_trait!(OutboxTransaction, txn);
 
 #[cfg(feature = "stream")]
 impl sea_orm::StreamTrait for OutboxTransaction {
     type Stream<'a> = <DatabaseTransaction as sea_orm::StreamTrait>::Stream<'a>;
 
-    fn get_database_backend(&self) -> DbBackend {
+    fn get_database_backend(&self) -> sea_orm::DbBackend {
         ConnectionTrait::get_database_backend(&self.txn)
     }
 
     fn stream_raw<'a>(
         &'a self,
-        stmt: Statement,
+        stmt: sea_orm::Statement,
     ) -> Pin<Box<dyn Future<Output = Result<Self::Stream<'a>, DbErr>> + 'a + Send>> {
         self.txn.stream_raw(stmt)
     }

@@ -16,10 +16,7 @@ use std::{fmt, future::Future, ops::Deref, pin::Pin, sync::Arc, time::Duration};
 pub use consumer::{ConsumerStats, ConsumerStatsSnapshot, InboxConfig};
 
 use chrono::{DateTime, Utc};
-use sea_orm::{
-    AccessMode, ConnectionTrait, DbBackend, DbErr, ExecResult, IsolationLevel, QueryResult,
-    Statement, TransactionOptions, TransactionTrait,
-};
+use sea_orm::{AccessMode, DbErr, IsolationLevel, TransactionOptions, TransactionTrait};
 
 use crate::{envelope::Envelope, event::DomainEvent, transaction::OutboxTransaction};
 
@@ -306,32 +303,7 @@ impl Deref for InboxTransaction {
     }
 }
 
-#[async_trait::async_trait]
-impl ConnectionTrait for InboxTransaction {
-    fn get_database_backend(&self) -> DbBackend {
-        ConnectionTrait::get_database_backend(&self.tx)
-    }
-
-    async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
-        self.tx.execute_raw(stmt).await
-    }
-
-    async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
-        self.tx.execute_unprepared(sql).await
-    }
-
-    async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
-        self.tx.query_one_raw(stmt).await
-    }
-
-    async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
-        self.tx.query_all_raw(stmt).await
-    }
-
-    fn support_returning(&self) -> bool {
-        self.tx.support_returning()
-    }
-}
+crate::transaction::forward_connection_trait!(InboxTransaction, tx);
 
 /// Nested transactions inside a handler are savepoints of its transaction.
 #[async_trait::async_trait]
