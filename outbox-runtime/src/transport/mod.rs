@@ -18,6 +18,10 @@ use uuid::Uuid;
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 /// Default namespace events are routed under.
 pub const DEFAULT_NAMESPACE: &str = "outbox";

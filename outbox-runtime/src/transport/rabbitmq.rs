@@ -1,0 +1,1 @@
+//! RabbitMQ transport (in progress).

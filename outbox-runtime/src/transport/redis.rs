@@ -1,0 +1,1 @@
+//! Redis Streams transport (in progress).
