@@ -79,3 +79,86 @@ pub async fn transport_with(
     );
     None
 }
+
+/// A nats-server of the test's own, on a free port, that the test can stop and restart (never
+/// the machine's shared instance). JetStream data survives restarts in its own directory.
+pub struct OwnNatsServer {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: std::sync::Mutex<Option<std::process::Child>>,
+}
+
+impl OwnNatsServer {
+    /// Start one, or `None` (after a loud message) when nats-server is not installed.
+    pub async fn start(test: &str) -> Option<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let dir = std::env::temp_dir().join(format!("outbox-nats-{test}-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let server = OwnNatsServer {
+            port,
+            dir,
+            child: std::sync::Mutex::new(None),
+        };
+        if let Err(e) = server.resume().await {
+            if services_required() {
+                panic!("cannot start a nats-server of the test's own: {e}");
+            }
+            eprintln!("\n*** SKIPPED {test}: cannot start nats-server ({e}) ***\n");
+            return None;
+        }
+        Some(server)
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kill the server (like a crash).
+    pub fn stop(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start it again on the same port and store.
+    pub async fn resume(&self) -> Result<(), String> {
+        let child = std::process::Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        *self.child.lock().unwrap() = Some(child);
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!("nats-server did not listen on port {}", self.port))
+    }
+}
+
+impl Drop for OwnNatsServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

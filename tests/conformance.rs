@@ -1,0 +1,419 @@
+//! One conformance suite for every transport: the same end-to-end guarantees checked through the
+//! runtime (relay, dispatcher, worker) on PostgreSQL, for the in-memory, database-local, NATS,
+//! RabbitMQ and Redis transports. A new transport is a file in `transport/` plus one line in
+//! `transports!` below.
+//!
+//! What each transport must show: every committed event is handled once (confirmed publish,
+//! subscribe and ack); a failed handling is redelivered until it succeeds; events of one
+//! aggregate are handled in order; setting up twice changes nothing; small, large and unicode
+//! payloads arrive byte-exact; and (where the harness can stop the broker) a broker outage loses
+//! nothing.
+
+mod common;
+
+use std::{
+    any::Any,
+    collections::HashMap,
+    sync::{Arc, LazyLock, Mutex},
+    time::Duration,
+};
+
+use common::*;
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::{Backoff, RelayConfig};
+use outbox::runtime::Runtime;
+use outbox::transport::{Transport, memory::MemoryTransport};
+use sea_orm::{ActiveModelTrait, NotSet, Set};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[event(name = "conformance.noted", aggregate = "note")]
+struct Noted {
+    #[event(aggregate_id)]
+    key: String,
+    seq: u32,
+    text: String,
+}
+
+/// The text an event carries, derived from its position so the handler can check it arrived
+/// byte-exact: empty, large (400 KB) or unicode.
+fn text_for(seq: u32) -> String {
+    match seq % 4 {
+        0 => String::new(),
+        1 => "x".repeat(400 * 1024),
+        2 => "žluťoučký kůň 🐎 日本語 \"quoted\" \\ </script> \u{7f}".to_owned(),
+        _ => format!("plain {seq}"),
+    }
+}
+
+static FAILURES: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
+
+#[inbox_handler(consumer = "conformance", backoff = "20ms", backoff_cap = "100ms")]
+async fn note(tx: &InboxTransaction, event: Event<Noted>) -> Result<(), HandlerError> {
+    {
+        let mut failures = FAILURES.lock().unwrap();
+        if let Some(n) = failures.get_mut(&event.key)
+            && *n > 0
+        {
+            *n -= 1;
+            return Err(HandlerError::retry("injected failure"));
+        }
+    }
+    let exact = event.text == text_for(event.seq);
+    effect::ActiveModel {
+        id: NotSet,
+        consumer: Set("conformance".into()),
+        event_id: Set(event.id().to_owned()),
+        cart: Set(event.key.clone()),
+        // A payload that did not arrive byte-exact is recorded as -1.
+        seq: Set(if exact { i64::from(event.seq) } else { -1 }),
+    }
+    .insert(tx)
+    .await?;
+    Ok(())
+}
+
+/// A transport under test, or `None` for the database-local transport, plus whatever must live
+/// as long as the test (e.g. a stream to delete afterwards).
+struct Setup {
+    transport: Option<Arc<dyn Transport>>,
+    _guard: Box<dyn Any + Send>,
+}
+
+/// A broker the test can take away and bring back.
+#[async_trait::async_trait]
+trait Outage: Send + Sync {
+    async fn stop(&self);
+    async fn resume(&self);
+}
+
+#[async_trait::async_trait]
+impl Outage for MemoryTransport {
+    async fn stop(&self) {
+        self.set_unavailable(true);
+    }
+
+    async fn resume(&self) {
+        self.set_unavailable(false);
+    }
+}
+
+#[cfg(feature = "nats")]
+#[async_trait::async_trait]
+impl Outage for common::nats::OwnNatsServer {
+    async fn stop(&self) {
+        common::nats::OwnNatsServer::stop(self);
+    }
+
+    async fn resume(&self) {
+        common::nats::OwnNatsServer::resume(self).await.unwrap();
+    }
+}
+
+/// A transport on a broker of the test's own that it can stop, or `None` where the kind has
+/// no broker to stop (database-local) or the service is missing.
+async fn restartable(kind: Kind, test: &str) -> Option<(Setup, Arc<dyn Outage>)> {
+    match kind {
+        Kind::Memory => {
+            let memory = MemoryTransport::new();
+            Some((
+                Setup {
+                    transport: Some(Arc::new(memory.clone())),
+                    _guard: Box::new(()),
+                },
+                Arc::new(memory),
+            ))
+        }
+        Kind::Local => unreachable!("the database-local transport has no broker to stop"),
+        #[cfg(feature = "nats")]
+        Kind::Nats => {
+            let server = Arc::new(common::nats::OwnNatsServer::start(test).await?);
+            let nats = outbox::transport::nats::NatsTransport::builder(server.url())
+                .namespace("outage")
+                .publish_timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap();
+            Some((
+                Setup {
+                    transport: Some(Arc::new(nats)),
+                    _guard: Box::new(server.clone()),
+                },
+                server,
+            ))
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Memory,
+    Local,
+    #[cfg(feature = "nats")]
+    Nats,
+}
+
+async fn transport(kind: Kind, test: &str) -> Option<Setup> {
+    match kind {
+        Kind::Memory => Some(Setup {
+            transport: Some(Arc::new(MemoryTransport::new())),
+            _guard: Box::new(()),
+        }),
+        Kind::Local => Some(Setup {
+            transport: None,
+            _guard: Box::new(()),
+        }),
+        #[cfg(feature = "nats")]
+        Kind::Nats => {
+            let nats = common::nats::transport(test).await?;
+            Some(Setup {
+                transport: Some(Arc::new(nats.0.clone())),
+                _guard: Box::new(nats),
+            })
+        }
+    }
+}
+
+async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
+    let mut builder = Runtime::builder(t.db.clone())
+        .source("conformance")
+        .consumers(["conformance"])
+        .relay_config(RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            backoff: Backoff {
+                base: Duration::from_millis(20),
+                cap: Duration::from_millis(200),
+                jitter: 0.2,
+            },
+            max_attempts: 1_000,
+            ..RelayConfig::default()
+        })
+        .inbox_config(InboxConfig {
+            poll_interval: Duration::from_millis(50),
+            ..InboxConfig::default()
+        });
+    if let Some(transport) = &setup.transport {
+        builder = builder.transport_arc(transport.clone());
+    }
+    builder.start().await.unwrap()
+}
+
+async fn produce(t: &TestDb, outbox: &Outbox, prefix: &str, keys: u32, per_key: u32) -> usize {
+    let mut n = 0;
+    for seq in 0..per_key {
+        let tx = outbox.begin(&t.db).await.unwrap();
+        for k in 0..keys {
+            tx.enqueue(&Noted {
+                key: format!("{prefix}-{k}"),
+                seq,
+                text: text_for(seq),
+            })
+            .unwrap();
+            n += 1;
+        }
+        let _ = tx.commit().await.unwrap();
+    }
+    n
+}
+
+async fn wait_for_effects(t: &TestDb, n: usize) {
+    let ok = eventually(Duration::from_secs(120), || async {
+        effects(&t.db).await.len() >= n
+    })
+    .await;
+    assert!(
+        ok,
+        "only {} of {n} events handled",
+        effects(&t.db).await.len()
+    );
+    // Anything delivered twice would show up now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Every event handled exactly once, byte-exact, and in order per key.
+async fn assert_handled_once_in_order(t: &TestDb, total: usize, per_key: u32) {
+    let effects = effects(&t.db).await;
+    assert_eq!(effects.len(), total, "each event handled exactly once");
+    let ids: std::collections::HashSet<&str> =
+        effects.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids.len(), total);
+    assert!(
+        effects.iter().all(|e| e.seq >= 0),
+        "a payload arrived altered"
+    );
+    let mut per_key_seqs: HashMap<&str, Vec<i64>> = HashMap::new();
+    for e in &effects {
+        per_key_seqs.entry(e.cart.as_str()).or_default().push(e.seq);
+    }
+    for (key, seqs) in per_key_seqs {
+        assert_eq!(
+            seqs,
+            (0..i64::from(per_key)).collect::<Vec<_>>(),
+            "{key} out of order"
+        );
+    }
+    assert_eq!(
+        status_counts(&t.db).await.get("SENT"),
+        Some(&(total as i64))
+    );
+}
+
+async fn delivers_every_event_once_in_order(kind: Kind, t: TestDb) {
+    let Some(setup) = transport(kind, &t.name).await else {
+        return;
+    };
+    let runtime = runtime(&t, &setup).await;
+    let outbox = runtime.outbox().clone();
+    let total = produce(&t, &outbox, "once", 10, 12).await;
+    wait_for_effects(&t, total).await;
+    let report = runtime.shutdown().await;
+    assert_handled_once_in_order(&t, total, 12).await;
+    assert_eq!(report.consumer("conformance").handled, total as u64);
+}
+
+async fn failed_handling_is_redelivered(kind: Kind, t: TestDb) {
+    let Some(setup) = transport(kind, &t.name).await else {
+        return;
+    };
+    for k in 0..3 {
+        FAILURES
+            .lock()
+            .unwrap()
+            .insert(format!("{}-retry-{k}", t.name), 2);
+    }
+    let runtime = runtime(&t, &setup).await;
+    let outbox = runtime.outbox().clone();
+    let total = produce(&t, &outbox, &format!("{}-retry", t.name), 5, 4).await;
+    wait_for_effects(&t, total).await;
+    let report = runtime.shutdown().await;
+    assert_handled_once_in_order(&t, total, 4).await;
+    assert_eq!(
+        report.consumer("conformance").retried,
+        6,
+        "3 keys × 2 injected failures"
+    );
+}
+
+async fn setting_up_twice_changes_nothing(kind: Kind, t: TestDb) {
+    let Some(setup) = transport(kind, &t.name).await else {
+        return;
+    };
+    // First life: set up, handle a batch, stop.
+    let first = runtime(&t, &setup).await;
+    let outbox = first.outbox().clone();
+    let mut total = produce(&t, &outbox, "twice-a", 4, 4).await;
+    wait_for_effects(&t, total).await;
+    first.shutdown().await;
+    if let Some(transport) = &setup.transport {
+        transport.setup().await.unwrap();
+        transport.setup().await.unwrap();
+        transport.health().await.unwrap();
+    }
+    // Second life on the same topology: everything still flows, nothing is handled twice.
+    let second = runtime(&t, &setup).await;
+    let outbox = second.outbox().clone();
+    total += produce(&t, &outbox, "twice-b", 4, 4).await;
+    wait_for_effects(&t, total).await;
+    second.shutdown().await;
+    assert_handled_once_in_order(&t, total, 4).await;
+}
+
+async fn survives_a_broker_outage(kind: Kind, t: TestDb) {
+    let Some((setup, outage)) = restartable(kind, &t.name).await else {
+        return;
+    };
+    let runtime = runtime(&t, &setup).await;
+    let outbox = runtime.outbox().clone();
+    let mut total = produce(&t, &outbox, "outage", 5, 4).await;
+    wait_for_effects(&t, total).await;
+
+    outage.stop().await;
+    // Commits go on while the broker is away; the relay backs off and keeps them.
+    for seq in 4..8 {
+        let tx = outbox.begin(&t.db).await.unwrap();
+        for k in 0..5 {
+            tx.enqueue(&Noted {
+                key: format!("outage-{k}"),
+                seq,
+                text: text_for(seq),
+            })
+            .unwrap();
+            total += 1;
+        }
+        let _ = tx.commit().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    outage.resume().await;
+
+    wait_for_effects(&t, total).await;
+    let report = runtime.shutdown().await;
+    assert_handled_once_in_order(&t, total, 8).await;
+    assert!(
+        report.relay.is_some_and(|r| r.retried > 0 || r.errors > 0),
+        "the outage was noticed: {report:?}"
+    );
+}
+
+/// `transports! { name => Kind, … }` instantiates every scenario for every transport.
+macro_rules! transports {
+    ($($(#[$attr:meta])* $name:ident => $kind:expr;)+) => {$(
+        $(#[$attr])*
+        mod $name {
+            use super::*;
+
+            async fn run<F, Fut>(test: &str, scenario: F)
+            where
+                F: FnOnce(Kind, TestDb) -> Fut,
+                Fut: std::future::Future<Output = ()>,
+            {
+                let name = format!("conf_{}_{}", stringify!($name), test);
+                if let Some(t) = test_db(Backend::Postgres, &name).await {
+                    scenario($kind, t).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn delivers_once_in_order() {
+                run("once", delivers_every_event_once_in_order).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redelivers_failed_handling() {
+                run("retry", failed_handling_is_redelivered).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn setup_is_idempotent() {
+                run("twice", setting_up_twice_changes_nothing).await;
+            }
+        }
+    )+};
+}
+
+transports! {
+    memory => Kind::Memory;
+    database_local => Kind::Local;
+    #[cfg(feature = "nats")]
+    nats => Kind::Nats;
+}
+
+/// The outage scenario, for every transport with a broker the test can stop.
+macro_rules! outages {
+    ($($(#[$attr:meta])* $name:ident => $kind:expr;)+) => {$(
+        $(#[$attr])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let name = format!("conf_outage_{}", stringify!($name));
+            if let Some(t) = test_db(Backend::Postgres, &name).await {
+                survives_a_broker_outage($kind, t).await;
+            }
+        }
+    )+};
+}
+
+outages! {
+    memory_outage => Kind::Memory;
+    #[cfg(feature = "nats")]
+    nats_outage => Kind::Nats;
+}
