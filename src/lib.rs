@@ -6,6 +6,10 @@ pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHa
 pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeReport};
 #[cfg(feature = "nats")]
 pub use outbox_runtime::transport::nats::NatsTransport;
+#[cfg(feature = "rabbitmq")]
+pub use outbox_runtime::transport::rabbitmq::RabbitMqTransport;
+#[cfg(feature = "redis")]
+pub use outbox_runtime::transport::redis::RedisTransport;
 pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
 pub use outbox_runtime::{
     CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, Event, EventId, EventMeta,

@@ -18,6 +18,7 @@ use std::{
     time::Duration,
 };
 
+use common::own_server::{Broker, OwnServer};
 use common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
@@ -99,15 +100,14 @@ impl Outage for MemoryTransport {
     }
 }
 
-#[cfg(feature = "nats")]
 #[async_trait::async_trait]
-impl Outage for common::nats::OwnNatsServer {
+impl Outage for OwnServer {
     async fn stop(&self) {
-        common::nats::OwnNatsServer::stop(self);
+        OwnServer::stop(self);
     }
 
     async fn resume(&self) {
-        common::nats::OwnNatsServer::resume(self).await.unwrap();
+        OwnServer::resume(self).await.unwrap();
     }
 }
 
@@ -126,9 +126,27 @@ async fn restartable(kind: Kind, test: &str) -> Option<(Setup, Arc<dyn Outage>)>
             ))
         }
         Kind::Local => unreachable!("the database-local transport has no broker to stop"),
+        #[cfg(feature = "redis")]
+        Kind::Redis => {
+            let server = Arc::new(OwnServer::start(Broker::Redis, test).await?);
+            let redis = outbox::transport::redis::RedisTransport::builder(server.url())
+                .namespace("outage")
+                .publish_timeout(Duration::from_secs(2))
+                .claim_idle(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap();
+            Some((
+                Setup {
+                    transport: Some(Arc::new(redis)),
+                    _guard: Box::new(server.clone()),
+                },
+                server,
+            ))
+        }
         #[cfg(feature = "nats")]
         Kind::Nats => {
-            let server = Arc::new(common::nats::OwnNatsServer::start(test).await?);
+            let server = Arc::new(OwnServer::start(Broker::Nats, test).await?);
             let nats = outbox::transport::nats::NatsTransport::builder(server.url())
                 .namespace("outage")
                 .publish_timeout(Duration::from_secs(2))
@@ -152,6 +170,8 @@ enum Kind {
     Local,
     #[cfg(feature = "nats")]
     Nats,
+    #[cfg(feature = "redis")]
+    Redis,
 }
 
 async fn transport(kind: Kind, test: &str) -> Option<Setup> {
@@ -171,6 +191,52 @@ async fn transport(kind: Kind, test: &str) -> Option<Setup> {
                 transport: Some(Arc::new(nats.0.clone())),
                 _guard: Box::new(nats),
             })
+        }
+        #[cfg(feature = "redis")]
+        Kind::Redis => {
+            // A namespace of its own on the shared server; its stream is left to expire with
+            // the test database's name reused next run.
+            let namespace = format!(
+                "conf_{}_{}",
+                test,
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            );
+            let redis =
+                match outbox::transport::redis::RedisTransport::builder("redis://127.0.0.1:6379/")
+                    .namespace(namespace)
+                    .claim_idle(Duration::from_secs(2))
+                    .connect()
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(e) if !services_required() => {
+                        eprintln!("\n*** SKIPPED {test}: Redis is not reachable ({e}) ***\n");
+                        return None;
+                    }
+                    Err(e) => panic!("Redis is required (OUTBOX_REQUIRE_SERVICES=1): {e}"),
+                };
+            Some(Setup {
+                transport: Some(Arc::new(redis.clone())),
+                _guard: Box::new(RedisCleanup(redis)),
+            })
+        }
+    }
+}
+
+/// Deletes a test's Redis stream when the test ends.
+#[cfg(feature = "redis")]
+struct RedisCleanup(outbox::transport::redis::RedisTransport);
+
+#[cfg(feature = "redis")]
+impl Drop for RedisCleanup {
+    fn drop(&mut self) {
+        let key = self.0.stream_key().to_owned();
+        if let Ok(client) = outbox::transport::redis::redis::Client::open("redis://127.0.0.1:6379/")
+            && let Ok(mut conn) = client.get_connection()
+        {
+            let _: Result<i64, _> = outbox::transport::redis::redis::cmd("DEL")
+                .arg(&key)
+                .query(&mut conn);
         }
     }
 }
@@ -396,6 +462,8 @@ transports! {
     database_local => Kind::Local;
     #[cfg(feature = "nats")]
     nats => Kind::Nats;
+    #[cfg(feature = "redis")]
+    redis => Kind::Redis;
 }
 
 /// The outage scenario, for every transport with a broker the test can stop.
@@ -416,4 +484,6 @@ outages! {
     memory_outage => Kind::Memory;
     #[cfg(feature = "nats")]
     nats_outage => Kind::Nats;
+    #[cfg(feature = "redis")]
+    redis_outage => Kind::Redis;
 }

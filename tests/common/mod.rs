@@ -15,6 +15,7 @@ use sea_orm::{
 pub use outbox::store::Dialect;
 
 pub mod carts;
+pub mod own_server;
 
 #[cfg(feature = "nats")]
 pub mod nats;

@@ -4,8 +4,15 @@
 //! confirmed it (a publisher confirm, a JetStream ack, an `XADD` reply), never after a buffered
 //! send. It also subscribes named consumers with explicit ack and nack. Implementations:
 //!
-//! - [`memory::MemoryTransport`]: in-process, with fault injection, for tests and examples;
-//! - [`nats::NatsTransport`] (feature `nats`): NATS JetStream.
+//! - `memory::MemoryTransport`: in-process, with fault injection, for tests and examples;
+//! - `nats::NatsTransport` (feature `nats`): NATS JetStream, a stream per namespace;
+//! - `rabbitmq::RabbitMqTransport` (feature `rabbitmq`): a topic exchange per namespace, a durable
+//!   queue per consumer, publisher confirms;
+//! - `redis::RedisTransport` (feature `redis`): Redis Streams, one stream `{namespace}:events`,
+//!   a consumer group per consumer.
+//!
+//! The database-local transport is not a `Transport`: the relay moves events straight into local
+//! consumers' inboxes (`relay::Relay::local`).
 //!
 //! Routing: an event of type `order.placed` is published under `{namespace}.order.placed`, with
 //! the namespace configured on the transport (default [`DEFAULT_NAMESPACE`]).

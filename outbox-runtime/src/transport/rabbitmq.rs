@@ -40,7 +40,9 @@
 //! returns can then only land on that batch's confirms. Each batch still pipelines: everything is
 //! sent before the first confirm is awaited. A channel whose batch timed out, failed or was
 //! cancelled midway is closed and replaced, so no stray confirm of an old batch can swallow the
-//! return of a new one.
+//! return of a new one. A new publish channel first checks (passively) that the exchange exists,
+//! so a missing exchange fails the batch cleanly instead of making the broker close the channel
+//! under a stream of publishes.
 //!
 //! # Consuming
 //!
@@ -66,7 +68,9 @@
 //! [`subscribe`], [`setup`] or [`health`] reconnects; a failed attempt makes the following calls
 //! fail at once until a backoff (200 ms doubling to 5 s) has passed, so a broker outage does not
 //! turn into a reconnect storm. A subscription whose connection was lost yields one error, then
-//! ends: subscribe again (the SDK's inbox does) to consume on the new connection.
+//! ends: subscribe again (the SDK's inbox does) to consume on the new connection. A broker that
+//! goes away closes the TCP connection and is noticed at once; a silent network loss is noticed
+//! by missed heartbeats (the broker proposes 60 s; ask for less with `?heartbeat=10` in the URI).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), outbox_runtime::transport::TransportError> {
@@ -597,7 +601,16 @@ impl RabbitMqTransport {
     /// (`queue_declare` with `passive`). It closes when its last clone is dropped.
     pub async fn channel(&self) -> Result<Channel, TransportError> {
         let connection = self.connection().await?;
-        self.open_channel(&connection).await
+        match self.open_channel(&connection).await {
+            Err(_) if !connection.status().connected() => {
+                // The connection closed under us (the broker may close it at any time, e.g.
+                // after a protocol error): reconnect once.
+                drop(connection);
+                let connection = self.connection().await?;
+                self.open_channel(&connection).await
+            }
+            result => result,
+        }
     }
 
     /// Declare the exchange, the durable queue of the consumer group `consumer` and its bindings
@@ -769,11 +782,11 @@ impl RabbitMqTransport {
     }
 
     /// The publish channel: the current one when it is usable, otherwise a new one in confirm
-    /// mode (reconnecting first when needed).
+    /// mode (reconnecting first when needed), once the exchange is known to exist.
     async fn publish_channel(
         &self,
         slot: &mut Option<PublishChannel>,
-    ) -> Result<Channel, TransportError> {
+    ) -> Result<Channel, PublishError> {
         if let Some(current) = slot.as_ref() {
             if !current.in_use && current.channel.status().connected() {
                 return Ok(current.channel.clone());
@@ -783,13 +796,42 @@ impl RabbitMqTransport {
             }
             *slot = None;
         }
-        let channel = self.channel().await?;
+        let uri = &self.inner.display_uri;
+        let channel = self
+            .channel()
+            .await
+            .map_err(|err| PublishError::Connection(err.message))?;
+        // Check the exchange before publishing to it. A publish to a missing exchange makes the
+        // broker close the channel, and lapin may still write publish frames queued for it after
+        // its `close-ok`, which the broker answers by closing the whole connection.
+        let exchange = &self.inner.exchange;
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        self.api(
+            || format!("check exchange `{exchange}`"),
+            channel.exchange_declare(
+                short(exchange),
+                ExchangeKind::Topic,
+                passive,
+                FieldTable::default(),
+            ),
+        )
+        .await
+        .map_err(|err| match err.soft_error() {
+            Some(AMQPSoftError::NOTFOUND) => PublishError::Rejected(format!(
+                "exchange `{exchange}` does not exist (has `setup()` run?): {err}"
+            )),
+            Some(_) => PublishError::Rejected(format!("{err} (RabbitMQ at {uri})")),
+            None => PublishError::Connection(format!("{err} (RabbitMQ at {uri})")),
+        })?;
         self.api(
             || "enable publisher confirms".to_owned(),
             channel.confirm_select(ConfirmSelectOptions::default()),
         )
         .await
-        .map_err(|err| err.into_transport_error(&self.inner.display_uri))?;
+        .map_err(|err| PublishError::Connection(format!("{err} (RabbitMQ at {uri})")))?;
         *slot = Some(PublishChannel {
             channel: channel.clone(),
             in_use: false,
@@ -1071,10 +1113,7 @@ impl Transport for RabbitMqTransport {
         let mut slot = self.inner.publisher.lock().await;
         let channel = match self.publish_channel(&mut slot).await {
             Ok(channel) => channel,
-            Err(err) => {
-                let err = PublishError::Connection(err.message);
-                return vec![Err(err); messages.len()];
-            }
+            Err(err) => return vec![Err(err); messages.len()],
         };
         if let Some(current) = slot.as_mut() {
             current.in_use = true;
@@ -1384,6 +1423,11 @@ impl Subscription for RabbitMqSubscription {
                     return None;
                 }
             };
+            if delivery.acker.poisoned() {
+                // Received before its channel closed: it cannot be acked, and the broker
+                // redelivers it.
+                continue;
+            }
             if !self.event_types.contains(delivery.routing_key.as_str()) {
                 // A binding of an earlier subscription of this group: settle and skip it.
                 if let Err(err) = delivery.acker.ack(BasicAckOptions::default()).await {

@@ -46,10 +46,11 @@
 //! [`ack_wait`](SubscribeOptions::ack_wait)) are taken over with `XAUTOCLAIM` by any live
 //! subscription of the group, which checks about once per [`block`](RedisConfig::block)
 //! interval: the messages of a crashed process, or of a delivery dropped without being settled,
-//! are delivered again, with the delivery count Redis keeps (`2` or more). A subscription does not
-//! hand out a second copy of an entry it still holds; it renews its claim on it instead, so a slow
-//! handler is not raced by a duplicate from its own subscription. Redeliveries, like in every
-//! broker, can overtake later messages of the same aggregate; the inbox restores the order.
+//! are delivered again, with the delivery count Redis keeps (`2` or more). A delivery still in
+//! the hands of a slow handler after `claim_idle` may be claimed, and handed out again, by another
+//! subscription of the group (the inbox deduplicates); the subscription holding it never hands
+//! out a second copy itself (its own claim merely resets the entry's idle time). Redeliveries, as
+//! with every broker, can overtake later messages of the same aggregate.
 //!
 //! [`nack`](Delivery::nack) leaves the entry pending and backdates its delivery time
 //! (`XCLAIM … IDLE`), so the next claim sweep of any subscription of the group delivers it again
