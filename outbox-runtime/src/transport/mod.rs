@@ -22,6 +22,17 @@ use std::{fmt, time::Duration};
 use bytes::Bytes;
 use uuid::Uuid;
 
+/// Builder setters that forward to the config setter of the same name (`self.config`).
+macro_rules! delegate_setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.config = self.config.$name(value);
+            self
+        }
+    )*};
+}
+
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;

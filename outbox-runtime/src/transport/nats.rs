@@ -237,17 +237,6 @@ impl NatsConfig {
     }
 }
 
-/// Builder setters that forward to the [`NatsConfig`] setter of the same name.
-macro_rules! delegate_setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
-        $(#[$doc])*
-        pub fn $name(mut self, value: $ty) -> Self {
-            self.config = self.config.$name(value);
-            self
-        }
-    )*};
-}
-
 /// Builds a [`NatsTransport`] that opens its own connection. Created by
 /// [`NatsTransport::builder`].
 #[derive(Debug, Clone)]

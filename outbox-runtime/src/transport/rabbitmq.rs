@@ -1543,7 +1543,7 @@ mod tests {
             queue_name("shop.eu", "billing v2/*"),
             "shop.eu.billing_v2__"
         );
-        assert_eq!(queue_name("ns", "ünï"), "ns.___");
+        assert_eq!(queue_name("ns", "ünï"), "ns._n_");
     }
 
     #[test]

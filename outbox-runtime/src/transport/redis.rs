@@ -339,17 +339,6 @@ fn validate_config(config: &RedisConfig) -> Result<(), TransportError> {
     }
 }
 
-/// Builder setters that forward to the [`RedisConfig`] setter of the same name.
-macro_rules! delegate_setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
-        $(#[$doc])*
-        pub fn $name(mut self, value: $ty) -> Self {
-            self.config = self.config.$name(value);
-            self
-        }
-    )*};
-}
-
 /// Builds a [`RedisTransport`] that opens its own connections. Created by
 /// [`RedisTransport::builder`].
 #[derive(Debug, Clone)]
