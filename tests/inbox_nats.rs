@@ -51,6 +51,7 @@ async fn start(t: &TestDb, nats: &NatsTransport, name: &str) -> Runtime {
             poll_interval: Duration::from_millis(50),
             ..InboxConfig::default()
         })
+        .consumers(["t-nats"])
         .expect_consumers(["t-nats"])
         .start()
         .await
@@ -132,4 +133,85 @@ async fn two_runtimes_sqlite_file() {
     if let Some(t) = test_db(Backend::SqliteFile, "inbox_nats_two_lf").await {
         two_runtimes_share_a_consumer(t).await;
     }
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, DomainEvent)]
+#[event(name = "line.traced", aggregate = "cart")]
+struct LineTraced {
+    #[event(aggregate_id)]
+    cart: String,
+    seq: u32,
+}
+
+#[inbox_handler(consumer = "t-trace")]
+async fn trace_handler(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    // Whatever the handler enqueues continues the producer's trace.
+    tx.enqueue(&LineTraced {
+        cart: event.cart.clone(),
+        seq: event.seq,
+    })?;
+    Ok(())
+}
+
+/// The W3C trace context captured at enqueue travels through JetStream, and the handler's work
+/// continues the producer's trace: its follow-up event has the same trace id, a new parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_survives_the_broker() {
+    let Some(t) = test_db(Backend::Postgres, "inbox_nats_trace_pg").await else {
+        return;
+    };
+    let Some(nats) = transport("trace_pg").await else {
+        return;
+    };
+    let runtime = Runtime::builder(t.db.clone())
+        .source("carts")
+        .transport(nats.0.clone())
+        .consumers(["t-trace"])
+        .relay_config(RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            ..RelayConfig::default()
+        })
+        .start()
+        .await
+        .unwrap();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let trace = outbox::TraceContext::new(traceparent, Some("shop=1".into())).unwrap();
+    let outbox = runtime.outbox().clone();
+    trace
+        .scope(async {
+            let tx = outbox.begin(&t.db).await.unwrap();
+            tx.enqueue(&LineAdded {
+                cart: "traced".into(),
+                seq: 1,
+            })
+            .unwrap();
+            let _ = tx.commit().await.unwrap();
+        })
+        .await;
+    let ok = eventually(Duration::from_secs(30), || async {
+        outbox_rows(&t.db)
+            .await
+            .iter()
+            .any(|r| r.event_type == "line.traced")
+    })
+    .await;
+    runtime.shutdown().await;
+    assert!(ok, "the handler ran and enqueued its follow-up");
+    let rows = outbox_rows(&t.db).await;
+    let original = rows.iter().find(|r| r.event_type == "line.added").unwrap();
+    assert_eq!(original.headers["traceparent"], traceparent);
+    let follow_up = rows.iter().find(|r| r.event_type == "line.traced").unwrap();
+    let child = follow_up.headers["traceparent"].as_str().unwrap();
+    let child = outbox::TraceContext::new(child, None).unwrap();
+    assert_eq!(
+        child.trace_id(),
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "same trace after the broker"
+    );
+    assert_ne!(
+        child.parent_id(),
+        "00f067aa0ba902b7",
+        "a new span of that trace"
+    );
+    assert_eq!(follow_up.headers["tracestate"], "shop=1");
 }

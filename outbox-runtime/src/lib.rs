@@ -15,6 +15,7 @@ pub mod envelope;
 pub mod error;
 pub mod event;
 pub mod inbox;
+pub mod metrics;
 pub mod outbox;
 pub mod registry;
 pub mod relay;

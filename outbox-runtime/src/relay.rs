@@ -384,6 +384,7 @@ impl Relay {
                 }
                 Err(e) => {
                     health.failure(&e.to_string());
+                    crate::metrics::relay_error();
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(relay = %self.config.relay_id, error = %e, "outbox relay round failed; retrying");
                     tokio::select! {
@@ -510,6 +511,7 @@ impl Relay {
             if moved.inbox_rows > 0 {
                 delivered.notify_waiters();
             }
+            crate::metrics::relay_round("database-local", moved.events, 0, moved.dead, 0);
             let report = RoundReport {
                 claimed: moved.events,
                 sent: moved.events,
@@ -552,6 +554,20 @@ impl Relay {
             (settlement.sent.len() + settlement.failed.len() + settlement.released.len()) as u64;
         let written = settled.sent + settled.failed + settled.released;
         report.stale = expected.saturating_sub(written) as usize;
+        let confirmed_at = Utc::now();
+        let sent: std::collections::HashSet<i64> = settlement.sent.iter().copied().collect();
+        for event in claim.events.iter().filter(|e| sent.contains(&e.id)) {
+            if let Ok(lag) = (confirmed_at - event.created_at).to_std() {
+                crate::metrics::publish_lag(transport.name(), lag);
+            }
+        }
+        crate::metrics::relay_round(
+            transport.name(),
+            report.sent,
+            settlement.failed.len(),
+            report.dead,
+            report.stale,
+        );
         if report.stale > 0 {
             tracing::warn!(
                 relay = %self.config.relay_id, stale = report.stale,

@@ -75,6 +75,26 @@ impl TraceContext {
         &self.traceparent[36..52]
     }
 
+    /// A child context: the same trace and flags, a new parent (span) id. Consumers run handlers
+    /// in the child of the producer's context, so the trace continues across the broker.
+    pub fn child(&self) -> TraceContext {
+        let span_id = loop {
+            let id = fastrand::u64(..);
+            if id != 0 {
+                break id;
+            }
+        };
+        TraceContext {
+            traceparent: format!(
+                "{}-{}-{span_id:016x}-{}",
+                &self.traceparent[..2],
+                self.trace_id(),
+                &self.traceparent[53..55]
+            ),
+            tracestate: self.tracestate.clone(),
+        }
+    }
+
     /// The context current for this task: the innermost [`scope`](Self::scope), else the
     /// installed provider's answer.
     pub fn current() -> Option<TraceContext> {
@@ -151,6 +171,17 @@ mod tests {
         ] {
             assert!(TraceContext::new(bad, None).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn child_keeps_the_trace() {
+        let parent = TraceContext::new(TP, Some("k=v".into())).unwrap();
+        let child = parent.child();
+        assert_eq!(child.trace_id(), parent.trace_id());
+        assert_ne!(child.parent_id(), parent.parent_id());
+        assert!(child.traceparent().ends_with("-01"));
+        assert_eq!(child.tracestate(), Some("k=v"));
+        assert!(TraceContext::new(child.traceparent(), None).is_ok());
     }
 
     #[tokio::test]

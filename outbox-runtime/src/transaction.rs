@@ -157,6 +157,10 @@ impl OutboxTransaction {
     ) -> Result<EventId, EnqueueError> {
         let pending = self.prepare(event, headers)?;
         let id = pending.event_id;
+        tracing::debug!(
+            event_id = %id, event_type = E::EVENT_TYPE, aggregate_id = %pending.aggregate_id,
+            traced = pending.headers.contains("traceparent"), "outbox event enqueued"
+        );
         lock(&self.buffer).events.push(pending);
         Ok(id)
     }
@@ -290,6 +294,7 @@ impl OutboxTransaction {
         };
         self.txn.commit().await?;
         if outcome.written > 0 {
+            crate::metrics::events_written(outcome.written);
             self.outbox.committed(&self.db);
         }
         Ok(CommitReport {

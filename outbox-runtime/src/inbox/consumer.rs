@@ -37,6 +37,7 @@ use futures_util::{FutureExt, StreamExt};
 use sea_orm::DatabaseConnection;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{HandlerContext, HandlerError, HandlerMode, HandlerRegistration, InboxTransaction};
 use crate::{
@@ -49,6 +50,7 @@ use crate::{
         inbox::{ClaimedMessage, InitialState, NewInboxRow},
         relay::ClaimParams,
     },
+    trace::TraceContext,
     transport::{Delivery, SubscribeOptions, Transport},
 };
 
@@ -131,8 +133,16 @@ impl ConsumerStats {
     }
 }
 
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+/// What happened to a message, for the counters and the `inbox_messages_total` metric.
+#[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)] // named after the counters they bump
+enum Counter {
+    handled,
+    duplicates,
+    retried,
+    dead,
+    stored,
+    stale,
 }
 
 /// A consumer's handlers and settings, shared by its dispatcher and worker.
@@ -168,6 +178,19 @@ enum Outcome {
 }
 
 impl Consumer {
+    fn count(&self, counter: Counter) {
+        let (field, outcome) = match counter {
+            Counter::handled => (&self.stats.handled, "handled"),
+            Counter::duplicates => (&self.stats.duplicates, "duplicate"),
+            Counter::retried => (&self.stats.retried, "retried"),
+            Counter::dead => (&self.stats.dead, "dead"),
+            Counter::stored => (&self.stats.stored, "stored"),
+            Counter::stale => (&self.stats.stale, "stale"),
+        };
+        field.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::inbox(self.name, outcome);
+    }
+
     pub(crate) fn new(
         name: &'static str,
         registrations: &[&'static HandlerRegistration],
@@ -278,7 +301,9 @@ impl Consumer {
         }
     }
 
-    /// Run a handler inside `tx`; a panic is turned into an error.
+    /// Run a handler inside `tx`, in a span carrying the event's identity and in the child of
+    /// the producer's trace context (so events it enqueues continue the trace); a panic is
+    /// turned into an error.
     async fn run_handler(
         &self,
         reg: &HandlerRegistration,
@@ -286,10 +311,29 @@ impl Consumer {
         envelope: &Envelope,
         attempt: u32,
     ) -> Result<(), HandlerError> {
-        match AssertUnwindSafe((reg.handler)(itx, envelope, attempt))
+        let span = tracing::info_span!(
+            "outbox.handle",
+            consumer = self.name,
+            event_type = %envelope.event_type,
+            event_id = %envelope.id,
+            aggregate_id = envelope.subject.as_deref().unwrap_or(""),
+            attempt,
+            traceparent = envelope.traceparent.as_deref().unwrap_or(""),
+        );
+        let handler = AssertUnwindSafe((reg.handler)(itx, envelope, attempt))
             .catch_unwind()
-            .await
-        {
+            .instrument(span);
+        let parent = envelope
+            .traceparent
+            .as_deref()
+            .and_then(|tp| TraceContext::new(tp, envelope.tracestate.clone()).ok());
+        let started = std::time::Instant::now();
+        let outcome = match parent {
+            Some(parent) => parent.child().scope(handler).await,
+            None => handler.await,
+        };
+        crate::metrics::handler_duration(self.name, &envelope.event_type, started.elapsed());
+        match outcome {
             Ok(result) => result,
             Err(panic) => {
                 let message = panic
@@ -352,9 +396,9 @@ impl Consumer {
                 };
                 tracing::error!(consumer = self.name, message_id = %message_id, %error, "undecodable message stored as DEAD");
                 if self.store(&row, &state).await? {
-                    bump(&self.stats.dead);
+                    self.count(Counter::dead);
                 } else {
-                    bump(&self.stats.duplicates);
+                    self.count(Counter::duplicates);
                 }
                 return Ok(());
             }
@@ -367,9 +411,9 @@ impl Consumer {
                 tracing::error!(consumer = self.name, message_id = %envelope.id, %error, "message stored as DEAD");
                 let state = InitialState::Dead { attempts: 0, error };
                 if self.store(&row, &state).await? {
-                    bump(&self.stats.dead);
+                    self.count(Counter::dead);
                 } else {
-                    bump(&self.stats.duplicates);
+                    self.count(Counter::duplicates);
                 }
                 return Ok(());
             }
@@ -384,10 +428,10 @@ impl Consumer {
             };
         if behind || self.mode == HandlerMode::Stored {
             if self.store(&row, &InitialState::Pending).await? {
-                bump(&self.stats.stored);
+                self.count(Counter::stored);
                 self.wake.notify_one();
             } else {
-                bump(&self.stats.duplicates);
+                self.count(Counter::duplicates);
             }
             return Ok(());
         }
@@ -396,7 +440,7 @@ impl Consumer {
         let tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
         if !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await? {
             tx.rollback().await.map_err(into_db_err)?;
-            bump(&self.stats.duplicates);
+            self.count(Counter::duplicates);
             tracing::debug!(consumer = self.name, message_id = %envelope.id, "duplicate delivery suppressed");
             return Ok(());
         }
@@ -412,7 +456,7 @@ impl Consumer {
         let error = match result {
             Ok(()) => match itx.into_inner().commit().await {
                 Ok(_) => {
-                    bump(&self.stats.handled);
+                    self.count(Counter::handled);
                     return Ok(());
                 }
                 Err(e) => HandlerError::retry(format!("commit failed: {e}")),
@@ -428,7 +472,7 @@ impl Consumer {
             self.count_failure(&state);
             self.wake.notify_one();
         } else {
-            bump(&self.stats.duplicates);
+            self.count(Counter::duplicates);
         }
         Ok(())
     }
@@ -452,8 +496,8 @@ impl Consumer {
 
     fn count_failure(&self, state: &InitialState) {
         match state {
-            InitialState::Dead { .. } => bump(&self.stats.dead),
-            _ => bump(&self.stats.retried),
+            InitialState::Dead { .. } => self.count(Counter::dead),
+            _ => self.count(Counter::retried),
         }
     }
 
@@ -580,7 +624,7 @@ impl Consumer {
         };
         let claim = store::inbox::claim(&self.db, self.name, &params).await?;
         for _ in 0..claim.dead {
-            bump(&self.stats.dead);
+            self.count(Counter::dead);
         }
         let claimed = claim.messages.len() + claim.dead;
         if claim.messages.is_empty() {
@@ -670,7 +714,7 @@ impl Consumer {
         match store::inbox::mark_done(&tx, message.id, token, Utc::now()).await {
             Ok(true) => {}
             Ok(false) => {
-                bump(&self.stats.stale);
+                self.count(Counter::stale);
                 tracing::warn!(consumer = self.name, message_id = %message.message_id, "message taken over by another worker; skipped");
                 return Outcome::Failed;
             }
@@ -692,7 +736,7 @@ impl Consumer {
         let error = match self.run_handler(reg, &itx, &envelope, attempt).await {
             Ok(()) => match itx.into_inner().commit().await {
                 Ok(_) => {
-                    bump(&self.stats.handled);
+                    self.count(Counter::handled);
                     return Outcome::Done;
                 }
                 Err(e) => HandlerError::retry(format!("commit failed: {e}")),
@@ -737,7 +781,7 @@ impl Consumer {
         .await
         {
             Ok(true) => self.count_failure(&state),
-            Ok(false) => bump(&self.stats.stale),
+            Ok(false) => self.count(Counter::stale),
             Err(e) => {
                 tracing::warn!(consumer = self.name, error = %e, "could not record a handler failure; the lease will expire and the message be retried")
             }

@@ -127,6 +127,7 @@ pub struct RuntimeBuilder {
     inbox: InboxConfig,
     consumers: Option<Vec<String>>,
     expected: Vec<String>,
+    metrics_interval: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for RuntimeBuilder {
@@ -206,8 +207,17 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How often to sample the backlog gauges (`outbox_backlog_events`,
+    /// `outbox_oldest_pending_age_seconds`, `inbox_backlog_messages`); `None` samples none.
+    /// Default 15 s.
+    pub fn metrics_interval(mut self, interval: Option<std::time::Duration>) -> Self {
+        self.metrics_interval = interval;
+        self
+    }
+
     /// Check the catalogues, set up the transport, and start every loop.
     pub async fn start(self) -> Result<Runtime, RuntimeError> {
+        crate::metrics::describe();
         let catalogue = EventCatalogue::load().map_err(RuntimeError::Registry)?;
         catalogue.log();
         let mut by_consumer = handlers()?;
@@ -347,6 +357,28 @@ impl RuntimeBuilder {
             });
             tasks.push((health, task));
         }
+        if let Some(interval) = self.metrics_interval {
+            let health = Arc::new(LoopHealth::new("metrics".into()));
+            let task = tokio::spawn({
+                let db = self.db.clone();
+                let shutdown = shutdown.clone();
+                let health = health.clone();
+                async move {
+                    loop {
+                        match crate::metrics::sample(&db).await {
+                            Ok(()) => health.success(),
+                            Err(e) => health.failure(&e.to_string()),
+                        }
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep(interval) => {}
+                        }
+                    }
+                    health.stopped();
+                }
+            });
+            tasks.push((health, task));
+        }
         tracing::info!(
             consumers = by_consumer.len(),
             transport = self
@@ -396,6 +428,7 @@ impl Runtime {
             inbox: InboxConfig::default(),
             consumers: None,
             expected: Vec::new(),
+            metrics_interval: Some(std::time::Duration::from_secs(15)),
         }
     }
 

@@ -1,0 +1,221 @@
+//! Metrics, recorded through the [`metrics`](https://docs.rs/metrics) crate: install any recorder
+//! (e.g. `metrics-exporter-prometheus`) and these series appear. Names follow Prometheus
+//! conventions; durations are in seconds.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `outbox_events_written_total` | counter | | event rows written at commit |
+//! | `outbox_events_published_total` | counter | `transport` | events the broker confirmed (marked SENT) |
+//! | `outbox_publish_failures_total` | counter | `transport` | failed publishes (RETRY or DEAD) |
+//! | `outbox_events_dead_total` | counter | | outbox events that went DEAD |
+//! | `outbox_stale_claims_total` | counter | | relay writes fenced off (lease taken over) |
+//! | `outbox_relay_errors_total` | counter | | relay rounds that failed (database, transport) |
+//! | `outbox_publish_lag_seconds` | histogram | `transport` | enqueue (commit) to broker confirmation |
+//! | `outbox_backlog_events` | gauge | `status` | unsent outbox rows per status |
+//! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest unsent, not dead event |
+//! | `inbox_messages_total` | counter | `consumer`, `outcome` | `handled`, `retried`, `dead`, `duplicate`, `stored`, `stale` |
+//! | `inbox_handler_duration_seconds` | histogram | `consumer`, `event_type` | handler run time |
+//! | `inbox_backlog_messages` | gauge | `consumer`, `status` | unfinished inbox rows per status (the retry backlog is `RETRY`) |
+
+use std::{sync::Once, time::Duration};
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+/// Event rows written at commit.
+pub const EVENTS_WRITTEN: &str = "outbox_events_written_total";
+/// Events confirmed by the broker.
+pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
+/// Failed publishes.
+pub const PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
+/// Outbox events that went DEAD.
+pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
+/// Fenced-off relay writes.
+pub const STALE_CLAIMS: &str = "outbox_stale_claims_total";
+/// Failed relay rounds.
+pub const RELAY_ERRORS: &str = "outbox_relay_errors_total";
+/// Commit to confirmation.
+pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
+/// Unsent outbox rows per status.
+pub const BACKLOG: &str = "outbox_backlog_events";
+/// Age of the oldest unsent event.
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Inbox outcomes per consumer.
+pub const INBOX_MESSAGES: &str = "inbox_messages_total";
+/// Handler run time.
+pub const HANDLER_DURATION: &str = "inbox_handler_duration_seconds";
+/// Unfinished inbox rows per consumer and status.
+pub const INBOX_BACKLOG: &str = "inbox_backlog_messages";
+
+static DESCRIBED: Once = Once::new();
+
+/// Register descriptions and units with the installed recorder (once; the runtime calls it at
+/// start).
+pub fn describe() {
+    DESCRIBED.call_once(|| {
+        describe_counter!(
+            EVENTS_WRITTEN,
+            Unit::Count,
+            "Outbox event rows written at commit"
+        );
+        describe_counter!(
+            EVENTS_PUBLISHED,
+            Unit::Count,
+            "Events confirmed by the broker and marked SENT"
+        );
+        describe_counter!(
+            PUBLISH_FAILURES,
+            Unit::Count,
+            "Publishes that failed (RETRY or DEAD)"
+        );
+        describe_counter!(EVENTS_DEAD, Unit::Count, "Outbox events that went DEAD");
+        describe_counter!(
+            STALE_CLAIMS,
+            Unit::Count,
+            "Relay writes fenced off because another relay took the claim over"
+        );
+        describe_counter!(RELAY_ERRORS, Unit::Count, "Relay rounds that failed");
+        describe_histogram!(
+            PUBLISH_LAG,
+            Unit::Seconds,
+            "Time from enqueue to broker confirmation"
+        );
+        describe_gauge!(BACKLOG, Unit::Count, "Unsent outbox rows per status");
+        describe_gauge!(
+            OLDEST_PENDING_AGE,
+            Unit::Seconds,
+            "Age of the oldest unsent, not dead, outbox event"
+        );
+        describe_counter!(
+            INBOX_MESSAGES,
+            Unit::Count,
+            "Inbox messages per consumer and outcome"
+        );
+        describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Handler run time");
+        describe_gauge!(
+            INBOX_BACKLOG,
+            Unit::Count,
+            "Unfinished inbox rows per consumer and status"
+        );
+    });
+}
+
+pub(crate) fn events_written(n: usize) {
+    counter!(EVENTS_WRITTEN).increment(n as u64);
+}
+
+pub(crate) fn relay_round(
+    transport: &'static str,
+    sent: usize,
+    failed: usize,
+    dead: usize,
+    stale: usize,
+) {
+    if sent > 0 {
+        counter!(EVENTS_PUBLISHED, "transport" => transport).increment(sent as u64);
+    }
+    if failed > 0 {
+        counter!(PUBLISH_FAILURES, "transport" => transport).increment(failed as u64);
+    }
+    if dead > 0 {
+        counter!(EVENTS_DEAD).increment(dead as u64);
+    }
+    if stale > 0 {
+        counter!(STALE_CLAIMS).increment(stale as u64);
+    }
+}
+
+pub(crate) fn publish_lag(transport: &'static str, lag: Duration) {
+    histogram!(PUBLISH_LAG, "transport" => transport).record(lag.as_secs_f64());
+}
+
+pub(crate) fn relay_error() {
+    counter!(RELAY_ERRORS).increment(1);
+}
+
+pub(crate) fn inbox(consumer: &'static str, outcome: &'static str) {
+    counter!(INBOX_MESSAGES, "consumer" => consumer, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn handler_duration(consumer: &'static str, event_type: &str, elapsed: Duration) {
+    histogram!(HANDLER_DURATION, "consumer" => consumer, "event_type" => event_type.to_owned())
+        .record(elapsed.as_secs_f64());
+}
+
+pub(crate) fn backlog(status: &'static str, count: i64) {
+    gauge!(BACKLOG, "status" => status).set(count as f64);
+}
+
+pub(crate) fn oldest_pending_age(age: Duration) {
+    gauge!(OLDEST_PENDING_AGE).set(age.as_secs_f64());
+}
+
+pub(crate) fn inbox_backlog(consumer: String, status: &'static str, count: i64) {
+    gauge!(INBOX_BACKLOG, "consumer" => consumer, "status" => status).set(count as f64);
+}
+
+/// Sample the backlog gauges: unsent outbox rows per status, the oldest unsent event's age, and
+/// unfinished inbox rows per consumer and status. Reads only unsent/unfinished rows, which the
+/// partial indexes keep small however many rows are SENT or DONE.
+pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
+    use sea_orm::{ConnectionTrait, Statement};
+
+    let dialect = crate::store::Dialect::of(db);
+    let backend = dialect.backend();
+    let unsent = match backend {
+        sea_orm::DbBackend::MySql => "status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')",
+        _ => "status <> 'SENT'",
+    };
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            backend,
+            format!(
+                "SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM outbox_event WHERE {unsent} GROUP BY status"
+            ),
+        ))
+        .await?;
+    let now = chrono::Utc::now();
+    let mut oldest: Option<chrono::DateTime<chrono::Utc>> = None;
+    let mut seen = std::collections::HashMap::new();
+    for row in &rows {
+        let status: String = row.try_get("", "status")?;
+        let n: i64 = row.try_get("", "n")?;
+        seen.insert(status.clone(), n);
+        if status != "DEAD"
+            && let Some(t) = dialect.get_opt_timestamp(row, "oldest")?
+        {
+            oldest = Some(oldest.map_or(t, |o| o.min(t)));
+        }
+    }
+    for status in ["PENDING", "PROCESSING", "RETRY", "DEAD"] {
+        backlog(status, seen.get(status).copied().unwrap_or(0));
+    }
+    oldest_pending_age(
+        oldest
+            .and_then(|t| (now - t).to_std().ok())
+            .unwrap_or(Duration::ZERO),
+    );
+
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            backend,
+            "SELECT consumer, status, COUNT(*) AS n FROM inbox_event \
+             WHERE status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD') GROUP BY consumer, status"
+                .to_owned(),
+        ))
+        .await?;
+    for row in &rows {
+        let consumer: String = row.try_get("", "consumer")?;
+        let status: String = row.try_get("", "status")?;
+        let n: i64 = row.try_get("", "n")?;
+        let status = match status.as_str() {
+            "PENDING" => "PENDING",
+            "PROCESSING" => "PROCESSING",
+            "RETRY" => "RETRY",
+            _ => "DEAD",
+        };
+        inbox_backlog(consumer, status, n);
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! The metrics a Prometheus server would scrape, from a running runtime: the series exist and
+//! move as events are written, published and handled. One test per binary: a process has one
+//! metrics recorder.
+
+mod common;
+
+use std::time::Duration;
+
+use common::carts::*;
+use common::*;
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::RelayConfig;
+use outbox::runtime::Runtime;
+use sea_orm::{ActiveModelTrait, NotSet, Set};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[inbox_handler(consumer = "t-metrics", backoff = "10ms")]
+async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    if event.seq == 0 && event.meta().attempt == 1 {
+        return Err(HandlerError::retry("first attempt of the first line fails"));
+    }
+    effect::ActiveModel {
+        id: NotSet,
+        consumer: Set("t-metrics".into()),
+        event_id: Set(event.id().to_owned()),
+        cart: Set(event.cart.clone()),
+        seq: Set(i64::from(event.seq)),
+    }
+    .insert(tx)
+    .await?;
+    Ok(())
+}
+
+async fn scrape(port: u16) -> String {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+/// The value of the first sample whose line starts with `series` (name plus labels).
+fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrape_shows_the_series_moving() {
+    let Some(t) = test_db(Backend::SqliteFile, "metrics_scrape").await else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(([127, 0, 0, 1], port))
+        .install()
+        .expect("a Prometheus exporter");
+
+    let runtime = Runtime::builder(t.db.clone())
+        .source("carts")
+        .consumers(["t-metrics"])
+        .metrics_interval(Some(Duration::from_millis(100)))
+        .relay_config(RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            ..RelayConfig::default()
+        })
+        .inbox_config(InboxConfig {
+            poll_interval: Duration::from_millis(50),
+            ..InboxConfig::default()
+        })
+        .start()
+        .await
+        .unwrap();
+    let outbox = runtime.outbox().clone();
+    let first = produce(&t, &outbox, 5, 2, 10).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            effects(&t.db).await.len() == first
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await; // a gauge sample after the work
+    let before = scrape(port).await;
+
+    assert_eq!(
+        value(&before, "outbox_events_written_total"),
+        Some(first as f64),
+        "{before}"
+    );
+    assert_eq!(
+        value(
+            &before,
+            "outbox_events_published_total{transport=\"database-local\"}"
+        ),
+        Some(first as f64)
+    );
+    assert_eq!(
+        value(
+            &before,
+            "inbox_messages_total{consumer=\"t-metrics\",outcome=\"handled\"}"
+        ),
+        Some(first as f64)
+    );
+    assert_eq!(
+        value(
+            &before,
+            "inbox_messages_total{consumer=\"t-metrics\",outcome=\"retried\"}"
+        ),
+        Some(5.0),
+        "the five seq-0 lines failed once"
+    );
+    assert!(
+        before.contains("inbox_handler_duration_seconds"),
+        "{before}"
+    );
+    assert_eq!(
+        value(&before, "outbox_backlog_events{status=\"PENDING\"}"),
+        Some(0.0)
+    );
+    assert!(before.contains("outbox_oldest_pending_age_seconds"));
+    assert!(
+        before.contains("# HELP outbox_publish_lag_seconds")
+            || before.contains("outbox_events_published_total")
+    );
+
+    // More work moves the counters.
+    let second = produce(&t, &outbox, 3, 1, 10).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            effects(&t.db).await.len() == first + second
+        })
+        .await
+    );
+    let after = scrape(port).await;
+    runtime.shutdown().await;
+    assert_eq!(
+        value(&after, "outbox_events_written_total"),
+        Some((first + second) as f64)
+    );
+    assert_eq!(
+        value(
+            &after,
+            "inbox_messages_total{consumer=\"t-metrics\",outcome=\"handled\"}"
+        ),
+        Some((first + second) as f64)
+    );
+}
