@@ -126,6 +126,23 @@ async fn restartable(kind: Kind, test: &str) -> Option<(Setup, Arc<dyn Outage>)>
             ))
         }
         Kind::Local => unreachable!("the database-local transport has no broker to stop"),
+        #[cfg(feature = "rabbitmq")]
+        Kind::RabbitMq => {
+            let server = Arc::new(OwnServer::start(Broker::RabbitMq, test).await?);
+            let rabbit = outbox::transport::rabbitmq::RabbitMqTransport::builder(server.url())
+                .namespace("outage")
+                .publish_timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap();
+            Some((
+                Setup {
+                    transport: Some(Arc::new(rabbit)),
+                    _guard: Box::new(server.clone()),
+                },
+                server,
+            ))
+        }
         #[cfg(feature = "redis")]
         Kind::Redis => {
             let server = Arc::new(OwnServer::start(Broker::Redis, test).await?);
@@ -172,6 +189,8 @@ enum Kind {
     Nats,
     #[cfg(feature = "redis")]
     Redis,
+    #[cfg(feature = "rabbitmq")]
+    RabbitMq,
 }
 
 async fn transport(kind: Kind, test: &str) -> Option<Setup> {
@@ -192,6 +211,8 @@ async fn transport(kind: Kind, test: &str) -> Option<Setup> {
                 _guard: Box::new(nats),
             })
         }
+        #[cfg(feature = "rabbitmq")]
+        Kind::RabbitMq => rabbitmq(test).await,
         #[cfg(feature = "redis")]
         Kind::Redis => {
             // A namespace of its own on the shared server; its stream is left to expire with
@@ -221,6 +242,17 @@ async fn transport(kind: Kind, test: &str) -> Option<Setup> {
             })
         }
     }
+}
+
+#[cfg(feature = "rabbitmq")]
+async fn rabbitmq(test: &str) -> Option<Setup> {
+    let rabbit = common::rabbitmq::transport(test).await?;
+    // The consumer's queue is declared by the runtime's dispatcher; remove it with the rest.
+    rabbit.track_queue(&rabbit.queue_name("conformance"));
+    Some(Setup {
+        transport: Some(Arc::new(rabbit.transport.clone())),
+        _guard: Box::new(rabbit),
+    })
 }
 
 /// Deletes a test's Redis stream when the test ends.
@@ -464,6 +496,8 @@ transports! {
     nats => Kind::Nats;
     #[cfg(feature = "redis")]
     redis => Kind::Redis;
+    #[cfg(feature = "rabbitmq")]
+    rabbitmq => Kind::RabbitMq;
 }
 
 /// The outage scenario, for every transport with a broker the test can stop.
@@ -486,4 +520,6 @@ outages! {
     nats_outage => Kind::Nats;
     #[cfg(feature = "redis")]
     redis_outage => Kind::Redis;
+    #[cfg(feature = "rabbitmq")]
+    rabbitmq_outage => Kind::RabbitMq;
 }

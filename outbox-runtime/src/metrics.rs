@@ -50,6 +50,10 @@ pub const INBOX_BACKLOG: &str = "inbox_backlog_messages";
 
 static DESCRIBED: Once = Once::new();
 
+/// Inbox backlog series reported so far, so an emptied one can be set back to 0.
+static REPORTED_INBOX: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 /// Register descriptions and units with the installed recorder (once; the runtime calls it at
 /// start).
 pub fn describe() {
@@ -205,6 +209,7 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
                 .to_owned(),
         ))
         .await?;
+    let mut counts: std::collections::BTreeMap<(String, &'static str), i64> = Default::default();
     for row in &rows {
         let consumer: String = row.try_get("", "consumer")?;
         let status: String = row.try_get("", "status")?;
@@ -215,7 +220,18 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
             "RETRY" => "RETRY",
             _ => "DEAD",
         };
-        inbox_backlog(consumer, status, n);
+        counts.insert((consumer, status), n);
     }
+    // A consumer whose backlog emptied reports 0, not its last non-zero value.
+    let mut reported = REPORTED_INBOX.lock().unwrap_or_else(|p| p.into_inner());
+    for key in reported.iter() {
+        if !counts.contains_key(key) {
+            inbox_backlog(key.0.clone(), key.1, 0);
+        }
+    }
+    for ((consumer, status), n) in &counts {
+        inbox_backlog(consumer.clone(), status, *n);
+    }
+    reported.extend(counts.into_keys());
     Ok(())
 }

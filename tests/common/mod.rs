@@ -19,6 +19,8 @@ pub mod own_server;
 
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

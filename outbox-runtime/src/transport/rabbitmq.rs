@@ -27,7 +27,9 @@
 //! - `basic.nack` (e.g. a bound queue is full and set to `reject-publish`):
 //!   [`PublishError::Rejected`];
 //! - no confirm within [`publish_timeout`](RabbitMqConfig::publish_timeout) (counted from the
-//!   message's send): [`PublishError::Timeout`];
+//!   message's send): [`PublishError::Timeout`]. The channel is then closed, which settles the
+//!   confirms still pending; should even that stall, the batch's acknowledged messages are
+//!   reported as timed out too, since the return of one of them may be what never arrived;
 //! - larger than [`max_message_size`](RabbitMqConfig::max_message_size), or an event type that
 //!   cannot be a routing key: [`PublishError::Permanent`], without being sent;
 //! - the exchange is missing (`setup()` has not run) or access is refused:
@@ -50,7 +52,8 @@
 //! consumes it on a channel of its own with manual acks and `basic.qos(prefetch)`, the prefetch
 //! being [`SubscribeOptions::max_in_flight`] unless [`RabbitMqConfig::prefetch`] is set.
 //! Subscriptions under one consumer name share the queue (competing consumers); different names
-//! each receive everything.
+//! each receive everything. [`Delivery::subject`] is [`routing_name`]`(namespace, event_type)`,
+//! as with the other transports; [`Delivery::message_id`] is the event id.
 //!
 //! - `delivery_count`: classic queues only flag redeliveries, so it is 1, or 2 for any
 //!   redelivery. With [`QueueType::Quorum`] it is exact (the broker's `x-delivery-count` + 1).
@@ -334,17 +337,6 @@ pub fn queue_name(namespace: &str, consumer: &str) -> String {
         .chain(std::iter::once('.'))
         .chain(consumer.chars().map(sanitize))
         .collect()
-}
-
-/// Builder setters that forward to the [`RabbitMqConfig`] setter of the same name.
-macro_rules! delegate_setters {
-    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
-        $(#[$doc])*
-        pub fn $name(mut self, value: $ty) -> Self {
-            self.config = self.config.$name(value);
-            self
-        }
-    )*};
 }
 
 /// Builds a [`RabbitMqTransport`]. Created by [`RabbitMqTransport::builder`].
