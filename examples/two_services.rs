@@ -1,22 +1,29 @@
-//! Two services as two processes: an order service producing to NATS JetStream, and an
-//! inventory service consuming from it, each with its own PostgreSQL connection.
+//! Two services as two processes: an order service producing to a broker, and an inventory
+//! service consuming from it, each with its own PostgreSQL connection.
 //!
 //! ```sh
-//! cargo run --example two_services --features postgres,nats -- consumer &   # waits for orders
-//! cargo run --example two_services --features postgres,nats -- producer     # places 5 orders
+//! F=postgres,nats,rabbitmq,redis
+//! cargo run --example two_services --features $F -- consumer &   # waits for orders
+//! cargo run --example two_services --features $F -- producer     # places 5 orders
+//! BROKER=rabbitmq cargo run --example two_services --features $F -- consumer   # or redis
 //! ```
 //!
-//! Uses `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and `NATS_URL`
-//! (default `nats://127.0.0.1:4222`). The producer's relay publishes each committed event and
-//! marks it SENT once JetStream confirmed it; the consumer records each message in its inbox in
-//! the same transaction as its effect, so a redelivery is suppressed. The consumer exits after
-//! handling 5 orders (or `-- consumer N`).
+//! `BROKER` picks the transport: `nats` (default, `NATS_URL`, default `nats://127.0.0.1:4222`),
+//! `rabbitmq` (`RABBITMQ_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`) or `redis`
+//! (`REDIS_URL`, default `redis://127.0.0.1:6379/`). `DATABASE_URL` defaults to
+//! `postgres://postgres@127.0.0.1:5432/test`. The producer's relay publishes each committed event
+//! and marks it SENT once the broker confirmed it; the consumer records each message in its inbox
+//! in the same transaction as its effect, so a redelivery is suppressed. The consumer exits after
+//! handling 5 orders (or `-- consumer N`). With RabbitMQ start the consumer first: a broker only
+//! keeps messages for queues that exist, and the consumer declares its queue.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use outbox::prelude::*;
 use outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection};
-use outbox::transport::nats::NatsTransport;
+use outbox::transport::{
+    Transport, nats::NatsTransport, rabbitmq::RabbitMqTransport, redis::RedisTransport,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize, DomainEvent)]
@@ -46,28 +53,48 @@ async fn reserve(tx: &InboxTransaction, event: Event<OrderPlaced>) -> Result<(),
     Ok(())
 }
 
-async fn connect() -> Result<(DatabaseConnection, NatsTransport), Box<dyn std::error::Error>> {
-    let database_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-    let db = Database::connect(&database_url).await?;
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+async fn connect() -> Result<(DatabaseConnection, Arc<dyn Transport>), Box<dyn std::error::Error>> {
+    let db = Database::connect(env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")).await?;
     outbox::migrate(&db).await?;
-    let nats = NatsTransport::builder(&nats_url)
-        .namespace("two_services")
-        .connect()
-        .await?;
-    Ok((db, nats))
+    let broker = env("BROKER", "nats");
+    let transport: Arc<dyn Transport> = match broker.as_str() {
+        "nats" => Arc::new(
+            NatsTransport::builder(env("NATS_URL", "nats://127.0.0.1:4222"))
+                .namespace("two_services")
+                .connect()
+                .await?,
+        ),
+        "rabbitmq" => Arc::new(
+            RabbitMqTransport::builder(env("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"))
+                .namespace("two_services")
+                .connect()
+                .await?,
+        ),
+        "redis" => Arc::new(
+            RedisTransport::builder(env("REDIS_URL", "redis://127.0.0.1:6379/"))
+                .namespace("two_services")
+                .connect()
+                .await?,
+        ),
+        other => return Err(format!("unknown BROKER `{other}`: nats, rabbitmq or redis").into()),
+    };
+    println!("using {broker}");
+    Ok((db, transport))
 }
 
 async fn producer() -> Result<(), Box<dyn std::error::Error>> {
-    let (db, nats) = connect().await?;
+    let (db, transport) = connect().await?;
     db.execute_unprepared(
         "CREATE TABLE IF NOT EXISTS example_order (id BIGINT PRIMARY KEY, sku TEXT NOT NULL, quantity BIGINT NOT NULL)",
     )
     .await?;
     let runtime = Runtime::builder(db.clone())
         .source("order-service")
-        .transport(nats)
+        .transport_arc(transport)
         .consumers(Vec::<String>::new()) // this process only produces
         .start()
         .await?;
@@ -103,7 +130,7 @@ async fn producer() -> Result<(), Box<dyn std::error::Error>> {
             .await?
             .ok_or("no row")?;
         if row.try_get_by_index::<i64>(0)? == 5 {
-            println!("order-service: all 5 events confirmed by JetStream and marked SENT");
+            println!("order-service: all 5 events confirmed by the broker and marked SENT");
             runtime.shutdown().await;
             return Ok(());
         }
@@ -114,14 +141,14 @@ async fn producer() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn consumer(wanted: u64) -> Result<(), Box<dyn std::error::Error>> {
-    let (db, nats) = connect().await?;
+    let (db, transport) = connect().await?;
     db.execute_unprepared(
         "CREATE TABLE IF NOT EXISTS example_reservation (order_id BIGINT NOT NULL, sku TEXT NOT NULL, quantity BIGINT NOT NULL)",
     )
     .await?;
     let runtime = Runtime::builder(db)
         .source("inventory-service")
-        .transport(nats)
+        .transport_arc(transport)
         .without_relay() // this process only consumes
         .expect_consumers(["inventory-example"])
         .start()
