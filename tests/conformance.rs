@@ -6,8 +6,9 @@
 //! What each transport must show: every committed event is handled once (confirmed publish,
 //! subscribe and ack); a failed handling is redelivered until it succeeds; events of one
 //! aggregate are handled in order; setting up twice changes nothing; small, large and unicode
-//! payloads arrive byte-exact; and (where the harness can stop the broker) a broker outage loses
-//! nothing.
+//! payloads arrive byte-exact. Every broker transport must also redeliver a nacked message and one
+//! whose subscriber went away without acking (and not an acked one), and survive its broker being
+//! killed and restarted mid-stream (a broker process of the test's own) without losing anything.
 
 mod common;
 
@@ -451,6 +452,106 @@ async fn survives_a_broker_outage(kind: Kind, t: TestDb) {
         report.relay.is_some_and(|r| r.retried > 0 || r.errors > 0),
         "the outage was noticed: {report:?}"
     );
+}
+
+async fn next(sub: &mut Box<dyn outbox::transport::Subscription>) -> outbox::transport::Delivery {
+    tokio::time::timeout(Duration::from_secs(20), sub.next())
+        .await
+        .expect("a delivery within 20 s")
+        .expect("subscription open")
+        .expect("no transport error")
+}
+
+/// At the transport level: a nacked delivery and one never acked (its subscriber went away) are
+/// delivered again; an acked one is not.
+async fn broker_redelivers_on_nack_and_missing_ack(kind: Kind, test: &str) {
+    use outbox::transport::{OutgoingMessage, SubscribeOptions};
+    let Some(setup) = transport(kind, test).await else {
+        return;
+    };
+    let transport = setup.transport.clone().expect("a broker transport");
+    transport.setup().await.unwrap();
+    let options = SubscribeOptions {
+        ack_wait: Duration::from_secs(1),
+        max_in_flight: 10,
+    };
+    let types = ["conformance.noted".to_owned()];
+    let mut first = transport
+        .subscribe("redelivery", &types, &options)
+        .await
+        .unwrap();
+    let messages: Vec<OutgoingMessage> = (0..3)
+        .map(|n| {
+            let id = uuid::Uuid::now_v7();
+            OutgoingMessage {
+                event_id: id,
+                event_type: "conformance.noted".into(),
+                aggregate_type: "note".into(),
+                aggregate_id: format!("k{n}"),
+                body: bytes::Bytes::from(format!("{{\"id\":\"{id}\",\"n\":{n}}}")),
+            }
+        })
+        .collect();
+    assert!(
+        transport.publish(&messages).await.iter().all(Result::is_ok),
+        "confirmed publish"
+    );
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(next(&mut first).await);
+    }
+    let by_n = |d: &outbox::transport::Delivery| String::from_utf8_lossy(&d.body).to_string();
+    got.sort_by_key(by_n);
+    let mut got = got.into_iter();
+    let nacked = got.next().unwrap();
+    let unacked = got.next().unwrap();
+    let acked = got.next().unwrap();
+    assert_eq!(acked.body, messages[2].body, "bodies arrive byte-exact");
+    acked.ack().await.unwrap();
+    nacked.nack(None).await.unwrap();
+    drop(unacked);
+    drop(first); // the subscriber goes away without acking
+    let mut second = transport
+        .subscribe("redelivery", &types, &options)
+        .await
+        .unwrap();
+    let mut again = Vec::new();
+    for _ in 0..2 {
+        let d = next(&mut second).await;
+        assert!(d.delivery_count >= 2, "a redelivery says so: {d:?}");
+        again.push(d.body.clone());
+        d.ack().await.unwrap();
+    }
+    again.sort();
+    let mut expected = vec![messages[0].body.clone(), messages[1].body.clone()];
+    expected.sort();
+    assert_eq!(
+        again, expected,
+        "the nacked and the unacked message came back, the acked did not"
+    );
+    let extra = tokio::time::timeout(Duration::from_secs(3), second.next()).await;
+    assert!(extra.is_err(), "nothing else is delivered: {extra:?}");
+}
+
+/// `brokers! { name => Kind, … }`: transport-level scenarios for every broker transport.
+macro_rules! brokers {
+    ($($(#[$attr:meta])* $name:ident => $kind:expr;)+) => {$(
+        $(#[$attr])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            broker_redelivers_on_nack_and_missing_ack($kind, concat!("conf_redeliver_", stringify!($name))).await;
+        }
+    )+};
+}
+
+brokers! {
+    memory_redelivery => Kind::Memory;
+    #[cfg(feature = "nats")]
+    nats_redelivery => Kind::Nats;
+    #[cfg(feature = "redis")]
+    redis_redelivery => Kind::Redis;
+    #[cfg(feature = "rabbitmq")]
+    rabbitmq_redelivery => Kind::RabbitMq;
 }
 
 /// `transports! { name => Kind, … }` instantiates every scenario for every transport.
