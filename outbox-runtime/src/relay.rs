@@ -35,6 +35,7 @@ use chrono::Utc;
 use sea_orm::{DatabaseConnection, DbBackend, DbErr};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{
     outbox::{Outbox, WakeReceiver},
@@ -526,7 +527,9 @@ impl Relay {
             unreachable!("local sink handled above");
         };
         // A deadlock or busy database only delays a claim: try again at once, a few times.
-        let claim = with_transient_retries(|| store::relay::claim(&self.db, &params)).await?;
+        let claim = with_transient_retries(|| store::relay::claim(&self.db, &params))
+            .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
+            .await?;
         let mut report = RoundReport {
             claimed: claim.events.len(),
             dead: claim.dead.len(),
@@ -658,7 +661,18 @@ impl Relay {
             let results = if outgoing.is_empty() {
                 Vec::new()
             } else {
-                transport.publish(&outgoing).await
+                for message in &outgoing {
+                    tracing::trace!(
+                        event_id = %message.event_id, event_type = %message.event_type,
+                        aggregate_id = %message.aggregate_id, "publishing"
+                    );
+                }
+                let span = tracing::debug_span!(
+                    "outbox.publish",
+                    transport = transport.name(),
+                    messages = outgoing.len()
+                );
+                transport.publish(&outgoing).instrument(span).await
             };
             let mut outcomes: Vec<(&ClaimedEvent, Result<(), PublishError>)> = messages
                 .iter()

@@ -155,6 +155,8 @@ impl OutboxTransaction {
         event: &E,
         headers: Headers,
     ) -> Result<EventId, EnqueueError> {
+        let span = tracing::debug_span!("outbox.enqueue", event_type = E::EVENT_TYPE);
+        let _entered = span.enter();
         let pending = self.prepare(event, headers)?;
         let id = pending.event_id;
         tracing::debug!(

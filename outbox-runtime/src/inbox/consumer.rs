@@ -360,7 +360,24 @@ impl Consumer {
 
     /// Handle one broker delivery, then settle it with the broker.
     pub(crate) async fn deliver(&self, delivery: Delivery, decoded: Result<Envelope, String>) {
-        let settle = match self.process_delivery(&delivery, decoded).await {
+        let span = match &decoded {
+            Ok(e) => tracing::debug_span!(
+                "outbox.dispatch", consumer = self.name, event_id = %e.id,
+                event_type = %e.event_type, aggregate_id = e.subject.as_deref().unwrap_or(""),
+                delivery_count = delivery.delivery_count,
+            ),
+            Err(_) => tracing::debug_span!(
+                "outbox.dispatch",
+                consumer = self.name,
+                undecodable = true,
+                delivery_count = delivery.delivery_count,
+            ),
+        };
+        let settle = match self
+            .process_delivery(&delivery, decoded)
+            .instrument(span)
+            .await
+        {
             Ok(()) => delivery.ack().await,
             Err(e) => {
                 tracing::warn!(consumer = self.name, error = %e, "could not record a delivery; the broker will redeliver it");
