@@ -58,7 +58,11 @@ fn env(name: &str, default: &str) -> String {
 }
 
 async fn connect() -> Result<(DatabaseConnection, Arc<dyn Transport>), Box<dyn std::error::Error>> {
-    let db = Database::connect(env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")).await?;
+    let db = Database::connect(env(
+        "DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ))
+    .await?;
     outbox::migrate(&db).await?;
     let broker = env("BROKER", "nats");
     let transport: Arc<dyn Transport> = match broker.as_str() {
@@ -69,10 +73,13 @@ async fn connect() -> Result<(DatabaseConnection, Arc<dyn Transport>), Box<dyn s
                 .await?,
         ),
         "rabbitmq" => Arc::new(
-            RabbitMqTransport::builder(env("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"))
-                .namespace("two_services")
-                .connect()
-                .await?,
+            RabbitMqTransport::builder(env(
+                "RABBITMQ_URL",
+                "amqp://guest:guest@127.0.0.1:5672/%2f",
+            ))
+            .namespace("two_services")
+            .connect()
+            .await?,
         ),
         "redis" => Arc::new(
             RedisTransport::builder(env("REDIS_URL", "redis://127.0.0.1:6379/"))
