@@ -18,6 +18,7 @@ pub use outbox_runtime::{
     TraceContext, TraceContextError, TransactionError, WakeReceiver, envelope, event, inbox,
     registry, relay, runtime, store, trace, transaction, transport,
 };
+pub use outbox_runtime::{admin, retention};
 
 #[cfg(feature = "macros")]
 pub use outbox_macros::{DomainEvent, inbox_handler};

@@ -24,6 +24,7 @@ use sea_orm_migration::sea_orm::{DatabaseConnection, DbBackend};
 mod m0001_outbox_event;
 mod m0002_inbox_event;
 mod m0003_inbox_aggregate_version;
+mod m0004_admin_action;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -31,6 +32,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0001_outbox_event::MIGRATION),
         Box::new(m0002_inbox_event::MIGRATION),
         Box::new(m0003_inbox_aggregate_version::MIGRATION),
+        Box::new(m0004_admin_action::MIGRATION),
     ]
 }
 

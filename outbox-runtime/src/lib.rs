@@ -11,6 +11,7 @@
 //! - [`store`]: the SQL the SDK runs, per backend (PostgreSQL, MySQL/MariaDB, SQLite);
 //! - [`registry`]: start-up checks over everything the macros registered.
 
+pub mod admin;
 pub mod envelope;
 pub mod error;
 pub mod event;
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod registry;
 pub mod relay;
+pub mod retention;
 pub mod runtime;
 pub mod store;
 pub mod trace;

@@ -75,6 +75,61 @@ pub enum RuntimeError {
     /// The transport could not be set up.
     #[error(transparent)]
     Transport(#[from] crate::transport::TransportError),
+    /// The retention policy would purge inbox rows a redelivery could still need.
+    #[error("retention: {0}")]
+    Retention(crate::retention::RetentionError),
+}
+
+impl Default for Janitor {
+    fn default() -> Self {
+        Janitor {
+            policy: crate::retention::RetentionPolicy::default(),
+            interval: std::time::Duration::from_secs(60),
+            broker_window: std::time::Duration::from_secs(24 * 3600),
+            manual_window: std::time::Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// Purge old rows every interval while this instance holds the janitor lease; hand the lease
+/// back at shutdown.
+async fn run_janitor(
+    db: DatabaseConnection,
+    janitor: Janitor,
+    instance: String,
+    shutdown: CancellationToken,
+    health: &LoopHealth,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            result = crate::retention::purge_once_if_leader(&db, &janitor.policy, &instance) => {
+                match result {
+                    Ok(Some(report)) if report.deleted() > 0 => {
+                        health.success();
+                        tracing::info!(
+                            outbox_deleted = report.outbox_deleted,
+                            inbox_deleted = report.inbox_deleted,
+                            batches = report.batches,
+                            "retention purge"
+                        );
+                    }
+                    Ok(_) => health.success(),
+                    Err(e) => {
+                        health.failure(&e.to_string());
+                        tracing::warn!(error = %e, "retention purge failed");
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(janitor.interval) => {}
+        }
+    }
+    if let Err(e) = crate::retention::release_lease(&db, &instance).await {
+        tracing::debug!(error = %e, "could not release the janitor lease");
+    }
 }
 
 fn list(errors: &[RegistryError]) -> String {
@@ -128,6 +183,16 @@ pub struct RuntimeBuilder {
     consumers: Option<Vec<String>>,
     expected: Vec<String>,
     metrics_interval: Option<std::time::Duration>,
+    retention: Option<Janitor>,
+}
+
+/// Retention settings of the runtime's janitor.
+#[derive(Debug, Clone)]
+struct Janitor {
+    policy: crate::retention::RetentionPolicy,
+    interval: std::time::Duration,
+    broker_window: std::time::Duration,
+    manual_window: std::time::Duration,
 }
 
 impl fmt::Debug for RuntimeBuilder {
@@ -215,9 +280,57 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Run the retention janitor with `policy` (default [`RetentionPolicy::default`]: SENT
+    /// outbox rows deleted after 7 days, DONE inbox rows after 14), every `interval` (default
+    /// 1 min), one instance at a time (a lease). `None` turns it off.
+    ///
+    /// Start-up refuses an inbox window shorter than the redelivery horizon: the broker's
+    /// duplicate window or retention (`broker_window`, default 1 day) plus the relay's longest
+    /// retry span plus `manual_window` (default 1 day) for an operator to replay dead letters.
+    /// A message redelivered after its inbox row was purged would be handled again.
+    ///
+    /// [`RetentionPolicy::default`]: crate::retention::RetentionPolicy
+    pub fn retention(
+        mut self,
+        policy: Option<crate::retention::RetentionPolicy>,
+        interval: std::time::Duration,
+    ) -> Self {
+        self.retention = policy.map(|policy| Janitor {
+            policy,
+            interval,
+            ..Janitor::default()
+        });
+        self
+    }
+
+    /// The windows the janitor's start-up check adds up (see [`retention`](Self::retention)).
+    pub fn redelivery_windows(
+        mut self,
+        broker_window: std::time::Duration,
+        manual_window: std::time::Duration,
+    ) -> Self {
+        if let Some(janitor) = &mut self.retention {
+            janitor.broker_window = broker_window;
+            janitor.manual_window = manual_window;
+        }
+        self
+    }
+
     /// Check the catalogues, set up the transport, and start every loop.
     pub async fn start(self) -> Result<Runtime, RuntimeError> {
         crate::metrics::describe();
+        if let Some(janitor) = &self.retention {
+            let relay = self.relay.clone().unwrap_or_default();
+            let horizon = crate::retention::redelivery_horizon(
+                janitor.broker_window,
+                &relay,
+                janitor.manual_window,
+            );
+            janitor
+                .policy
+                .validate(horizon)
+                .map_err(RuntimeError::Retention)?;
+        }
         let catalogue = EventCatalogue::load().map_err(RuntimeError::Registry)?;
         catalogue.log();
         let mut by_consumer = handlers()?;
@@ -357,6 +470,20 @@ impl RuntimeBuilder {
             });
             tasks.push((health, task));
         }
+        if let Some(janitor) = self.retention.clone() {
+            let health = Arc::new(LoopHealth::new("janitor".into()));
+            let task = tokio::spawn({
+                let db = self.db.clone();
+                let shutdown = shutdown.clone();
+                let health = health.clone();
+                let instance = format!("{worker_id}/janitor");
+                async move {
+                    run_janitor(db, janitor, instance, shutdown, &health).await;
+                    health.stopped();
+                }
+            });
+            tasks.push((health, task));
+        }
         if let Some(interval) = self.metrics_interval {
             let health = Arc::new(LoopHealth::new("metrics".into()));
             let task = tokio::spawn({
@@ -429,6 +556,7 @@ impl Runtime {
             consumers: None,
             expected: Vec::new(),
             metrics_interval: Some(std::time::Duration::from_secs(15)),
+            retention: Some(Janitor::default()),
         }
     }
 

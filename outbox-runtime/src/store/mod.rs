@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::transaction::{PendingEvent, SkippedEvent};
 
+pub(crate) mod admin;
 pub(crate) mod claim;
 pub mod inbox;
 pub mod mysql;

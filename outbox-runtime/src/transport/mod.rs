@@ -23,6 +23,7 @@ use bytes::Bytes;
 use uuid::Uuid;
 
 /// Builder setters that forward to the config setter of the same name (`self.config`).
+#[allow(unused_macros)] // used by the broker transports, each behind its feature
 macro_rules! delegate_setters {
     ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
         $(#[$doc])*

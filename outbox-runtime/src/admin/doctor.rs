@@ -1,0 +1,640 @@
+//! `doctor`: is the database ready for the SDK, and is anything stuck?
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::Utc;
+use sea_orm::{DatabaseConnection, DbBackend};
+use serde::Serialize;
+
+use super::{AdminError, HumanDuration, Source, db_error};
+use crate::store::admin as sql;
+
+/// How serious a [`Finding`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// A check passed.
+    Ok,
+    /// Worth knowing; nothing to fix.
+    Info,
+    /// Something an operator should look at.
+    Warning,
+    /// The SDK cannot work correctly until this is fixed.
+    Error,
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Severity::Ok => "ok",
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        })
+    }
+}
+
+/// One result of [`doctor`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Finding {
+    /// How serious.
+    pub severity: Severity,
+    /// Which check: `tables`, `indexes`, `migrations`, `handlers`, `stuck` or `dead`.
+    pub check: &'static str,
+    /// What was found, and what to do about it.
+    pub message: String,
+}
+
+/// Everything [`doctor`] found, in check order.
+#[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
+pub struct DoctorReport {
+    /// The findings.
+    pub findings: Vec<Finding>,
+}
+
+impl DoctorReport {
+    /// The findings of a severity.
+    pub fn with_severity(&self, severity: Severity) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(move |f| f.severity == severity)
+    }
+
+    /// Whether nothing is at [`Severity::Error`].
+    pub fn is_healthy(&self) -> bool {
+        self.with_severity(Severity::Error).next().is_none()
+    }
+
+    /// The most serious severity found.
+    pub fn worst(&self) -> Severity {
+        self.findings
+            .iter()
+            .map(|f| f.severity)
+            .max()
+            .unwrap_or(Severity::Ok)
+    }
+
+    fn push(&mut self, severity: Severity, check: &'static str, message: impl Into<String>) {
+        self.findings.push(Finding {
+            severity,
+            check,
+            message: message.into(),
+        });
+    }
+}
+
+/// What [`doctor`] compares the database against.
+#[derive(Debug, Clone, Default)]
+pub struct DoctorOptions {
+    /// The names of every SDK migration this binary knows, in order: with the `outbox` crate,
+    /// `outbox::migrations().iter().map(|m| m.name().to_owned())`. Empty skips the check.
+    pub migrations: Vec<String>,
+    /// Compare the `#[inbox_handler]`s linked into this binary with the consumers seen in
+    /// `inbox_event` (default on; off for a tool such as the CLI, which links no handlers).
+    pub check_linked_handlers: bool,
+    /// Consumers this binary must have handlers for (an error when one has none), like
+    /// `RuntimeBuilder::expect_consumers`.
+    pub expected_consumers: Vec<String>,
+}
+
+impl DoctorOptions {
+    /// Check against these SDK migration names, and the handlers linked in.
+    pub fn new<I, S>(migrations: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        DoctorOptions {
+            migrations: migrations.into_iter().map(Into::into).collect(),
+            check_linked_handlers: true,
+            expected_consumers: Vec::new(),
+        }
+    }
+
+    /// Skip comparing linked handlers with consumers seen (for tools that link none).
+    pub fn without_handler_check(mut self) -> Self {
+        self.check_linked_handlers = false;
+        self
+    }
+
+    /// Require handlers for these consumers.
+    pub fn expect_consumers<I, S>(mut self, consumers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.expected_consumers
+            .extend(consumers.into_iter().map(Into::into));
+        self
+    }
+}
+
+/// One SDK table: its columns, and the indexes its migrations create by name on each backend.
+struct TableSpec {
+    name: &'static str,
+    columns: &'static [&'static str],
+    postgres: &'static [&'static str],
+    mysql: &'static [&'static str],
+    sqlite: &'static [&'static str],
+}
+
+/// What migrations `outbox_0001` to `outbox_0004` create. Keep in step with `migrations/`.
+const TABLES: &[TableSpec] = &[
+    TableSpec {
+        name: "outbox_event",
+        columns: &[
+            "id",
+            "event_id",
+            "source",
+            "event_type",
+            "schema_version",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "dedup_key",
+            "payload",
+            "headers",
+            "status",
+            "attempts",
+            "next_attempt_at",
+            "locked_by",
+            "locked_until",
+            "claim_token",
+            "created_at",
+            "sent_at",
+            "last_error",
+        ],
+        postgres: &[
+            "outbox_event_event_id_key",
+            "outbox_event_dedup_key_idx",
+            "outbox_event_unsent_idx",
+            "outbox_event_aggregate_unsent_idx",
+            "outbox_event_sent_at_idx",
+        ],
+        mysql: &[
+            "outbox_event_event_id_key",
+            "outbox_event_dedup_key_idx",
+            "outbox_event_status_idx",
+            "outbox_event_aggregate_idx",
+            "outbox_event_sent_at_idx",
+        ],
+        sqlite: &[
+            "outbox_event_dedup_key_idx",
+            "outbox_event_unsent_idx",
+            "outbox_event_aggregate_unsent_idx",
+            "outbox_event_sent_at_idx",
+        ],
+    },
+    TableSpec {
+        name: "inbox_event",
+        columns: &[
+            "id",
+            "consumer",
+            "message_id",
+            "event_type",
+            "source",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "schema_version",
+            "payload",
+            "status",
+            "attempts",
+            "next_attempt_at",
+            "locked_by",
+            "locked_until",
+            "claim_token",
+            "received_at",
+            "processed_at",
+            "last_error",
+        ],
+        postgres: &[
+            "inbox_event_consumer_message_key",
+            "inbox_event_unfinished_idx",
+            "inbox_event_aggregate_idx",
+            "inbox_event_processed_at_idx",
+        ],
+        mysql: &[
+            "inbox_event_consumer_message_key",
+            "inbox_event_unfinished_idx",
+            "inbox_event_aggregate_idx",
+            "inbox_event_processed_at_idx",
+        ],
+        sqlite: &[
+            "inbox_event_unfinished_idx",
+            "inbox_event_aggregate_idx",
+            "inbox_event_processed_at_idx",
+        ],
+    },
+    TableSpec {
+        name: "inbox_aggregate_version",
+        columns: &[
+            "consumer",
+            "aggregate_type",
+            "aggregate_id",
+            "version",
+            "updated_at",
+        ],
+        postgres: &[],
+        mysql: &[],
+        sqlite: &[],
+    },
+    TableSpec {
+        name: "outbox_admin_action",
+        columns: &[
+            "id",
+            "action",
+            "target",
+            "rows_affected",
+            "actor",
+            "reason",
+            "at",
+        ],
+        postgres: &[],
+        mysql: &[],
+        sqlite: &[],
+    },
+    TableSpec {
+        name: "outbox_lease",
+        columns: &["name", "holder", "acquired_at", "locked_until"],
+        postgres: &[],
+        mysql: &[],
+        sqlite: &[],
+    },
+];
+
+const MIGRATION_TABLES: [&str; 2] = ["outbox_migrations", "seaql_migrations"];
+
+/// Check that the SDK's tables, columns and indexes exist, that every migration this binary
+/// knows is applied, that the handlers linked in match the consumers seen in the inbox, and
+/// report rows stuck in PROCESSING behind an expired lease and dead letters waiting.
+///
+/// Only a failing database call is an `Err`; everything found is a [`Finding`].
+pub async fn doctor(
+    db: &DatabaseConnection,
+    options: &DoctorOptions,
+) -> Result<DoctorReport, AdminError> {
+    let mut report = DoctorReport::default();
+    let backend = db.get_database_backend();
+
+    // Tables and columns.
+    let mut columns: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (table, column) in sql::columns(db)
+        .await
+        .map_err(db_error("reading the schema's columns"))?
+    {
+        columns
+            .entry(table.to_lowercase())
+            .or_default()
+            .insert(column.to_lowercase());
+    }
+    let mut tables_ok = true;
+    let mut core_tables = true;
+    for spec in TABLES {
+        let Some(present) = columns.get(spec.name) else {
+            tables_ok = false;
+            if matches!(spec.name, "outbox_event" | "inbox_event") {
+                core_tables = false;
+            }
+            report.push(
+                Severity::Error,
+                "tables",
+                format!(
+                    "table `{}` is missing: apply the SDK migrations (`outbox migrate`, \
+                     `outbox::migrate(&db)` or your Migrator with `outbox::migrations()`)",
+                    spec.name
+                ),
+            );
+            continue;
+        };
+        let missing: Vec<&str> = spec
+            .columns
+            .iter()
+            .copied()
+            .filter(|c| !present.contains(*c))
+            .collect();
+        if !missing.is_empty() {
+            tables_ok = false;
+            report.push(
+                Severity::Error,
+                "tables",
+                format!(
+                    "table `{}` lacks column(s) {}: it was not created by the SDK's migrations, \
+                     or was altered since",
+                    spec.name,
+                    missing.join(", ")
+                ),
+            );
+        }
+    }
+    if tables_ok {
+        report.push(
+            Severity::Ok,
+            "tables",
+            format!(
+                "{} tables with all their columns: {}",
+                TABLES.len(),
+                TABLES.iter().map(|t| t.name).collect::<Vec<_>>().join(", ")
+            ),
+        );
+    }
+
+    // Indexes.
+    let mut indexes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (table, index) in sql::indexes(db)
+        .await
+        .map_err(db_error("reading the schema's indexes"))?
+    {
+        indexes
+            .entry(table.to_lowercase())
+            .or_default()
+            .insert(index.to_lowercase());
+    }
+    let mut indexes_ok = true;
+    let mut expected_indexes = 0;
+    for spec in TABLES {
+        if !columns.contains_key(spec.name) {
+            continue;
+        }
+        let expected = match backend {
+            DbBackend::Postgres => spec.postgres,
+            DbBackend::MySql => spec.mysql,
+            _ => spec.sqlite,
+        };
+        expected_indexes += expected.len();
+        let present = indexes.get(spec.name);
+        for index in expected {
+            if !present.is_some_and(|p| p.contains(*index)) {
+                indexes_ok = false;
+                report.push(
+                    Severity::Error,
+                    "indexes",
+                    format!(
+                        "index `{index}` on `{}` is missing: claims, ordering checks or retention \
+                         scan the whole table without it (and a missing unique index loses \
+                         deduplication); recreate it as the SDK migration defines it",
+                        spec.name
+                    ),
+                );
+            }
+        }
+    }
+    if indexes_ok && expected_indexes > 0 {
+        report.push(
+            Severity::Ok,
+            "indexes",
+            format!("all {expected_indexes} named SDK indexes present"),
+        );
+    }
+
+    // Migration version.
+    check_migrations(db, options, &columns, &mut report).await?;
+
+    if !core_tables {
+        return Ok(report);
+    }
+
+    // Handlers linked vs consumers seen.
+    check_handlers(db, options, &mut report).await?;
+
+    // Rows stuck in PROCESSING.
+    let now = Utc::now();
+    let mut stuck_any = false;
+    for source in [Source::Outbox, Source::Inbox] {
+        for (consumer, n, since) in sql::stuck(db, source, now)
+            .await
+            .map_err(db_error("looking for stuck rows"))?
+        {
+            stuck_any = true;
+            let ago = since
+                .map(|t| {
+                    format!(
+                        " (leases expired up to {} ago)",
+                        HumanDuration(std::time::Duration::from_secs(
+                            (now - t).to_std().unwrap_or_default().as_secs()
+                        ))
+                    )
+                })
+                .unwrap_or_default();
+            let message = match consumer {
+                None => format!(
+                    "{n} outbox event(s) stuck in PROCESSING{ago}: the relay that claimed them \
+                     stopped; a running relay reclaims them, counting an attempt"
+                ),
+                Some(consumer) => format!(
+                    "{n} inbox message(s) of consumer `{consumer}` stuck in PROCESSING{ago}: the \
+                     worker that claimed them stopped; a running worker reclaims them, counting \
+                     an attempt"
+                ),
+            };
+            report.push(Severity::Warning, "stuck", message);
+        }
+    }
+    if !stuck_any {
+        report.push(
+            Severity::Ok,
+            "stuck",
+            "no row stuck in PROCESSING behind an expired lease",
+        );
+    }
+
+    // Dead letters waiting.
+    let outbox_dead: i64 = sql::outbox_counts(db)
+        .await
+        .map_err(db_error("counting outbox events"))?
+        .iter()
+        .filter(|r| r.status == "DEAD")
+        .map(|r| r.count)
+        .sum();
+    let inbox_dead: i64 = sql::inbox_counts(db)
+        .await
+        .map_err(db_error("counting inbox messages"))?
+        .iter()
+        .filter(|r| r.status == "DEAD")
+        .map(|r| r.count)
+        .sum();
+    if outbox_dead + inbox_dead > 0 {
+        report.push(
+            Severity::Warning,
+            "dead",
+            format!(
+                "{outbox_dead} dead outbox event(s) and {inbox_dead} dead inbox message(s) wait \
+                 for an operator: `outbox dead list`, then `outbox replay` or `outbox ignore`"
+            ),
+        );
+    } else {
+        report.push(Severity::Ok, "dead", "no dead letters");
+    }
+    Ok(report)
+}
+
+async fn check_migrations(
+    db: &DatabaseConnection,
+    options: &DoctorOptions,
+    columns: &BTreeMap<String, BTreeSet<String>>,
+    report: &mut DoctorReport,
+) -> Result<(), AdminError> {
+    if options.migrations.is_empty() {
+        report.push(
+            Severity::Info,
+            "migrations",
+            "migration check skipped: no expected migration names given",
+        );
+        return Ok(());
+    }
+    let mut applied: BTreeMap<String, &'static str> = BTreeMap::new();
+    for table in MIGRATION_TABLES {
+        if !columns.contains_key(table) {
+            continue;
+        }
+        for name in sql::applied_migrations(db, table)
+            .await
+            .map_err(db_error("reading the migration table"))?
+        {
+            applied.entry(name).or_insert(table);
+        }
+    }
+    let missing: Vec<&str> = options
+        .migrations
+        .iter()
+        .filter(|m| !applied.contains_key(*m))
+        .map(String::as_str)
+        .collect();
+    let known: BTreeSet<&str> = options.migrations.iter().map(String::as_str).collect();
+    let unknown: Vec<&str> = applied
+        .keys()
+        .map(String::as_str)
+        .filter(|name| name.starts_with("outbox_") && !known.contains(name))
+        .collect();
+    if !missing.is_empty() {
+        report.push(
+            Severity::Error,
+            "migrations",
+            format!(
+                "migration(s) not applied: {}; apply them (`outbox migrate`, `outbox::migrate(&db)` \
+                 or your Migrator with `outbox::migrations()`)",
+                missing.join(", ")
+            ),
+        );
+    }
+    if !unknown.is_empty() {
+        report.push(
+            Severity::Warning,
+            "migrations",
+            format!(
+                "the database has SDK migration(s) this binary does not know: {}; the schema is \
+                 newer than this binary, upgrade it",
+                unknown.join(", ")
+            ),
+        );
+    }
+    if missing.is_empty() && unknown.is_empty() {
+        let latest = options.migrations.last().map(String::as_str).unwrap_or("");
+        let tables: BTreeSet<&str> = applied.values().copied().collect();
+        report.push(
+            Severity::Ok,
+            "migrations",
+            format!(
+                "all {} SDK migrations applied (latest `{latest}`), recorded in {}",
+                options.migrations.len(),
+                tables.into_iter().collect::<Vec<_>>().join(" and ")
+            ),
+        );
+    }
+    Ok(())
+}
+
+async fn check_handlers(
+    db: &DatabaseConnection,
+    options: &DoctorOptions,
+    report: &mut DoctorReport,
+) -> Result<(), AdminError> {
+    let seen = sql::consumers_seen(db)
+        .await
+        .map_err(db_error("listing the consumers in inbox_event"))?;
+    if !options.check_linked_handlers {
+        let names: Vec<&str> = seen.iter().map(|(c, _)| c.as_str()).collect();
+        report.push(
+            Severity::Info,
+            "handlers",
+            format!(
+                "linked handlers not compared (run doctor from the service to compare); consumers \
+                 seen in the inbox: {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        );
+        return Ok(());
+    }
+    let linked = match crate::runtime::handlers() {
+        Ok(linked) => linked,
+        Err(e) => {
+            report.push(Severity::Error, "handlers", e.to_string());
+            return Ok(());
+        }
+    };
+    let mut fine = true;
+    for expected in &options.expected_consumers {
+        if !linked.contains_key(expected.as_str()) {
+            fine = false;
+            report.push(
+                Severity::Error,
+                "handlers",
+                format!(
+                    "expected consumer `{expected}` has no #[inbox_handler] linked into this \
+                     binary: is the crate declaring it referenced from main?"
+                ),
+            );
+        }
+    }
+    for (consumer, unfinished) in &seen {
+        if linked.contains_key(consumer.as_str()) {
+            continue;
+        }
+        if *unfinished > 0 {
+            fine = false;
+            report.push(
+                Severity::Warning,
+                "handlers",
+                format!(
+                    "consumer `{consumer}` has {unfinished} unfinished inbox message(s) but no \
+                     #[inbox_handler] for it is linked into this binary: if this service should \
+                     handle them, reference the crate declaring its handlers from main"
+                ),
+            );
+        } else {
+            report.push(
+                Severity::Info,
+                "handlers",
+                format!(
+                    "consumer `{consumer}` has inbox rows but no handler in this binary (handled \
+                     by another service?)"
+                ),
+            );
+        }
+    }
+    for consumer in linked.keys() {
+        if !seen.iter().any(|(c, _)| c == consumer) {
+            report.push(
+                Severity::Info,
+                "handlers",
+                format!("consumer `{consumer}` has handlers linked but no inbox rows yet"),
+            );
+        }
+    }
+    if fine {
+        report.push(
+            Severity::Ok,
+            "handlers",
+            format!(
+                "{} consumer(s) with handlers linked: {}",
+                linked.len(),
+                linked.keys().copied().collect::<Vec<_>>().join(", ")
+            ),
+        );
+    }
+    Ok(())
+}

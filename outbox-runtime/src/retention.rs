@@ -1,0 +1,414 @@
+//! Retention: delete what the SDK no longer needs, in small batches, one instance at a time.
+//!
+//! [`purge`] deletes SENT outbox events whose `sent_at` is older than
+//! [`RetentionPolicy::sent_after`] and DONE or IGNORED inbox messages whose `processed_at` is
+//! older than [`RetentionPolicy::done_after`], the inbox's *dedup window*. It never touches
+//! anything unfinished or DEAD. Each batch of at most [`RetentionPolicy::batch_size`] rows is its
+//! own short transaction, followed by a [`pause`](RetentionPolicy::pause), so a purge of
+//! millions of rows never holds a long lock and relays and consumers keep running alongside.
+//!
+//! **The dedup window.** An inbox row is what makes a redelivered message a no-op. Delete it,
+//! and a copy of the message arriving later is handled again. So `done_after` must be at least
+//! the longest time after handling in which a copy can still arrive, the *redelivery horizon*:
+//!
+//! ```text
+//! redelivery horizon = broker window      how long the broker may redeliver or keep a copy
+//!                                         (JetStream max_age / duplicate window, a RabbitMQ
+//!                                         queue's TTL, a Redis stream's retention)
+//!                    + relay retry span   how long a relay may republish an event it thinks
+//!                                         failed (sum of its backoff delays with jitter, plus a
+//!                                         lease per attempt): see [`relay_retry_span`]
+//!                    + manual window      how long after the fact an operator may `resend` or
+//!                                         replay an event
+//! ```
+//!
+//! [`redelivery_horizon`] adds them up; [`RetentionPolicy::validate`] refuses a policy whose
+//! `done_after` is shorter. With the database-local transport the broker window is zero.
+//!
+//! `sent_after` is also the producer-side deduplication window: an event's `dedup_key` is
+//! enforced by the unique index only while its row exists.
+//!
+//! **One instance at a time.** [`purge_once_if_leader`] runs a purge only in the instance that
+//! holds the lease row `retention` of the table `outbox_lease` (same SQL on PostgreSQL, MySQL and
+//! SQLite, no session-bound lock that a connection pool could lose). The lease lasts
+//! [`RetentionPolicy::lease`] and is renewed before every batch; the holder keeps it after a
+//! purge (it stays the leader while it keeps running), and another instance takes over once it
+//! lapses, e.g. after the leader crashed. A purge that finds its lease taken stops after the
+//! batch in flight. Purging twice at once would be harmless (deletes are idempotent), only
+//! wasteful: the lease keeps the load on one instance.
+//!
+//! The runtime's janitor loop calls [`purge_once_if_leader`] on an interval; the CLI's
+//! `outbox purge` calls [`purge_as`] directly.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sea_orm::DatabaseConnection;
+use serde::Serialize;
+
+use crate::{
+    admin::{ActionKind, Actor, AdminError, HumanDuration, db_error, secs},
+    relay::{Backoff, RelayConfig},
+    store::admin as sql,
+};
+
+/// The name of the retention lease in `outbox_lease`.
+pub const LEASE_NAME: &str = "retention";
+
+/// What to delete and how fast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Delete SENT outbox events sent longer ago than this. Default 7 days.
+    pub sent_after: Duration,
+    /// Delete DONE and IGNORED inbox messages processed longer ago than this: the dedup window.
+    /// Default 14 days.
+    pub done_after: Duration,
+    /// Rows per batch (per transaction). Default 5,000.
+    pub batch_size: usize,
+    /// Sleep between batches, giving other writers room. Default 50 ms.
+    pub pause: Duration,
+    /// How long the janitor lease lasts from its last renewal (renewed before each batch).
+    /// Default 5 minutes.
+    pub lease: Duration,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        RetentionPolicy {
+            sent_after: Duration::from_secs(7 * 86_400),
+            done_after: Duration::from_secs(14 * 86_400),
+            batch_size: 5_000,
+            pause: Duration::from_millis(50),
+            lease: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why a purge did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetentionError {
+    /// The dedup window is shorter than the redelivery horizon.
+    #[error(
+        "the inbox dedup window (done_after = {window}) is shorter than the redelivery horizon \
+         ({horizon}): a copy of a message arriving after its inbox row was purged would be \
+         handled twice; set done_after to at least {horizon}"
+    )]
+    WindowTooShort {
+        /// The policy's `done_after`.
+        window: HumanDuration,
+        /// The horizon it must cover.
+        horizon: HumanDuration,
+    },
+    /// A setting is out of range.
+    #[error("invalid retention policy: {0}")]
+    Invalid(String),
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] AdminError),
+}
+
+impl RetentionPolicy {
+    /// Check the policy: a dedup window at least `redelivery_horizon` long (see the module docs
+    /// and [`redelivery_horizon`]), a batch size of at least one, and a lease longer than the
+    /// pause between batches.
+    pub fn validate(&self, redelivery_horizon: Duration) -> Result<(), RetentionError> {
+        self.check_settings()?;
+        if self.done_after < redelivery_horizon {
+            return Err(RetentionError::WindowTooShort {
+                window: HumanDuration(self.done_after),
+                horizon: HumanDuration(redelivery_horizon),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_settings(&self) -> Result<(), RetentionError> {
+        if self.batch_size == 0 {
+            return Err(RetentionError::Invalid(
+                "batch_size must be at least 1".into(),
+            ));
+        }
+        if self.lease <= self.pause + Duration::from_secs(1) {
+            return Err(RetentionError::Invalid(format!(
+                "the lease ({}) must outlast a batch and its pause ({}) by more than a second",
+                HumanDuration(self.lease),
+                HumanDuration(self.pause)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How long a relay with `config` may keep republishing an event it believes failed: every
+/// backoff delay at its maximum jitter, plus one lease per attempt (an expired lease counts as an
+/// attempt, and is only noticed when it expires).
+pub fn relay_retry_span(config: &RelayConfig) -> Duration {
+    backoff_span(&config.backoff, config.max_attempts) + config.lease * config.max_attempts
+}
+
+fn backoff_span(backoff: &Backoff, max_attempts: u32) -> Duration {
+    let jitter = 1.0 + backoff.jitter.clamp(0.0, 1.0);
+    (0..max_attempts.saturating_sub(1))
+        .map(|attempt| backoff.base_delay(attempt).mul_f64(jitter))
+        .sum()
+}
+
+/// The redelivery horizon the dedup window must cover: `broker_window` (how long the broker may
+/// redeliver or keep a copy of a message) + the relay's retry span + `manual_window` (how long
+/// after the fact operators may resend or replay). See the module docs.
+pub fn redelivery_horizon(
+    broker_window: Duration,
+    relay: &RelayConfig,
+    manual_window: Duration,
+) -> Duration {
+    broker_window + relay_retry_span(relay) + manual_window
+}
+
+/// What a purge deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PurgeReport {
+    /// SENT outbox events deleted.
+    pub outbox_deleted: u64,
+    /// DONE and IGNORED inbox messages deleted.
+    pub inbox_deleted: u64,
+    /// Delete transactions run.
+    pub batches: u64,
+    /// Outbox events sent before this instant were eligible.
+    pub sent_before: DateTime<Utc>,
+    /// Inbox messages processed before this instant were eligible.
+    pub done_before: DateTime<Utc>,
+    /// How long it took (seconds in JSON).
+    #[serde(rename = "elapsed_secs", serialize_with = "secs")]
+    pub elapsed: Duration,
+    /// The purge stopped early because another instance took the lease.
+    pub lease_lost: bool,
+    /// The audit row recording it (only written when something was deleted, or for an operator's
+    /// [`purge_as`]).
+    pub audit_id: Option<i64>,
+}
+
+impl PurgeReport {
+    /// Rows deleted, outbox and inbox.
+    pub fn deleted(&self) -> u64 {
+        self.outbox_deleted + self.inbox_deleted
+    }
+}
+
+/// Purge now, whoever else may be purging. Recorded in the audit table (actor `retention`) when
+/// it deleted anything.
+///
+/// Cancel-safe: dropping the future loses at most the batch in flight, which rolls back.
+pub async fn purge(
+    db: &DatabaseConnection,
+    policy: &RetentionPolicy,
+) -> Result<PurgeReport, RetentionError> {
+    policy.check_settings()?;
+    run(db, policy, None, &Actor::new("retention"), false).await
+}
+
+/// [`purge`] on an operator's behalf: always recorded in the audit table, with `actor`.
+pub async fn purge_as(
+    db: &DatabaseConnection,
+    policy: &RetentionPolicy,
+    actor: &Actor,
+) -> Result<PurgeReport, RetentionError> {
+    policy.check_settings()?;
+    run(db, policy, None, actor, true).await
+}
+
+/// Purge if this instance holds (or can take) the retention lease; `None` when another instance
+/// holds it. For the runtime's janitor loop: call it on an interval from every instance.
+pub async fn purge_once_if_leader(
+    db: &DatabaseConnection,
+    policy: &RetentionPolicy,
+    instance_id: &str,
+) -> Result<Option<PurgeReport>, RetentionError> {
+    policy.check_settings()?;
+    if !renew(db, policy, instance_id).await? {
+        tracing::debug!(instance_id, "retention lease held by another instance");
+        return Ok(None);
+    }
+    let actor = Actor::new(format!("retention:{instance_id}"));
+    run(db, policy, Some(instance_id), &actor, false)
+        .await
+        .map(Some)
+}
+
+/// Give the retention lease up (e.g. at shutdown) if `instance_id` holds it, so another instance
+/// can take over at once. Returns whether it held it.
+pub async fn release_lease(
+    db: &DatabaseConnection,
+    instance_id: &str,
+) -> Result<bool, RetentionError> {
+    Ok(sql::release_lease(
+        db,
+        LEASE_NAME,
+        instance_id,
+        Utc::now() - chrono::Duration::seconds(1),
+    )
+    .await
+    .map_err(db_error("releasing the retention lease"))?)
+}
+
+/// Who holds the retention lease, and until when (it may have lapsed).
+pub async fn lease_holder(
+    db: &DatabaseConnection,
+) -> Result<Option<(String, DateTime<Utc>)>, RetentionError> {
+    Ok(sql::lease_holder(db, LEASE_NAME)
+        .await
+        .map_err(db_error("reading the retention lease"))?)
+}
+
+async fn renew(
+    db: &DatabaseConnection,
+    policy: &RetentionPolicy,
+    instance_id: &str,
+) -> Result<bool, RetentionError> {
+    let now = Utc::now();
+    let until = now + chrono::Duration::from_std(policy.lease).unwrap_or(chrono::Duration::MAX);
+    Ok(sql::acquire_lease(db, LEASE_NAME, instance_id, now, until)
+        .await
+        .map_err(db_error("taking the retention lease"))?)
+}
+
+fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(age)
+        .ok()
+        .and_then(|age| now.checked_sub_signed(age))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+async fn run(
+    db: &DatabaseConnection,
+    policy: &RetentionPolicy,
+    leader: Option<&str>,
+    actor: &Actor,
+    always_record: bool,
+) -> Result<PurgeReport, RetentionError> {
+    let started = std::time::Instant::now();
+    let now = Utc::now();
+    let mut report = PurgeReport {
+        outbox_deleted: 0,
+        inbox_deleted: 0,
+        batches: 0,
+        sent_before: cutoff(now, policy.sent_after),
+        done_before: cutoff(now, policy.done_after),
+        elapsed: Duration::ZERO,
+        lease_lost: false,
+        audit_id: None,
+    };
+    'tables: for outbox in [true, false] {
+        loop {
+            if let Some(instance_id) = leader
+                && report.batches > 0
+                && !renew(db, policy, instance_id).await?
+            {
+                tracing::warn!(
+                    instance_id,
+                    "retention lease taken by another instance: purge stopped"
+                );
+                report.lease_lost = true;
+                break 'tables;
+            }
+            let deleted = if outbox {
+                sql::purge_sent(db, report.sent_before, policy.batch_size)
+                    .await
+                    .map_err(db_error("deleting sent outbox events"))?
+            } else {
+                sql::purge_finished(db, report.done_before, policy.batch_size)
+                    .await
+                    .map_err(db_error("deleting processed inbox messages"))?
+            };
+            report.batches += 1;
+            if outbox {
+                report.outbox_deleted += deleted;
+            } else {
+                report.inbox_deleted += deleted;
+            }
+            if deleted < policy.batch_size as u64 {
+                break;
+            }
+            tokio::time::sleep(policy.pause).await;
+        }
+    }
+    report.elapsed = started.elapsed();
+    if always_record || report.deleted() > 0 {
+        let target = format!(
+            "outbox_event SENT before {}; inbox_event DONE/IGNORED before {}",
+            crate::envelope::format_time(&report.sent_before),
+            crate::envelope::format_time(&report.done_before)
+        );
+        report.audit_id = Some(
+            sql::record_action(
+                db,
+                ActionKind::Purge.as_str(),
+                &target,
+                report.deleted(),
+                actor.name.as_deref(),
+                actor.reason.as_deref(),
+                Utc::now(),
+            )
+            .await
+            .map_err(db_error("recording the purge in outbox_admin_action"))?,
+        );
+    }
+    tracing::info!(
+        outbox_deleted = report.outbox_deleted,
+        inbox_deleted = report.inbox_deleted,
+        batches = report.batches,
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        lease_lost = report.lease_lost,
+        "retention purge"
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_refuses_a_short_dedup_window() {
+        let policy = RetentionPolicy::default();
+        assert!(policy.validate(Duration::from_secs(86_400)).is_ok());
+        let err = policy
+            .validate(Duration::from_secs(30 * 86_400))
+            .unwrap_err();
+        assert!(matches!(err, RetentionError::WindowTooShort { .. }));
+        assert!(err.to_string().contains("done_after = 14d"), "{err}");
+        assert!(err.to_string().contains("30d"), "{err}");
+        let zero = RetentionPolicy {
+            batch_size: 0,
+            ..RetentionPolicy::default()
+        };
+        assert!(matches!(
+            zero.validate(Duration::ZERO),
+            Err(RetentionError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn horizon_adds_broker_relay_and_manual_windows() {
+        let relay = RelayConfig {
+            max_attempts: 3,
+            lease: Duration::from_secs(10),
+            backoff: Backoff {
+                base: Duration::from_secs(1),
+                cap: Duration::from_secs(60),
+                jitter: 0.5,
+            },
+            ..RelayConfig::default()
+        };
+        // Delays 1 s and 2 s at 1.5× jitter, plus three 10 s leases.
+        assert_eq!(
+            relay_retry_span(&relay),
+            Duration::from_millis(4_500 + 30_000)
+        );
+        assert_eq!(
+            redelivery_horizon(Duration::from_secs(100), &relay, Duration::from_secs(1_000)),
+            Duration::from_millis(1_134_500)
+        );
+    }
+}

@@ -1,0 +1,759 @@
+//! `outbox`: the operations CLI of the outbox SDK (feature `cli`).
+//!
+//! ```text
+//! outbox --database-url postgres://… status
+//! outbox dead list --consumer inventory --error timeout --limit 20 --page 2
+//! outbox dead show inbox:17
+//! outbox replay --id outbox:12 --id inbox:17 --actor alice --reason "stock service fixed"
+//! outbox replay --consumer inventory --type order.placed
+//! outbox ignore inbox:18 inbox:19 --reason "order was cancelled"
+//! outbox resend 0193c1e4-4f9b-7c3a-9d1e-2b5f8a6c0e71
+//! outbox purge --sent-after 7d --done-after 14d
+//! outbox doctor
+//! outbox audit --limit 20
+//! outbox migrate
+//! ```
+//!
+//! Human-readable tables by default, `--json` for scripts. Exit status: 0 done, 1 error, 2 bad
+//! command line, 3 an action left some of the rows asked for unchanged, 4 `doctor` found errors.
+
+use std::{fmt::Write as _, process::ExitCode, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use outbox::{
+    EventId,
+    admin::{
+        self, ActionReport, Actor, DeadLetter, DeadLetterDetail, DeadLetterFilter, DoctorOptions,
+        DoctorReport, HumanDuration, Page, Selector, Severity, Source, Status, Target,
+    },
+    retention::{self, PurgeReport, RetentionPolicy},
+    sea_orm::{ConnectOptions, Database, DatabaseConnection},
+};
+use serde_json::Value;
+
+const AFTER_HELP: &str = "Exit status: 0 done, 1 error, 2 bad command line, \
+3 an action left some of the rows asked for unchanged, 4 `doctor` found errors.";
+
+/// Operate the transactional outbox and inbox: see what is stuck, how far behind each consumer
+/// is and what died, and fix it.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, after_help = AFTER_HELP)]
+struct Cli {
+    /// Database URL: postgres://…, mysql://… or sqlite://…
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+    /// Print JSON for scripts instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Counts per status, backlog and its oldest age, consumer lag, dead and stuck rows.
+    Status,
+    /// List or show dead letters.
+    #[command(subcommand)]
+    Dead(DeadCommand),
+    /// Give dead letters another chance: outbox DEAD → PENDING, inbox DEAD → RETRY due now.
+    Replay(ReplayArgs),
+    /// Decide not to handle dead inbox messages: DEAD → IGNORED.
+    Ignore {
+        /// Inbox message ids (`inbox:7` or `7`).
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Publish a sent outbox event again: SENT → PENDING.
+    Resend {
+        /// The event id (a UUID).
+        event_id: EventId,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Delete SENT outbox events and DONE/IGNORED inbox messages older than the retention now.
+    Purge(PurgeArgs),
+    /// Check tables, columns, indexes, migrations, stuck rows and dead letters.
+    Doctor,
+    /// Show the latest admin actions.
+    Audit {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Apply the SDK's migrations (idempotent).
+    Migrate,
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadCommand {
+    /// Dead letters, newest first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Rows per page.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Page number, from 1.
+        #[arg(long, default_value_t = 1)]
+        page: u64,
+    },
+    /// One row in full: envelope, payload, attempts, last error, timestamps.
+    Show {
+        /// `outbox:ID` or `inbox:ID`, as `dead list` shows.
+        id: String,
+    },
+}
+
+#[derive(Debug, Args, Default)]
+struct FilterArgs {
+    /// Only this consumer's inbox messages.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Only this event type.
+    #[arg(long = "type", value_name = "TYPE")]
+    event_type: Option<String>,
+    /// Only this aggregate id.
+    #[arg(long, value_name = "AGGREGATE_ID")]
+    aggregate: Option<String>,
+    /// Only rows whose last error contains this text (case-insensitive).
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+    /// Only the outbox or only the inbox.
+    #[arg(long, value_name = "outbox|inbox")]
+    source: Option<Source>,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> DeadLetterFilter {
+        DeadLetterFilter {
+            source: self.source,
+            consumer: self.consumer.clone(),
+            event_type: self.event_type.clone(),
+            aggregate_id: self.aggregate.clone(),
+            error_contains: self.error.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct Who {
+    /// Who does this, for the audit log (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    actor: Option<String>,
+    /// Why, for the audit log.
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+}
+
+impl Who {
+    fn actor(&self) -> Actor {
+        Actor {
+            name: self
+                .actor
+                .clone()
+                .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty())),
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// Rows to replay (`outbox:ID`, `inbox:ID`); repeatable.
+    #[arg(long = "id", value_name = "ID")]
+    ids: Vec<String>,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Every dead letter, outbox and inbox.
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    who: Who,
+}
+
+#[derive(Debug, Args)]
+struct PurgeArgs {
+    /// Delete SENT outbox events sent longer ago than this.
+    #[arg(long, default_value = "7d")]
+    sent_after: HumanDuration,
+    /// Delete DONE/IGNORED inbox messages processed longer ago than this (the dedup window).
+    #[arg(long, default_value = "14d")]
+    done_after: HumanDuration,
+    /// Refuse a --done-after shorter than this: the broker's redelivery window + the relay's
+    /// retry span + how long after the fact you may resend or replay.
+    #[arg(long, default_value = "1d")]
+    redelivery_horizon: HumanDuration,
+    /// Rows per delete transaction.
+    #[arg(long, default_value_t = 5_000)]
+    batch_size: usize,
+    /// Pause between batches.
+    #[arg(long, default_value = "50ms")]
+    pause: HumanDuration,
+    #[command(flatten)]
+    who: Who,
+}
+
+/// An error for the user: printed as `error: …`, exit status 1.
+type Failure = Box<dyn std::error::Error>;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                let text = s.to_string();
+                if !message.contains(&text) {
+                    let _ = write!(message, ": {text}");
+                }
+                source = s.source();
+            }
+            eprintln!("error: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn connect(url: Option<&str>) -> Result<DatabaseConnection, Failure> {
+    let url = url.ok_or(
+        "no database given: pass --database-url URL or set DATABASE_URL \
+         (postgres://…, mysql://…, sqlite://path?mode=rwc)",
+    )?;
+    let scheme = url
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let (feature, compiled) = match scheme.as_str() {
+        "postgres" | "postgresql" => ("postgres", cfg!(feature = "postgres")),
+        "mysql" | "mariadb" => ("mysql", cfg!(feature = "mysql")),
+        "sqlite" => ("sqlite", cfg!(feature = "sqlite")),
+        _ => {
+            return Err(format!(
+                "unsupported database URL `{}`: use postgres://…, mysql://… or sqlite://…",
+                redact(url)
+            )
+            .into());
+        }
+    };
+    if !compiled {
+        return Err(format!(
+            "this outbox binary was built without {feature} support: rebuild it with \
+             `--features cli,{feature}`"
+        )
+        .into());
+    }
+    if let Some((host, port)) = server_address(url, &scheme) {
+        // The pool retries an unreachable server until its timeout and then reports only
+        // "pool timed out": say why at once instead.
+        let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+        match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(
+                    format!("cannot connect to {}: {host}:{port}: {e}", redact(url)).into(),
+                );
+            }
+            Err(_) => {
+                return Err(format!(
+                    "cannot connect to {}: {host}:{port} did not answer within 10 s",
+                    redact(url)
+                )
+                .into());
+            }
+        }
+    }
+    let mut options = ConnectOptions::new(url.to_owned());
+    options
+        .sqlx_logging(false)
+        .max_connections(2)
+        .min_connections(0)
+        .connect_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(30));
+    Database::connect(options)
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e}", redact(url)).into())
+}
+
+/// `host:port` of a PostgreSQL or MySQL URL (`None` for SQLite, Unix sockets, or what this
+/// simple parser does not understand: the driver then reports on its own).
+fn server_address(url: &str, scheme: &str) -> Option<(String, u16)> {
+    let default_port = match scheme {
+        "postgres" | "postgresql" => 5432,
+        "mysql" | "mariadb" => 3306,
+        _ => return None,
+    };
+    let rest = &url[url.find("://")? + 3..];
+    let authority = rest.split(['/', '?']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        let (host, after) = bracketed.split_once(']')?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() || host.contains(',') {
+        return None;
+    }
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => default_port,
+    };
+    Some((host.to_owned(), port))
+}
+
+/// The URL without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Print a value as pretty JSON (a macro: the facade has no direct `serde` dependency to name
+/// the bound with).
+macro_rules! print_json {
+    ($value:expr) => {
+        println!("{}", serde_json::to_string_pretty($value)?)
+    };
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let db = connect(cli.database_url.as_deref()).await?;
+    let json = cli.json;
+    match cli.command {
+        Command::Status => {
+            let status = admin::status(&db).await?;
+            if json {
+                print_json!(&status);
+            } else {
+                print!("{}", render_status(&status));
+            }
+        }
+        Command::Dead(DeadCommand::List {
+            filter,
+            limit,
+            page,
+        }) => {
+            let page_spec = Page::number(page.max(1), limit);
+            let items = admin::dead_letters(&db, &filter.filter(), page_spec).await?;
+            if json {
+                print_json!(&items);
+            } else {
+                print!("{}", render_dead_list(&items, page.max(1), page_spec.limit));
+            }
+        }
+        Command::Dead(DeadCommand::Show { id }) => {
+            let target: Target = id.parse()?;
+            let detail = admin::dead_letter(&db, target).await?;
+            if json {
+                print_json!(&detail);
+            } else {
+                print!("{}", render_detail(&detail));
+            }
+        }
+        Command::Replay(args) => {
+            let filter = args.filter.filter();
+            let selector = match (args.ids.is_empty(), filter.is_empty(), args.all) {
+                (false, true, false) => Selector::Ids(
+                    args.ids
+                        .iter()
+                        .map(|id| id.parse())
+                        .collect::<Result<_, _>>()?,
+                ),
+                (true, false, false) => Selector::Filter(filter),
+                (true, true, true) => Selector::All,
+                (true, true, false) => {
+                    return Err("say what to replay: --id ID (repeatable), filters \
+                                (--consumer, --type, --aggregate, --error, --source), or --all"
+                        .into());
+                }
+                _ => {
+                    return Err("choose one way to select: --id, filters, or --all".into());
+                }
+            };
+            let report = admin::replay(&db, &selector, &args.who.actor()).await?;
+            return report_action(&report, json, "replayed");
+        }
+        Command::Ignore { ids, who } => {
+            let ids = ids
+                .iter()
+                .map(|id| parse_inbox_id(id))
+                .collect::<Result<Vec<_>, _>>()?;
+            let report = admin::ignore(&db, &ids, &who.actor()).await?;
+            return report_action(&report, json, "ignored");
+        }
+        Command::Resend { event_id, who } => {
+            let report = admin::resend(&db, event_id, &who.actor()).await?;
+            return report_action(&report, json, "resent");
+        }
+        Command::Purge(args) => {
+            let policy = RetentionPolicy {
+                sent_after: args.sent_after.0,
+                done_after: args.done_after.0,
+                batch_size: args.batch_size,
+                pause: args.pause.0,
+                ..RetentionPolicy::default()
+            };
+            policy.validate(args.redelivery_horizon.0)?;
+            let report = retention::purge_as(&db, &policy, &args.who.actor()).await?;
+            if json {
+                print_json!(&report);
+            } else {
+                print!("{}", render_purge(&report));
+            }
+        }
+        Command::Doctor => {
+            let migrations = outbox::migrations()
+                .iter()
+                .map(|m| m.name().to_owned())
+                .collect::<Vec<_>>();
+            let options = DoctorOptions::new(migrations).without_handler_check();
+            let report = admin::doctor(&db, &options).await?;
+            if json {
+                print_json!(&report);
+            } else {
+                print!("{}", render_doctor(&report));
+            }
+            if !report.is_healthy() {
+                return Ok(ExitCode::from(4));
+            }
+        }
+        Command::Audit { limit } => {
+            let actions = admin::audit_log(&db, limit).await?;
+            if json {
+                print_json!(&actions);
+            } else {
+                let rows = actions
+                    .iter()
+                    .map(|a| {
+                        vec![
+                            a.id.to_string(),
+                            a.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                            a.action.clone(),
+                            a.rows_affected.to_string(),
+                            a.actor.clone().unwrap_or_else(|| "-".into()),
+                            a.reason.clone().unwrap_or_else(|| "-".into()),
+                            a.target.clone(),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table(
+                        &[
+                            "ID", "AT (UTC)", "ACTION", "ROWS", "ACTOR", "REASON", "TARGET"
+                        ],
+                        rows
+                    )
+                );
+            }
+        }
+        Command::Migrate => {
+            outbox::migrate(&db).await?;
+            let names: Vec<String> = outbox::migrations()
+                .iter()
+                .map(|m| m.name().to_owned())
+                .collect();
+            if json {
+                print_json!(&serde_json::json!({ "applied": names }));
+            } else {
+                println!(
+                    "database up to date: {} SDK migrations applied (latest {})",
+                    names.len(),
+                    names.last().map(String::as_str).unwrap_or("-")
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_inbox_id(text: &str) -> Result<i64, Failure> {
+    if let Ok(id) = text.trim().parse::<i64>() {
+        return Ok(id);
+    }
+    let target: Target = text.parse()?;
+    match target.source {
+        Source::Inbox => Ok(target.id),
+        Source::Outbox => Err(format!(
+            "`{text}` is an outbox event: only inbox messages can be ignored \
+             (a dead outbox event can be replayed)"
+        )
+        .into()),
+    }
+}
+
+fn report_action(report: &ActionReport, json: bool, verb: &str) -> Result<ExitCode, Failure> {
+    if json {
+        print_json!(report);
+    } else {
+        println!(
+            "{verb} {} row(s): {} outbox, {} inbox (audit #{})",
+            report.affected(),
+            report.outbox,
+            report.inbox,
+            report.audit_id
+        );
+        for skipped in &report.skipped {
+            println!("  skipped: {skipped}");
+        }
+    }
+    Ok(if report.skipped.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
+/// A left-aligned text table with a header row.
+fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                let pad = widths[i] - cell.chars().count();
+                text.push_str(cell);
+                text.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(headers.to_vec());
+    for row in &rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn clip(text: &str, max: usize) -> String {
+    let one_line = text.replace(['\n', '\r'], " ");
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let mut s: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    }
+}
+
+fn age(d: Option<Duration>) -> String {
+    d.map(|d| HumanDuration(Duration::from_secs(d.as_secs())).to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+fn render_status(status: &Status) -> String {
+    let o = &status.outbox;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "OUTBOX  total {}  backlog {}  oldest unsent {}  dead {}  stuck {}",
+        o.total,
+        o.backlog,
+        age(o.oldest_unsent_age),
+        o.dead,
+        o.stuck
+    );
+    let statuses = ["PENDING", "PROCESSING", "RETRY", "DEAD", "SENT"];
+    let row = statuses
+        .iter()
+        .map(|s| o.counts.get(*s).copied().unwrap_or(0).to_string())
+        .collect();
+    out.push_str(&table(&statuses, vec![row]));
+    out.push('\n');
+    if status.consumers.is_empty() {
+        out.push_str("INBOX   no consumer has received anything yet\n");
+        return out;
+    }
+    out.push_str("INBOX\n");
+    let statuses = ["PENDING", "PROCESSING", "RETRY", "DEAD", "DONE", "IGNORED"];
+    let mut headers = vec!["CONSUMER"];
+    headers.extend(statuses);
+    headers.extend(["LAG", "STUCK"]);
+    let rows = status
+        .consumers
+        .iter()
+        .map(|c| {
+            let mut row = vec![c.consumer.clone()];
+            row.extend(
+                statuses
+                    .iter()
+                    .map(|s| c.counts.get(*s).copied().unwrap_or(0).to_string()),
+            );
+            row.push(age(c.lag));
+            row.push(c.stuck.to_string());
+            row
+        })
+        .collect();
+    out.push_str(&table(&headers, rows));
+    out
+}
+
+fn render_dead_list(items: &[DeadLetter], page: u64, limit: u32) -> String {
+    if items.is_empty() {
+        return if page > 1 {
+            format!("no dead letters on page {page}\n")
+        } else {
+            "no dead letters\n".to_owned()
+        };
+    }
+    let rows = items
+        .iter()
+        .map(|d| {
+            vec![
+                d.target.to_string(),
+                d.consumer.clone().unwrap_or_else(|| "-".into()),
+                d.event_type.clone().unwrap_or_else(|| "-".into()),
+                d.aggregate_id.clone().unwrap_or_else(|| "-".into()),
+                d.attempts.to_string(),
+                d.arrived_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                clip(d.last_error.as_deref().unwrap_or("-"), 80),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "ID",
+            "CONSUMER",
+            "TYPE",
+            "AGGREGATE",
+            "ATTEMPTS",
+            "ARRIVED (UTC)",
+            "LAST ERROR",
+        ],
+        rows,
+    );
+    if items.len() as u64 == u64::from(limit) {
+        let _ = writeln!(out, "(page {page}; more may follow: --page {})", page + 1);
+    }
+    out
+}
+
+fn render_detail(d: &DeadLetterDetail) -> String {
+    let s = &d.summary;
+    let mut out = String::new();
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    let ts = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let fields: Vec<(&str, String)> = vec![
+        ("id", s.target.to_string()),
+        ("status", d.status.clone()),
+        ("consumer", opt(&s.consumer)),
+        (
+            match s.target.source {
+                Source::Outbox => "event id",
+                Source::Inbox => "message id",
+            },
+            s.message_id.clone(),
+        ),
+        ("event type", opt(&s.event_type)),
+        ("source", opt(&d.source)),
+        (
+            "schema version",
+            d.schema_version.map_or("-".into(), |v| v.to_string()),
+        ),
+        ("aggregate type", opt(&s.aggregate_type)),
+        ("aggregate id", opt(&s.aggregate_id)),
+        (
+            "aggregate version",
+            d.aggregate_version.map_or("-".into(), |v| v.to_string()),
+        ),
+        ("dedup key", opt(&d.dedup_key)),
+        ("attempts", s.attempts.to_string()),
+        ("last error", opt(&s.last_error)),
+        (
+            match s.target.source {
+                Source::Outbox => "created at",
+                Source::Inbox => "received at",
+            },
+            s.arrived_at.to_rfc3339(),
+        ),
+        (
+            "next attempt at",
+            ts(d.next_attempt_at.map(|t| t.to_rfc3339())),
+        ),
+        ("locked by", opt(&d.locked_by)),
+        ("locked until", ts(d.locked_until.map(|t| t.to_rfc3339()))),
+        ("sent at", ts(d.sent_at.map(|t| t.to_rfc3339()))),
+        ("processed at", ts(d.processed_at.map(|t| t.to_rfc3339()))),
+    ];
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, value) in fields {
+        let _ = writeln!(out, "{key:<width$}  {value}");
+    }
+    if let Some(headers) = &d.headers {
+        let _ = writeln!(out, "\nheaders:\n{}", pretty(headers));
+    }
+    match (&d.envelope, &d.envelope_error) {
+        (Some(envelope), _) => {
+            let _ = writeln!(out, "\nenvelope:\n{}", pretty(envelope));
+        }
+        (None, Some(error)) => {
+            let _ = writeln!(out, "\nenvelope: cannot be built: {error}");
+        }
+        (None, None) => {}
+    }
+    if d.envelope.is_none() || s.target.source == Source::Outbox {
+        let _ = writeln!(out, "\npayload:\n{}", d.payload);
+    }
+    out
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+}
+
+fn render_purge(r: &PurgeReport) -> String {
+    format!(
+        "purged {} outbox event(s) sent before {} and {} inbox message(s) processed before {} \
+         in {} batch(es), {:.1}s{}\n",
+        r.outbox_deleted,
+        r.sent_before.format("%Y-%m-%d %H:%M:%S UTC"),
+        r.inbox_deleted,
+        r.done_before.format("%Y-%m-%d %H:%M:%S UTC"),
+        r.batches,
+        r.elapsed.as_secs_f64(),
+        r.audit_id
+            .map(|id| format!(" (audit #{id})"))
+            .unwrap_or_default()
+    )
+}
+
+fn render_doctor(report: &DoctorReport) -> String {
+    let mut out = String::new();
+    for f in &report.findings {
+        let _ = writeln!(out, "{:<8} {:<11} {}", f.severity, f.check, f.message);
+    }
+    let errors = report.with_severity(Severity::Error).count();
+    let warnings = report.with_severity(Severity::Warning).count();
+    let _ = writeln!(
+        out,
+        "\n{}: {errors} error(s), {warnings} warning(s)",
+        if errors == 0 { "healthy" } else { "unhealthy" }
+    );
+    out
+}

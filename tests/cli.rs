@@ -1,0 +1,397 @@
+//! The `outbox` CLI binary against a SQLite file and a PostgreSQL database: status as JSON and as
+//! a table, dead letters listed and shown, replay, ignore, resend and purge changing rows, the
+//! audit log, doctor, and readable errors with a non-zero exit status.
+
+#![cfg(feature = "cli")]
+
+mod common;
+
+use std::{process::Output, sync::Arc};
+
+use chrono::{DateTime, Utc};
+use common::carts::*;
+use common::*;
+use outbox::prelude::*;
+use outbox::relay::Relay;
+use outbox::store::inbox::{InitialState, NewInboxRow, insert};
+use outbox::transport::OutgoingMessage;
+use outbox::transport::memory::MemoryTransport;
+use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
+use serde_json::Value as Json;
+
+/// Run the binary with `args` against `url`, without any `DATABASE_URL` from the environment.
+async fn cli(url: Option<&str>, args: &[&str]) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command.env_remove("DATABASE_URL").env("USER", "tester");
+    if let Some(url) = url {
+        command.arg("--database-url").arg(url);
+    }
+    command.args(args);
+    tokio::task::spawn_blocking(move || command.output().expect("run the outbox CLI"))
+        .await
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Run and expect exit status `code`; returns stdout.
+async fn run(url: &str, args: &[&str], code: i32) -> String {
+    let out = cli(Some(url), args).await;
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "outbox {args:?}\nstdout:\n{}\nstderr:\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+async fn run_json(url: &str, args: &[&str]) -> Json {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let text = run(url, &all, 0).await;
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("outbox {args:?}: not JSON ({e}):\n{text}"))
+}
+
+async fn exec(t: &TestDb, sql: &str, values: Vec<Value>) {
+    let backend = t.db.get_database_backend();
+    let mut text = String::new();
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' && backend == DbBackend::Postgres {
+            n += 1;
+            text.push_str(&format!("${n}"));
+        } else {
+            text.push(c);
+        }
+    }
+    t.db.execute_raw(Statement::from_sql_and_values(backend, text, values))
+        .await
+        .unwrap();
+}
+
+fn ago(hours: i64) -> DateTime<Utc> {
+    Utc::now() - chrono::Duration::hours(hours)
+}
+
+async fn status_of(t: &TestDb, table: &str, id: i64) -> String {
+    let row =
+        t.db.query_one_raw(Statement::from_string(
+            t.db.get_database_backend(),
+            format!("SELECT status FROM {table} WHERE id = {id}"),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get("", "status").unwrap()
+}
+
+/// Three cart events (cart-1's DEAD, the others SENT), a dead and an old DONE inbox message.
+async fn fixture(t: &TestDb) -> (OutboxRow, Vec<OutboxRow>, i64, i64) {
+    let outbox = Outbox::new("cli-tests");
+    produce(t, &outbox, 3, 1, 10).await;
+    let transport = MemoryTransport::new();
+    transport.reject_permanently(Some(|m: &OutgoingMessage| m.aggregate_id == "cart-1"));
+    let report = Relay::new(t.db.clone(), Arc::new(transport))
+        .drain(10)
+        .await
+        .unwrap();
+    assert_eq!((report.sent, report.dead), (2, 1));
+    let rows = outbox_rows(&t.db).await;
+    let dead = rows.iter().find(|r| r.status == "DEAD").unwrap().clone();
+    let sent: Vec<_> = rows.into_iter().filter(|r| r.status == "SENT").collect();
+    let mut ids = Vec::new();
+    for (message_id, state, at) in [
+        (
+            "m-dead",
+            InitialState::Dead {
+                attempts: 5,
+                error: "stock service timeout".into(),
+            },
+            ago(1),
+        ),
+        ("m-done", InitialState::Done, ago(72)),
+    ] {
+        let row = NewInboxRow {
+            consumer: "inventory",
+            message_id,
+            event_type: Some("line.added"),
+            aggregate_type: Some("cart"),
+            aggregate_id: Some("cart-9"),
+            payload: b"{\"specversion\":\"1.0\"}",
+            ..NewInboxRow::default()
+        };
+        assert!(insert(&t.db, &row, &state, at).await.unwrap());
+        let found = inbox_rows(&t.db, "inventory").await;
+        assert!(found.iter().any(|r| r.0 == message_id));
+    }
+    let rows =
+        t.db.query_all_raw(Statement::from_string(
+            t.db.get_database_backend(),
+            "SELECT id FROM inbox_event ORDER BY id".to_owned(),
+        ))
+        .await
+        .unwrap();
+    for row in rows {
+        ids.push(row.try_get::<i64>("", "id").unwrap());
+    }
+    (dead, sent, ids[0], ids[1])
+}
+
+async fn cli_operates_the_outbox(backend: Backend, test: &str) {
+    let Some(t) = test_db(backend, test).await else {
+        return;
+    };
+    let url = t.url.as_str();
+    let (dead, sent, inbox_dead, inbox_done) = fixture(&t).await;
+
+    // status, as JSON and as a table.
+    let status = run_json(url, &["status"]).await;
+    assert_eq!(status["outbox"]["counts"]["SENT"], 2);
+    assert_eq!(status["outbox"]["counts"]["DEAD"], 1);
+    assert_eq!(status["outbox"]["counts"]["PENDING"], 0);
+    assert_eq!(status["outbox"]["total"], 3);
+    assert_eq!(status["outbox"]["dead"], 1);
+    assert_eq!(status["outbox"]["backlog"], 0);
+    assert!(status["outbox"]["oldest_unsent_age_secs"].is_null());
+    let consumer = &status["consumers"][0];
+    assert_eq!(consumer["consumer"], "inventory");
+    assert_eq!(consumer["counts"]["DEAD"], 1);
+    assert_eq!(consumer["counts"]["DONE"], 1);
+    assert_eq!(consumer["dead"], 1);
+    let table = run(url, &["status"], 0).await;
+    assert!(table.contains("OUTBOX  total 3  backlog 0"), "{table}");
+    assert!(table.contains("inventory"), "{table}");
+
+    // dead list and show.
+    let list = run_json(url, &["dead", "list"]).await;
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    let outbox_id = format!("outbox:{}", dead.id);
+    let inbox_id = format!("inbox:{inbox_dead}");
+    // Newest first: the outbox event was enqueued just now, the inbox message an hour ago.
+    assert_eq!(ids, [outbox_id.as_str(), inbox_id.as_str()]);
+    let list = run_json(url, &["dead", "list", "--consumer", "inventory"]).await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["last_error"], "stock service timeout");
+    let list = run_json(url, &["dead", "list", "--limit", "1", "--page", "2"]).await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["id"], inbox_id.as_str());
+    let table = run(url, &["dead", "list", "--error", "TIMEOUT"], 0).await;
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(
+        table.contains(&inbox_id) && !table.contains(&outbox_id),
+        "{table}"
+    );
+    let shown = run_json(url, &["dead", "show", &outbox_id]).await;
+    assert_eq!(shown["status"], "DEAD");
+    assert_eq!(shown["envelope"]["type"], "line.added");
+    assert_eq!(shown["envelope"]["subject"], "cart-1");
+    let text = run(url, &["dead", "show", &outbox_id], 0).await;
+    assert!(text.contains("permanently"), "{text}");
+    assert!(text.contains("envelope:"), "{text}");
+
+    // replay --id: the row changes, the audit log says who and why.
+    let report = run_json(
+        url,
+        &[
+            "replay",
+            "--id",
+            &outbox_id,
+            "--actor",
+            "ops",
+            "--reason",
+            "size limit raised",
+        ],
+    )
+    .await;
+    assert_eq!(report["outbox"], 1);
+    assert_eq!(status_of(&t, "outbox_event", dead.id).await, "PENDING");
+    // Again: the row is no longer DEAD, so nothing changes and the exit status says so.
+    let again = run(url, &["replay", "--id", &outbox_id], 3).await;
+    assert!(again.contains("is PENDING, not DEAD"), "{again}");
+
+    // ignore.
+    let text = run(url, &["ignore", &inbox_id, "--reason", "cancelled"], 0).await;
+    assert!(text.contains("ignored 1 row(s)"), "{text}");
+    assert_eq!(status_of(&t, "inbox_event", inbox_dead).await, "IGNORED");
+
+    // resend: SENT → PENDING, sent_at cleared.
+    let event = &sent[0];
+    let report = run_json(url, &["resend", &event.event_id.to_string()]).await;
+    assert_eq!(report["outbox"], 1);
+    let row = outbox_rows(&t.db)
+        .await
+        .into_iter()
+        .find(|r| r.id == event.id)
+        .unwrap();
+    assert_eq!((row.status.as_str(), row.sent_at), ("PENDING", None));
+
+    // purge: the other SENT event was sent 3 hours ago, the DONE message processed 3 days ago.
+    exec(
+        &t,
+        "UPDATE outbox_event SET sent_at = ? WHERE id = ?",
+        vec![t.dialect().timestamp(ago(3)), sent[1].id.into()],
+    )
+    .await;
+    let refused = cli(Some(url), &["purge", "--done-after", "1h"]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused)
+            .contains("dedup window (done_after = 1h) is shorter than the redelivery horizon (1d)"),
+        "{}",
+        stderr(&refused)
+    );
+    let report = run_json(
+        url,
+        &[
+            "purge",
+            "--sent-after",
+            "2h",
+            "--done-after",
+            "2d",
+            "--batch-size",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(report["outbox_deleted"], 1);
+    assert_eq!(report["inbox_deleted"], 1);
+    assert!(report["batches"].as_u64().unwrap() >= 4);
+    assert_eq!(count_events(&t.db).await, 2);
+    assert_eq!(inbox_rows(&t.db, "inventory").await.len(), 1);
+    let _ = inbox_done;
+
+    // The audit log holds every action, newest first.
+    let audit = run_json(url, &["audit"]).await;
+    let actions: Vec<(&str, &str, i64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap(),
+                a["actor"].as_str().unwrap(),
+                a["rows_affected"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("purge", "tester", 2),
+            ("resend", "tester", 1),
+            ("ignore", "tester", 1),
+            ("replay", "tester", 0),
+            ("replay", "ops", 1),
+        ]
+    );
+    assert_eq!(audit[4]["reason"], "size limit raised");
+
+    // doctor: healthy; migrate is idempotent.
+    let text = run(url, &["doctor"], 0).await;
+    assert!(text.contains("healthy: 0 error(s)"), "{text}");
+    let text = run(url, &["migrate"], 0).await;
+    assert!(text.contains("database up to date"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_on_sqlite_file() {
+    cli_operates_the_outbox(Backend::SqliteFile, "cli_ops_lf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_on_postgres() {
+    cli_operates_the_outbox(Backend::Postgres, "cli_ops_pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_exits_non_zero_on_a_broken_schema() {
+    let Some(t) = test_db(Backend::SqliteFile, "cli_doctor_lf").await else {
+        return;
+    };
+    t.db.execute_unprepared("DROP INDEX outbox_event_unsent_idx")
+        .await
+        .unwrap();
+    let out = cli(Some(&t.url), &["doctor"]).await;
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("error    indexes     index `outbox_event_unsent_idx`"),
+        "{text}"
+    );
+    assert!(text.contains("unhealthy: 1 error(s)"), "{text}");
+}
+
+#[tokio::test]
+async fn bad_urls_exit_non_zero_with_a_readable_message() {
+    let out = cli(
+        Some("postgres://nobody:secret@127.0.0.1:1/none"),
+        &["status"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error: cannot connect to postgres://nobody:***@127.0.0.1:1/none"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("secret"),
+        "the password is not printed: {err}"
+    );
+
+    let out = cli(Some("oracle://db/x"), &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("unsupported database URL `oracle://db/x`"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = cli(None, &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("pass --database-url URL or set DATABASE_URL"));
+
+    // A database without the SDK's tables says how to create them.
+    let dir = std::env::temp_dir().join("outbox-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cli_empty.db");
+    let _ = std::fs::remove_file(&path);
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let out = cli(Some(&url), &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("apply the SDK migrations"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Bad input gets a message saying what to write instead.
+    let out = cli(Some(&url), &["dead", "show", "12"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("write `outbox:ID` or `inbox:ID`"),
+        "{}",
+        stderr(&out)
+    );
+    let out = cli(Some(&url), &["replay"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("say what to replay"),
+        "{}",
+        stderr(&out)
+    );
+}
