@@ -112,6 +112,27 @@ impl Outage for OwnServer {
     }
 }
 
+/// A broker process of the test's own and a transport connected to it by `connect`.
+async fn own_broker<F, Fut>(
+    broker: Broker,
+    test: &str,
+    connect: F,
+) -> Option<(Setup, Arc<dyn Outage>)>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn Transport>>,
+{
+    let server = Arc::new(OwnServer::start(broker, test).await?);
+    let transport = connect(server.url()).await;
+    Some((
+        Setup {
+            transport: Some(transport),
+            _guard: Box::new(server.clone()),
+        },
+        server,
+    ))
+}
+
 /// A transport on a broker of the test's own that it can stop, or `None` where the kind has
 /// no broker to stop (database-local) or the service is missing.
 async fn restartable(kind: Kind, test: &str) -> Option<(Setup, Arc<dyn Outage>)> {
@@ -129,55 +150,40 @@ async fn restartable(kind: Kind, test: &str) -> Option<(Setup, Arc<dyn Outage>)>
         Kind::Local => unreachable!("the database-local transport has no broker to stop"),
         #[cfg(feature = "rabbitmq")]
         Kind::RabbitMq => {
-            let server = Arc::new(OwnServer::start(Broker::RabbitMq, test).await?);
-            let rabbit = outbox::transport::rabbitmq::RabbitMqTransport::builder(server.url())
-                .namespace("outage")
-                .publish_timeout(Duration::from_secs(2))
-                .connect()
-                .await
-                .unwrap();
-            Some((
-                Setup {
-                    transport: Some(Arc::new(rabbit)),
-                    _guard: Box::new(server.clone()),
-                },
-                server,
-            ))
+            own_broker(Broker::RabbitMq, test, |url| async move {
+                let t = outbox::transport::rabbitmq::RabbitMqTransport::builder(url)
+                    .namespace("outage")
+                    .publish_timeout(Duration::from_secs(2))
+                    .connect()
+                    .await;
+                Arc::new(t.unwrap()) as Arc<dyn Transport>
+            })
+            .await
         }
         #[cfg(feature = "redis")]
         Kind::Redis => {
-            let server = Arc::new(OwnServer::start(Broker::Redis, test).await?);
-            let redis = outbox::transport::redis::RedisTransport::builder(server.url())
-                .namespace("outage")
-                .publish_timeout(Duration::from_secs(2))
-                .claim_idle(Duration::from_secs(2))
-                .connect()
-                .await
-                .unwrap();
-            Some((
-                Setup {
-                    transport: Some(Arc::new(redis)),
-                    _guard: Box::new(server.clone()),
-                },
-                server,
-            ))
+            own_broker(Broker::Redis, test, |url| async move {
+                let t = outbox::transport::redis::RedisTransport::builder(url)
+                    .namespace("outage")
+                    .publish_timeout(Duration::from_secs(2))
+                    .claim_idle(Duration::from_secs(2))
+                    .connect()
+                    .await;
+                Arc::new(t.unwrap()) as Arc<dyn Transport>
+            })
+            .await
         }
         #[cfg(feature = "nats")]
         Kind::Nats => {
-            let server = Arc::new(OwnServer::start(Broker::Nats, test).await?);
-            let nats = outbox::transport::nats::NatsTransport::builder(server.url())
-                .namespace("outage")
-                .publish_timeout(Duration::from_secs(2))
-                .connect()
-                .await
-                .unwrap();
-            Some((
-                Setup {
-                    transport: Some(Arc::new(nats)),
-                    _guard: Box::new(server.clone()),
-                },
-                server,
-            ))
+            own_broker(Broker::Nats, test, |url| async move {
+                let t = outbox::transport::nats::NatsTransport::builder(url)
+                    .namespace("outage")
+                    .publish_timeout(Duration::from_secs(2))
+                    .connect()
+                    .await;
+                Arc::new(t.unwrap()) as Arc<dyn Transport>
+            })
+            .await
         }
     }
 }
