@@ -150,6 +150,68 @@ fn validate_traceparent(tp: &str) -> Result<(), TraceContextError> {
     Ok(())
 }
 
+/// OpenTelemetry integration (feature `opentelemetry`), through `tracing-opentelemetry`.
+///
+/// Call [`otel::install`] once at start-up, after installing a `tracing` subscriber with the
+/// `tracing-opentelemetry` layer. From then on `enqueue` captures the W3C trace context of the
+/// current span, and each handler's `outbox.handle` span is a child of the producer's span: the
+/// trace continues across the broker.
+#[cfg(feature = "opentelemetry")]
+pub mod otel {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
+    };
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    use super::TraceContext;
+
+    /// Take the trace context from OpenTelemetry from now on. Returns whether this call
+    /// installed it (only the first provider counts).
+    pub fn install() -> bool {
+        super::set_provider(current)
+    }
+
+    /// The W3C trace context of the current `tracing` span's OpenTelemetry span, if it has one.
+    pub fn current() -> Option<TraceContext> {
+        let cx = tracing::Span::current().context();
+        let span = cx.span();
+        let sc = span.span_context();
+        if !sc.is_valid() {
+            return None;
+        }
+        let traceparent = format!(
+            "00-{}-{}-{:02x}",
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags().to_u8()
+        );
+        let state = sc.trace_state().header();
+        TraceContext::new(traceparent, (!state.is_empty()).then_some(state)).ok()
+    }
+
+    /// Make `span`'s OpenTelemetry parent the (remote) span `parent` describes.
+    pub fn set_parent(span: &tracing::Span, parent: &TraceContext) {
+        let (Ok(trace_id), Ok(span_id), Ok(flags)) = (
+            TraceId::from_hex(parent.trace_id()),
+            SpanId::from_hex(parent.parent_id()),
+            u8::from_str_radix(&parent.traceparent()[53..55], 16),
+        ) else {
+            return;
+        };
+        let state = parent
+            .tracestate()
+            .and_then(|s| s.parse::<TraceState>().ok())
+            .unwrap_or_default();
+        let remote = SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state);
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+    }
+
+    /// Whether the provider is installed (then handlers run in their own span's context).
+    pub(crate) fn installed() -> bool {
+        super::PROVIDER.get().is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

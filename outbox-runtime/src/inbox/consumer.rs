@@ -320,17 +320,21 @@ impl Consumer {
             attempt,
             traceparent = envelope.traceparent.as_deref().unwrap_or(""),
         );
-        let handler = AssertUnwindSafe((reg.handler)(itx, envelope, attempt))
-            .catch_unwind()
-            .instrument(span);
+        let handler = AssertUnwindSafe((reg.handler)(itx, envelope, attempt)).catch_unwind();
         let parent = envelope
             .traceparent
             .as_deref()
             .and_then(|tp| TraceContext::new(tp, envelope.tracestate.clone()).ok());
         let started = std::time::Instant::now();
         let outcome = match parent {
-            Some(parent) => parent.child().scope(handler).await,
-            None => handler.await,
+            // With OpenTelemetry the handler's own span is the child, and `enqueue` reads it.
+            #[cfg(feature = "opentelemetry")]
+            Some(parent) if crate::trace::otel::installed() => {
+                crate::trace::otel::set_parent(&span, &parent);
+                handler.instrument(span).await
+            }
+            Some(parent) => parent.child().scope(handler.instrument(span)).await,
+            None => handler.instrument(span).await,
         };
         crate::metrics::handler_duration(self.name, &envelope.event_type, started.elapsed());
         match outcome {
