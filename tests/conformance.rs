@@ -372,6 +372,25 @@ async fn delivers_every_event_once_in_order(kind: Kind, t: TestDb) {
     let outbox = runtime.outbox().clone();
     let total = produce(&t, &outbox, "once", 10, 12).await;
     wait_for_effects(&t, total).await;
+    let health = runtime.health();
+    let names: Vec<&str> = health.loops.iter().map(|l| l.name.as_str()).collect();
+    for expected in ["relay", "worker:conformance", "janitor", "metrics"] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    if setup.transport.is_some() {
+        assert!(names.contains(&"dispatch:conformance"), "{names:?}");
+    }
+    assert!(health.is_healthy(), "{health:#?}");
+    assert!(
+        health
+            .loops
+            .iter()
+            .all(|l| l.alive && l.last_success.is_some()),
+        "{health:#?}"
+    );
     let report = runtime.shutdown().await;
     assert_handled_once_in_order(&t, total, 12).await;
     assert_eq!(report.consumer("conformance").handled, total as u64);

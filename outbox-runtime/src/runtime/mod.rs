@@ -425,10 +425,12 @@ impl RuntimeBuilder {
                     }
                     let delivered = Arc::new(Notify::new());
                     // One notification from the relay wakes every local consumer's worker.
+                    let health = Arc::new(LoopHealth::new("local-fan-out".into()));
                     let fan_out = tokio::spawn({
                         let delivered = delivered.clone();
                         let wakes: Vec<Arc<Notify>> = wakes.values().cloned().collect();
                         let shutdown = shutdown.clone();
+                        let health = health.clone();
                         async move {
                             loop {
                                 tokio::select! {
@@ -437,12 +439,14 @@ impl RuntimeBuilder {
                                         for wake in &wakes {
                                             wake.notify_one();
                                         }
+                                        health.success();
                                     }
                                 }
                             }
+                            health.stopped();
                         }
                     });
-                    tasks.push((Arc::new(LoopHealth::new("local-fan-out".into())), fan_out));
+                    tasks.push((health, fan_out));
                     let routes = Arc::new(routes);
                     Relay::local(
                         self.db.clone(),
