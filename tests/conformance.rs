@@ -254,8 +254,11 @@ async fn transport(kind: Kind, test: &str) -> Option<Setup> {
 #[cfg(feature = "rabbitmq")]
 async fn rabbitmq(test: &str) -> Option<Setup> {
     let rabbit = common::rabbitmq::transport(test).await?;
-    // The consumer's queue is declared by the runtime's dispatcher; remove it with the rest.
-    rabbit.track_queue(&rabbit.queue_name("conformance"));
+    // Consumer queues are declared by the scenarios (the runtime's dispatcher, or a direct
+    // subscription); remove them with the rest.
+    for consumer in ["conformance", "redelivery"] {
+        rabbit.track_queue(&rabbit.queue_name(consumer));
+    }
     Some(Setup {
         transport: Some(Arc::new(rabbit.transport.clone())),
         _guard: Box::new(rabbit),
