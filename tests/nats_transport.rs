@@ -6,10 +6,7 @@
 
 #![cfg(feature = "nats")]
 
-use std::{
-    collections::HashSet,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use outbox::transport::{
     Delivery, OutgoingMessage, PublishError, SubscribeOptions, Subscription, Transport,
@@ -18,6 +15,8 @@ use outbox::transport::{
 use uuid::Uuid;
 
 mod common;
+
+use common::assert_shared_and_fanned_out;
 
 use common::nats::{transport, transport_with};
 
@@ -486,26 +485,7 @@ async fn one_consumer_name_shares_deliveries_and_different_names_each_get_all() 
         audited.expect("task"),
     );
 
-    // Same consumer name: every message reached exactly one of the two.
-    let set_1: HashSet<&String> = got_1.iter().collect();
-    let set_2: HashSet<&String> = got_2.iter().collect();
-    assert_eq!(set_1.len(), got_1.len(), "duplicate delivery to worker 1");
-    assert_eq!(set_2.len(), got_2.len(), "duplicate delivery to worker 2");
-    assert!(set_1.is_disjoint(&set_2), "a message reached both workers");
-    assert_eq!(got_1.len() + got_2.len(), all.len());
-    assert_eq!(
-        set_1.union(&set_2).copied().collect::<HashSet<_>>(),
-        all.iter().collect::<HashSet<_>>()
-    );
-    assert!(
-        !got_1.is_empty() && !got_2.is_empty(),
-        "the two workers did not share: {} and {}",
-        got_1.len(),
-        got_2.len()
-    );
-
-    // Another consumer name: everything, in publish order.
-    assert_eq!(audited, all);
+    assert_shared_and_fanned_out(&got_1, &got_2, &audited, &all);
 }
 
 #[tokio::test]

@@ -408,3 +408,35 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Two subscriptions sharing a consumer name got `got_1` and `got_2`, a third under another name
+/// got `audited`, of the message ids `all`: the shared name split the messages between its two
+/// subscribers (each exactly once, both got some), and the other name got all of them in order.
+pub fn assert_shared_and_fanned_out(
+    got_1: &[String],
+    got_2: &[String],
+    audited: &[String],
+    all: &[String],
+) {
+    use std::collections::HashSet;
+    let set_1: HashSet<&String> = got_1.iter().collect();
+    let set_2: HashSet<&String> = got_2.iter().collect();
+    assert_eq!(set_1.len(), got_1.len(), "duplicate delivery to worker 1");
+    assert_eq!(set_2.len(), got_2.len(), "duplicate delivery to worker 2");
+    assert!(set_1.is_disjoint(&set_2), "a message reached both workers");
+    assert_eq!(got_1.len() + got_2.len(), all.len());
+    assert_eq!(
+        set_1.union(&set_2).copied().collect::<HashSet<_>>(),
+        all.iter().collect::<HashSet<_>>()
+    );
+    assert!(
+        !got_1.is_empty() && !got_2.is_empty(),
+        "the two workers did not share: {} and {}",
+        got_1.len(),
+        got_2.len()
+    );
+    assert_eq!(
+        audited, all,
+        "another consumer name gets everything, in publish order"
+    );
+}
