@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 pub use outbox_runtime::CancellationToken;
+#[cfg(feature = "failpoints")]
+pub use outbox_runtime::failpoints;
 pub use outbox_runtime::inbox::InboxConfig;
 pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
 pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeReport};

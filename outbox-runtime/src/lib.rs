@@ -9,12 +9,29 @@
 //! - [`outbox`](mod@outbox): the [`Outbox`] handle that begins transactions and wakes the relay;
 //! - [`transaction`]: [`OutboxTransaction`], which writes buffered events right before `COMMIT`;
 //! - [`store`]: the SQL the SDK runs, per backend (PostgreSQL, MySQL/MariaDB, SQLite);
-//! - [`registry`]: start-up checks over everything the macros registered.
+//! - [`registry`]: start-up checks over everything the macros registered;
+//! - `failpoints` (feature `failpoints`): named places where fault-injection tests crash the SDK.
+
+/// A failpoint: `failpoint!(NAME)` honours `panic`, `sleep`, `pause`, …; `failpoint!(NAME, expr)`
+/// also returns `expr` from the enclosing function when the point is armed with `return`.
+/// Without the `failpoints` feature it expands to nothing.
+macro_rules! failpoint {
+    ($name:expr) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name);
+    };
+    ($name:expr, $ret:expr) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name, |_| $ret);
+    };
+}
 
 pub mod admin;
 pub mod envelope;
 pub mod error;
 pub mod event;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod inbox;
 pub mod metrics;
 pub mod outbox;

@@ -546,7 +546,15 @@ impl Relay {
             self.stats.add(&report);
             return Ok(report);
         }
+        failpoint!(
+            crate::failpoints::RELAY_AFTER_CLAIM,
+            Err(crate::failpoints::injected(crate::failpoints::RELAY_AFTER_CLAIM).into())
+        );
         let settlement = self.publish(transport.as_ref(), &claim, shutdown).await;
+        failpoint!(
+            crate::failpoints::RELAY_AFTER_PUBLISH,
+            Err(crate::failpoints::injected(crate::failpoints::RELAY_AFTER_PUBLISH).into())
+        );
         let settled = self.settle(&claim, &settlement).await?;
 
         report.sent = settlement.sent.len();

@@ -330,6 +330,15 @@ async fn run(
             if deleted < policy.batch_size as u64 {
                 break;
             }
+            failpoint!(
+                crate::failpoints::JANITOR_BETWEEN_BATCHES,
+                Err(
+                    db_error("deleting the next batch")(crate::failpoints::injected(
+                        crate::failpoints::JANITOR_BETWEEN_BATCHES
+                    ))
+                    .into()
+                )
+            );
             tokio::time::sleep(policy.pause).await;
         }
     }

@@ -382,7 +382,10 @@ impl Consumer {
             .instrument(span)
             .await
         {
-            Ok(()) => delivery.ack().await,
+            Ok(()) => {
+                failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
+                delivery.ack().await
+            }
             Err(e) => {
                 tracing::warn!(consumer = self.name, error = %e, "could not record a delivery; the broker will redeliver it");
                 delivery.nack(Some(Duration::from_secs(1))).await
@@ -474,6 +477,14 @@ impl Consumer {
             },
         );
         let result = self.run_handler(reg, &itx, &envelope, 1).await;
+        if result.is_ok() {
+            failpoint!(
+                crate::failpoints::INBOX_AFTER_HANDLER,
+                Err(crate::failpoints::injected(
+                    crate::failpoints::INBOX_AFTER_HANDLER
+                ))
+            );
+        }
         let error = match result {
             Ok(()) => match itx.into_inner().commit().await {
                 Ok(_) => {
@@ -489,6 +500,12 @@ impl Consumer {
         };
         let state = self.failure_state(Some(reg), &error, 1);
         self.log_failure(&envelope.id, &state);
+        failpoint!(
+            crate::failpoints::INBOX_STORE_RETRY,
+            Err(crate::failpoints::injected(
+                crate::failpoints::INBOX_STORE_RETRY
+            ))
+        );
         if self.store(&row, &state).await? {
             self.count_failure(&state);
             self.wake.notify_one();
@@ -754,7 +771,11 @@ impl Consumer {
                 attempt,
             },
         );
-        let error = match self.run_handler(reg, &itx, &envelope, attempt).await {
+        let result = self.run_handler(reg, &itx, &envelope, attempt).await;
+        if result.is_ok() {
+            failpoint!(crate::failpoints::INBOX_AFTER_HANDLER, Outcome::Failed);
+        }
+        let error = match result {
             Ok(()) => match itx.into_inner().commit().await {
                 Ok(_) => {
                     self.count(Counter::handled);
@@ -781,6 +802,7 @@ impl Consumer {
         let attempts = message.attempts + 1;
         let state = self.failure_state(reg, &error, attempts);
         self.log_failure(&message.message_id, &state);
+        failpoint!(crate::failpoints::INBOX_STORE_RETRY, ());
         let (dead, next_attempt_at, text) = match &state {
             InitialState::Retry {
                 next_attempt_at,

@@ -1,0 +1,49 @@
+//! Failpoints for fault-injection tests (feature `failpoints`; without it they compile to nothing).
+//!
+//! Each constant names a place where a crash or an error hurts most. Arm one with [`cfg`] (or the
+//! `FAILPOINTS` environment variable read by [`FailScenario::setup`]) using the `fail` crate's
+//! action syntax:
+//!
+//! - `return`: the SDK behaves as if the process had died at that point, without writing or
+//!   acknowledging anything more (the relay's claimed rows stay leased, the broker redelivers);
+//! - `panic`: panics there; with a panic hook that aborts, the process dies at exactly that point;
+//! - `sleep(ms)`, `pause`, `N%action`, `N*action`, `a->b`: as the `fail` crate documents.
+//!
+//! ```no_run
+//! # fn main() {
+//! use outbox_runtime::failpoints::{self, RELAY_AFTER_PUBLISH};
+//! // The next 3 rounds publish, then "die" before marking their events SENT.
+//! failpoints::cfg(RELAY_AFTER_PUBLISH, "3*return").unwrap();
+//! # }
+//! ```
+
+pub use fail::{FailScenario, cfg, list, remove};
+
+/// The relay claimed events (they are PROCESSING, leased to it) and has not published them.
+pub const RELAY_AFTER_CLAIM: &str = "outbox::relay::after_claim";
+/// The broker confirmed the events; the relay has not marked them SENT.
+pub const RELAY_AFTER_PUBLISH: &str = "outbox::relay::after_publish";
+/// A handler returned `Ok`; its transaction (effects, inbox row, follow-up events) is not
+/// committed.
+pub const INBOX_AFTER_HANDLER: &str = "outbox::inbox::after_handler";
+/// The handler's transaction committed; the broker has not been acknowledged.
+pub const INBOX_AFTER_COMMIT: &str = "outbox::inbox::after_commit";
+/// A handler failed and its transaction rolled back; the RETRY (or DEAD) state is not stored.
+pub const INBOX_STORE_RETRY: &str = "outbox::inbox::store_retry";
+/// The retention janitor deleted a batch and has not deleted the next one.
+pub const JANITOR_BETWEEN_BATCHES: &str = "outbox::janitor::between_batches";
+
+/// Every failpoint, for harnesses that arm them in turn.
+pub const ALL: [&str; 6] = [
+    RELAY_AFTER_CLAIM,
+    RELAY_AFTER_PUBLISH,
+    INBOX_AFTER_HANDLER,
+    INBOX_AFTER_COMMIT,
+    INBOX_STORE_RETRY,
+    JANITOR_BETWEEN_BATCHES,
+];
+
+/// The error a `return` failpoint makes the SDK see.
+pub(crate) fn injected(name: &str) -> sea_orm::DbErr {
+    sea_orm::DbErr::Custom(format!("failpoint {name} fired"))
+}
