@@ -324,14 +324,22 @@ fn optional_string(
     match attrs.get(name) {
         None => Ok(None),
         Some(raw) if raw.get() == "null" => Ok(None),
-        Some(raw) => serde_json::from_str::<String>(raw.get())
-            .map(Some)
-            .map_err(|_| {
-                EnvelopeError::invalid(
+        Some(raw) if !raw.get().starts_with('"') => Err(EnvelopeError::invalid(
+            name,
+            format!("expected a string, found {}", json_kind(raw.get())),
+        )),
+        Some(raw) => {
+            let value = serde_json::from_str::<String>(raw.get())
+                .map_err(|e| EnvelopeError::invalid(name, format!("not a valid string: {e}")))?;
+            if value.contains('\0') {
+                return Err(EnvelopeError::invalid(
                     name,
-                    format!("expected a string, found {}", json_kind(raw.get())),
-                )
-            }),
+                    "contains the NUL character (U+0000), which CloudEvents does not allow \
+                     in attributes and databases cannot store in text columns",
+                ));
+            }
+            Ok(Some(value))
+        }
     }
 }
 
@@ -498,6 +506,14 @@ mod tests {
                 r#"{"specversion":"1.0","id":"1","source":"s","type":"t","schemaversion":"x"}"#,
                 EnvelopeError::invalid("schemaversion", "expected an integer, found `\"x\"`"),
             ),
+            (
+                r#"{"specversion":"1.0","id":"a\u0000b","source":"s","type":"t"}"#,
+                EnvelopeError::invalid(
+                    "id",
+                    "contains the NUL character (U+0000), which CloudEvents does not allow \
+                     in attributes and databases cannot store in text columns",
+                ),
+            ),
         ];
         for (input, expected) in cases {
             let err = Envelope::from_json(input.as_bytes()).unwrap_err();
@@ -513,6 +529,14 @@ mod tests {
         assert!(
             err.to_string()
                 .starts_with("CloudEvents attribute `time` is invalid"),
+            "{err}"
+        );
+        let err =
+            Envelope::from_json(br#"{"specversion":"1.0","id":"\ud800","source":"s","type":"t"}"#)
+                .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("CloudEvents attribute `id` is invalid: not a valid string: "),
             "{err}"
         );
         let err = Envelope::from_json(b"\xff\xfe").unwrap_err();
@@ -548,17 +572,21 @@ mod tests {
         })
     }
 
+    const ATTR: &str = "[^\\x00\\n]+";
+    const ATTR_OR_EMPTY: &str = "[^\\x00\\n]*";
+
     fn envelope() -> impl Strategy<Value = Envelope> {
         (
-            (".+", ".+", ".+", proptest::option::of(".*")),
+            // Attributes never hold NUL (see `optional_string`); data and extensions may.
+            (ATTR, ATTR, ATTR, proptest::option::of(ATTR_OR_EMPTY)),
             (
                 0i64..4_102_444_800_000_000,
                 proptest::option::of(any::<i64>()),
                 proptest::option::of(any::<u32>()),
             ),
             (
-                proptest::option::of(".*"),
-                proptest::option::of(".*"),
+                proptest::option::of(ATTR_OR_EMPTY),
+                proptest::option::of(ATTR_OR_EMPTY),
                 json_value(),
             ),
             prop::collection::btree_map(
