@@ -9,6 +9,12 @@
 //! no handler of this consumer takes, is stored DEAD with the raw bytes and a clear error, then
 //! acked. If even storing fails, the delivery is nacked and the broker redelivers it.
 //!
+//! **Duplicates and conflicts.** When `(consumer, message_id)` is already recorded, the stored
+//! payload is compared with the delivered bytes: the same bytes are a duplicate (acked and
+//! counted); different bytes are a conflict, kept as a DEAD row under
+//! `{message_id}#conflict-{digest of the bytes}` for an operator, counted, logged and acked. A
+//! redelivery of the same conflicting bytes finds that row and is a duplicate.
+//!
 //! **Worker.** Claims PENDING and due RETRY messages of the consumer (and PROCESSING ones whose
 //! lease expired) with the same lease, fencing and per-aggregate rules as the relay; marks each
 //! DONE inside the handler's transaction, fenced by its claim token, so a worker that lost its
@@ -100,6 +106,7 @@ pub struct ConsumerStats {
     dead: AtomicU64,
     stored: AtomicU64,
     stale: AtomicU64,
+    conflicts: AtomicU64,
 }
 
 /// A snapshot of a consumer's counters.
@@ -117,6 +124,9 @@ pub struct ConsumerStatsSnapshot {
     pub stored: u64,
     /// Worker writes fenced off because another worker took the message over.
     pub stale: u64,
+    /// Deliveries whose message id was already recorded with a different payload: kept as DEAD
+    /// rows under a derived id (`{message_id}#conflict-{digest}`) for an operator.
+    pub conflicts: u64,
 }
 
 impl ConsumerStats {
@@ -129,6 +139,7 @@ impl ConsumerStats {
             dead: self.dead.load(Ordering::Relaxed),
             stored: self.stored.load(Ordering::Relaxed),
             stale: self.stale.load(Ordering::Relaxed),
+            conflicts: self.conflicts.load(Ordering::Relaxed),
         }
     }
 }
@@ -143,6 +154,7 @@ enum Counter {
     dead,
     stored,
     stale,
+    conflicts,
 }
 
 /// A consumer's handlers and settings, shared by its dispatcher and worker.
@@ -186,6 +198,7 @@ impl Consumer {
             Counter::dead => (&self.stats.dead, "dead"),
             Counter::stored => (&self.stats.stored, "stored"),
             Counter::stale => (&self.stats.stale, "stale"),
+            Counter::conflicts => (&self.stats.conflicts, "conflict"),
         };
         field.fetch_add(1, Ordering::Relaxed);
         crate::metrics::inbox(self.name, outcome);
@@ -353,13 +366,64 @@ impl Consumer {
         }
     }
 
-    /// Record a message as `state` in its own transaction.
+    /// Record a message as `state` in its own transaction. `false`: it was recorded already,
+    /// and is counted as a duplicate or kept as a conflict (see [`Self::recorded_already`]).
     async fn store(
         &self,
         row: &NewInboxRow<'_>,
         state: &InitialState,
     ) -> Result<bool, sea_orm::DbErr> {
-        store::inbox::insert(&self.db, row, state, Utc::now()).await
+        if store::inbox::insert(&self.db, row, state, Utc::now()).await? {
+            return Ok(true);
+        }
+        self.recorded_already(row).await?;
+        Ok(false)
+    }
+
+    /// `(consumer, message_id)` of `row` is recorded already. With the same payload this is a
+    /// duplicate: counted, nothing else happens. With a different one, the delivery is kept as a
+    /// DEAD row under `{message_id}#conflict-{digest of the bytes}` for an operator, counted as a
+    /// conflict and logged; a redelivery of the same conflicting bytes finds that row and is a
+    /// duplicate.
+    async fn recorded_already(&self, row: &NewInboxRow<'_>) -> Result<(), sea_orm::DbErr> {
+        let first = store::inbox::recorded(&self.db, row.consumer, row.message_id).await?;
+        let first_status = match first {
+            // Gone meanwhile (purged): nothing to compare with.
+            None => None,
+            Some((_, payload)) if payload == row.payload => None,
+            Some((status, _)) => Some(status),
+        };
+        let Some(first_status) = first_status else {
+            self.count(Counter::duplicates);
+            tracing::debug!(consumer = self.name, message_id = %row.message_id, "duplicate delivery suppressed");
+            return Ok(());
+        };
+        let kept_as = conflict_id(row.message_id, row.payload);
+        let error = format!(
+            "message id `{}` was already delivered with a different payload (the first delivery \
+             is {first_status}); this one was not handled and is kept for an operator",
+            row.message_id
+        );
+        // Without its aggregate: the kept copy must not hold later messages of it back.
+        let conflict = NewInboxRow {
+            message_id: &kept_as,
+            aggregate_type: None,
+            aggregate_id: None,
+            aggregate_version: None,
+            ..row.clone()
+        };
+        let state = InitialState::Dead {
+            attempts: 0,
+            error: error.clone(),
+        };
+        if store::inbox::insert(&self.db, &conflict, &state, Utc::now()).await? {
+            self.count(Counter::conflicts);
+            tracing::error!(consumer = self.name, message_id = %row.message_id, kept_as = %kept_as, %error, "conflicting delivery stored as DEAD");
+        } else {
+            self.count(Counter::duplicates);
+            tracing::debug!(consumer = self.name, message_id = %row.message_id, kept_as = %kept_as, "conflicting delivery seen before; suppressed");
+        }
+        Ok(())
     }
 
     /// Handle one broker delivery, then settle it with the broker.
@@ -404,9 +468,15 @@ impl Consumer {
         let envelope = match decoded {
             Ok(envelope) => envelope,
             Err(error) => {
+                // The broker's message id, when the database can hold it as it is.
                 let message_id = delivery
                     .message_id
                     .clone()
+                    .filter(|id| {
+                        !id.is_empty()
+                            && !id.contains('\0')
+                            && id.chars().count() <= store::inbox::MAX_MESSAGE_ID_CHARS
+                    })
                     .unwrap_or_else(|| format!("undecodable-{:016x}", digest(&delivery.body)));
                 let row = NewInboxRow {
                     consumer: self.name,
@@ -418,11 +488,9 @@ impl Consumer {
                     attempts: 0,
                     error: format!("undecodable message: {error}"),
                 };
-                tracing::error!(consumer = self.name, message_id = %message_id, %error, "undecodable message stored as DEAD");
                 if self.store(&row, &state).await? {
+                    tracing::error!(consumer = self.name, message_id = %message_id, %error, "undecodable message stored as DEAD");
                     self.count(Counter::dead);
-                } else {
-                    self.count(Counter::duplicates);
                 }
                 return Ok(());
             }
@@ -432,12 +500,13 @@ impl Consumer {
         let reg = match self.handler(&envelope) {
             Ok(reg) => reg,
             Err(error) => {
-                tracing::error!(consumer = self.name, message_id = %envelope.id, %error, "message stored as DEAD");
-                let state = InitialState::Dead { attempts: 0, error };
+                let state = InitialState::Dead {
+                    attempts: 0,
+                    error: error.clone(),
+                };
                 if self.store(&row, &state).await? {
+                    tracing::error!(consumer = self.name, message_id = %envelope.id, %error, "message stored as DEAD");
                     self.count(Counter::dead);
-                } else {
-                    self.count(Counter::duplicates);
                 }
                 return Ok(());
             }
@@ -454,8 +523,6 @@ impl Consumer {
             if self.store(&row, &InitialState::Pending).await? {
                 self.count(Counter::stored);
                 self.wake.notify_one();
-            } else {
-                self.count(Counter::duplicates);
             }
             return Ok(());
         }
@@ -464,9 +531,7 @@ impl Consumer {
         let tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
         if !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await? {
             tx.rollback().await.map_err(into_db_err)?;
-            self.count(Counter::duplicates);
-            tracing::debug!(consumer = self.name, message_id = %envelope.id, "duplicate delivery suppressed");
-            return Ok(());
+            return self.recorded_already(&row).await;
         }
         let itx = InboxTransaction::new(
             tx,
@@ -509,8 +574,6 @@ impl Consumer {
         if self.store(&row, &state).await? {
             self.count_failure(&state);
             self.wake.notify_one();
-        } else {
-            self.count(Counter::duplicates);
         }
         Ok(())
     }
@@ -853,6 +916,18 @@ fn lane_key(envelope: &Envelope) -> String {
         (Some(t), Some(id)) => format!("{t}/{id}"),
         _ => envelope.id.clone(),
     }
+}
+
+/// The message id a conflicting delivery is kept under: `{message_id}#conflict-{digest}`, the
+/// id cut so that the digest always fits the column.
+fn conflict_id(message_id: &str, body: &[u8]) -> String {
+    const SUFFIX_CHARS: usize = "#conflict-".len() + 16;
+    let keep = store::inbox::MAX_MESSAGE_ID_CHARS - SUFFIX_CHARS;
+    let prefix = match message_id.char_indices().nth(keep) {
+        Some((i, _)) => &message_id[..i],
+        None => message_id,
+    };
+    format!("{prefix}#conflict-{:016x}", digest(body))
 }
 
 /// A stable 64-bit digest (FNV-1a) for lane routing and ids of undecodable messages.

@@ -108,7 +108,7 @@ impl<E: DomainEvent + serde::de::DeserializeOwned> Event<E> {
             HandlerError::permanent(format!(
                 "payload of `{}` (schema version {}) does not match `{}`: {e}",
                 envelope.event_type,
-                envelope.schema_version.unwrap_or(0),
+                envelope.schema_version.unwrap_or(1),
                 std::any::type_name::<E>()
             ))
         })?;

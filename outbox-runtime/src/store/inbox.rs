@@ -30,6 +30,9 @@ pub mod inbox_status {
 /// Longest consumer name the table holds.
 pub const MAX_CONSUMER_CHARS: usize = 128;
 
+/// Longest message id the table holds; a longer one is stored cut to this many characters.
+pub const MAX_MESSAGE_ID_CHARS: usize = 255;
+
 const COLUMNS: &str = "id, consumer, message_id, event_type, aggregate_type, aggregate_id, \
      payload, status, attempts, locked_until";
 
@@ -133,7 +136,7 @@ pub async fn insert<C: ConnectionTrait>(
     );
     let values: Vec<Value> = vec![
         row.consumer.to_owned().into(),
-        truncate(row.message_id, 255).into(),
+        truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
         row.event_type.map(|s| truncate(s, 255)).into(),
         row.source.map(|s| truncate(s, 255)).into(),
         row.aggregate_type.map(|s| truncate(s, 128)).into(),
@@ -164,6 +167,29 @@ pub async fn insert<C: ConnectionTrait>(
     }
     let result = conn.execute_raw(sql.build()).await?;
     Ok(result.rows_affected() == 1)
+}
+
+/// The status and payload recorded for `(consumer, message_id)`, if any: what a delivery that
+/// [`insert`] reported as a duplicate is compared with.
+pub async fn recorded<C: ConnectionTrait>(
+    conn: &C,
+    consumer: &str,
+    message_id: &str,
+) -> Result<Option<(String, Vec<u8>)>, DbErr> {
+    let mut sql = Sql::new(Dialect::of(conn));
+    sql.push(&format!(
+        "SELECT status, payload FROM {INBOX_TABLE} WHERE consumer = "
+    ))
+    .bind(consumer.to_owned().into())
+    .push(" AND message_id = ")
+    .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
+    match conn.query_one_raw(sql.build()).await? {
+        Some(row) => Ok(Some((
+            row.try_get("", "status")?,
+            row.try_get("", "payload")?,
+        ))),
+        None => Ok(None),
+    }
 }
 
 fn null_timestamp(backend: DbBackend) -> Value {
