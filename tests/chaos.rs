@@ -1,0 +1,1234 @@
+//! Process-kill harness: a producer, relays and consumers as separate processes over PostgreSQL
+//! and NATS JetStream, killed at random moments and at every failpoint, then drained and checked.
+//!
+//! The supervisor (this binary without `OUTBOX_CHAOS_ROLE`) creates a database and a stream of
+//! its own and starts, as copies of itself:
+//!
+//! - one **producer** committing orders, each with its `chaos.order_placed` event, in
+//!   transactions of 1 to 10 orders over 200 customers (the aggregates), at a set rate;
+//! - **relays** (default 2) publishing to JetStream and running the retention janitor, which
+//!   deletes SENT rows after one second so that it works all the time;
+//! - **consumers** (default 3 processes of the same service), each running the handlers of two
+//!   consumers, `inventory` and `billing`, that insert one effect row per order and fail at
+//!   random (2%) so that retries are stored and run by the worker.
+//!
+//! Each child life arms the failpoints of its role still short of their kill target (the
+//! `failpoints` feature) to panic after a random number of passes; a panic hook aborts the
+//! process there, so it dies at exactly that point. The supervisor also SIGKILLs a random child
+//! every 0.5 to 3 s. A dead child is restarted at once. When the events and kill targets are
+//! reached, the producer stops, every child is restarted without failpoints, the system drains,
+//! and the supervisor checks:
+//!
+//! - every committed order has exactly one effect per consumer (nothing lost, nothing doubled),
+//!   and no effect belongs to an order that did not commit;
+//! - nothing is left PENDING, PROCESSING or RETRY, nothing is DEAD, in the outbox or the inbox;
+//! - every order's event is on the stream, and per customer the events first appear in
+//!   sequence order;
+//! - duplicates were delivered to consumers (the crash windows were hit) and suppressed.
+//!
+//! Short run (CI, part of `cargo test --workspace --all-features`): 3,000 events and at least
+//! one kill per failpoint where the time bound allows. Long run, for `docs/RELIABILITY.md`:
+//!
+//! ```sh
+//! OUTBOX_CHAOS_EVENTS=1000000 OUTBOX_CHAOS_RATE=800 OUTBOX_CHAOS_KILLS=100 \
+//! OUTBOX_CHAOS_SIGKILLS=200 OUTBOX_CHAOS_MAX_SECS=5400 OUTBOX_CHAOS_STRICT=1 \
+//!   cargo test --release --features postgres,nats,failpoints --test chaos
+//! ```
+//!
+//! Figures are printed as a table and written as JSON to `OUTBOX_CHAOS_REPORT` (default
+//! `target/chaos-report.json`). The chaos database runs with `synchronous_commit = off`: only
+//! client processes are killed here, never the database server, so a commit the server
+//! acknowledged is never lost, and the harness gets more events through per minute.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::LazyLock,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use outbox::failpoints;
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::{Backoff, RelayConfig};
+use outbox::retention::RetentionPolicy;
+use outbox::runtime::Runtime;
+use outbox::sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+};
+use outbox::transport::SubscribeOptions;
+use outbox::transport::nats::{NatsTransport, async_nats};
+use serde::{Deserialize, Serialize};
+
+const ROLE: &str = "OUTBOX_CHAOS_ROLE";
+const CUSTOMERS: usize = 200;
+const CONSUMERS: [&str; 2] = ["inventory", "billing"];
+
+// ---------------------------------------------------------------------------------------------
+// The service: one event, two handlers.
+
+#[derive(Debug, Serialize, Deserialize, DomainEvent)]
+#[event(name = "chaos.order_placed", aggregate = "customer", version = 1)]
+struct OrderPlaced {
+    #[event(aggregate_id)]
+    customer: String,
+    seq: i64,
+    order_id: i64,
+}
+
+/// Handler failure probability, from the supervisor.
+static FAILURE_RATE: LazyLock<f64> =
+    LazyLock::new(|| env_f64("OUTBOX_CHAOS_HANDLER_FAILURES", 0.02));
+
+async fn record(tx: &InboxTransaction, event: &Event<OrderPlaced>) -> Result<(), HandlerError> {
+    if fastrand::f64() < *FAILURE_RATE {
+        return Err(HandlerError::retry("injected handler failure"));
+    }
+    tx.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO chaos_effect (consumer, order_id, customer, seq, pid) VALUES ($1, $2, $3, $4, $5)",
+        [
+            tx.context().consumer.into(),
+            event.order_id.into(),
+            event.customer.clone().into(),
+            event.seq.into(),
+            (std::process::id() as i64).into(),
+        ],
+    ))
+    .await?;
+    Ok(())
+}
+
+#[inbox_handler(
+    consumer = "inventory",
+    max_attempts = 1000,
+    backoff = "20ms",
+    backoff_cap = "500ms"
+)]
+async fn reserve_stock(
+    tx: &InboxTransaction,
+    event: Event<OrderPlaced>,
+) -> Result<(), HandlerError> {
+    record(tx, &event).await
+}
+
+#[inbox_handler(
+    consumer = "billing",
+    max_attempts = 1000,
+    backoff = "20ms",
+    backoff_cap = "500ms"
+)]
+async fn charge(tx: &InboxTransaction, event: Event<OrderPlaced>) -> Result<(), HandlerError> {
+    record(tx, &event).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settings.
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_f64(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_str(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Settings {
+    events: u64,
+    rate: u64,
+    kills_per_failpoint: u64,
+    sigkills: u64,
+    max_secs: u64,
+    relays: usize,
+    consumers: usize,
+    handler_failures: f64,
+    strict: bool,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        Settings {
+            events: env_u64("OUTBOX_CHAOS_EVENTS", 3_000),
+            rate: env_u64("OUTBOX_CHAOS_RATE", 400),
+            kills_per_failpoint: env_u64("OUTBOX_CHAOS_KILLS", 1),
+            sigkills: env_u64("OUTBOX_CHAOS_SIGKILLS", 6),
+            max_secs: env_u64("OUTBOX_CHAOS_MAX_SECS", 60),
+            relays: env_u64("OUTBOX_CHAOS_RELAYS", 2) as usize,
+            consumers: env_u64("OUTBOX_CHAOS_CONSUMERS", 3) as usize,
+            handler_failures: env_f64("OUTBOX_CHAOS_HANDLER_FAILURES", 0.02),
+            strict: std::env::var("OUTBOX_CHAOS_STRICT").is_ok_and(|v| v == "1"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Role {
+    Producer,
+    Relay,
+    Consumer,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Relay => "relay",
+            Role::Consumer => "consumer",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Role> {
+        [Role::Producer, Role::Relay, Role::Consumer]
+            .into_iter()
+            .find(|r| r.name() == s)
+    }
+
+    /// The failpoints this role passes through, and how many passes a few seconds of work
+    /// make (the range of the random skip count).
+    fn failpoints(self) -> &'static [(&'static str, u64)] {
+        match self {
+            Role::Producer => &[],
+            Role::Relay => &[
+                (failpoints::RELAY_AFTER_CLAIM, 60),
+                (failpoints::RELAY_AFTER_PUBLISH, 60),
+                (failpoints::JANITOR_BETWEEN_BATCHES, 4),
+            ],
+            Role::Consumer => &[
+                (failpoints::INBOX_AFTER_HANDLER, 1_500),
+                (failpoints::INBOX_AFTER_COMMIT, 1_500),
+                (failpoints::INBOX_STORE_RETRY, 30),
+            ],
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry point.
+
+fn main() {
+    if let Some(role) = std::env::var(ROLE).ok().and_then(|r| Role::parse(&r)) {
+        child_main(role);
+        return;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("chaos: test");
+        return;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if !filters.is_empty() && !filters.iter().any(|f| "chaos".contains(f.as_str())) {
+        println!("running 0 tests (filtered out)");
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    println!("\nrunning 1 test: chaos (process kills over PostgreSQL and NATS JetStream)");
+    match runtime.block_on(supervise(Settings::from_env())) {
+        Ok(Outcome::Passed) => println!("test chaos ... ok\n"),
+        Ok(Outcome::Skipped) => println!("test chaos ... skipped\n"),
+        Err(failure) => {
+            eprintln!("test chaos ... FAILED\n{failure}");
+            std::process::exit(101);
+        }
+    }
+}
+
+enum Outcome {
+    Passed,
+    Skipped,
+}
+
+fn services_required() -> bool {
+    std::env::var("OUTBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
+}
+
+fn postgres_admin_url() -> String {
+    env_str(
+        "OUTBOX_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+fn nats_url() -> String {
+    env_str("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
+}
+
+fn with_database(url: &str, db: &str) -> String {
+    match url.rfind('/') {
+        Some(i) => format!("{}/{db}", &url[..i]),
+        None => format!("{url}/{db}"),
+    }
+}
+
+async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, outbox::sea_orm::DbErr> {
+    let mut opts = ConnectOptions::new(url.to_owned());
+    opts.sqlx_logging(false)
+        .max_connections(max)
+        .connect_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(30));
+    Database::connect(opts).await
+}
+
+async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
+    let row = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .expect("one row");
+    row.try_get_by_index::<i64>(0).expect("a number")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Children.
+
+fn child_main(role: Role) {
+    let dir = PathBuf::from(env_str("OUTBOX_CHAOS_DIR", "."));
+    let kills = dir.join("kills.log");
+    let panics = dir.join("panics.log");
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| {
+                info.payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+            })
+            .unwrap_or_default();
+        let (file, line) = match message
+            .strip_prefix("failpoint ")
+            .and_then(|m| m.strip_suffix(" panic"))
+        {
+            Some(name) => (&kills, format!("{} {name}\n", role.name())),
+            None => (
+                &panics,
+                format!("{} {}: {info}\n", role.name(), std::process::id()),
+            ),
+        };
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+        // Die here, like a crash at this exact point: no unwinding, no cleanup.
+        std::process::abort();
+    }));
+    let scenario = failpoints::FailScenario::setup();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = runtime.block_on(async {
+        match role {
+            Role::Producer => produce(&dir).await,
+            Role::Relay => relay(&dir).await,
+            Role::Consumer => consume(&dir).await,
+        }
+    });
+    scenario.teardown();
+    if let Err(e) = result {
+        eprintln!("{} {}: {e}", role.name(), std::process::id());
+        std::process::exit(1);
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn child_db(max: u32) -> Result<DatabaseConnection, BoxError> {
+    Ok(connect(&env_str("OUTBOX_CHAOS_DB", ""), max).await?)
+}
+
+async fn child_transport() -> Result<NatsTransport, BoxError> {
+    Ok(NatsTransport::builder(nats_url())
+        .namespace(env_str("OUTBOX_CHAOS_NS", "chaos"))
+        .connection_timeout(Duration::from_secs(5))
+        .connect()
+        .await?)
+}
+
+/// Write counters where the supervisor finds them; a killed process leaves its last write.
+fn write_stats(dir: &Path, role: Role, fields: &[(&str, u64)]) {
+    let path = dir
+        .join("stats")
+        .join(format!("{}-{}.txt", role.name(), std::process::id()));
+    let tmp = path.with_extension("tmp");
+    let text: String = fields.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
+}
+
+async fn terminated() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    term.recv().await;
+}
+
+async fn produce(dir: &Path) -> Result<(), BoxError> {
+    let db = child_db(2).await?;
+    let outbox = Outbox::new("chaos-orders");
+    let target = env_u64("OUTBOX_CHAOS_EVENTS", 3_000) as i64;
+    let rate = env_u64("OUTBOX_CHAOS_RATE", 400).max(1) as f64;
+    let stop = dir.join("stop-producing");
+    let started = Instant::now();
+    let mut produced = 0u64;
+    loop {
+        let committed = scalar(&db, "SELECT COUNT(*) FROM chaos_order").await;
+        if committed >= target && stop.exists() {
+            return Ok(());
+        }
+        // Keep to the rate: this life's events over its elapsed time.
+        let due = Duration::from_secs_f64(produced as f64 / rate);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        for _ in 0..20 {
+            let orders = fastrand::u64(1..=10);
+            let tx = outbox.begin(&db).await?;
+            for _ in 0..orders {
+                let customer = format!("c{:03}", fastrand::usize(0..CUSTOMERS));
+                let seq = tx
+                    .query_one_raw(Statement::from_sql_and_values(
+                        DbBackend::Postgres,
+                        "UPDATE chaos_customer SET seq = seq + 1 WHERE id = $1 RETURNING seq",
+                        [customer.clone().into()],
+                    ))
+                    .await?
+                    .ok_or("customer row missing")?
+                    .try_get_by_index::<i64>(0)?;
+                let order_id = tx
+                    .query_one_raw(Statement::from_sql_and_values(
+                        DbBackend::Postgres,
+                        "INSERT INTO chaos_order (customer, seq) VALUES ($1, $2) RETURNING id",
+                        [customer.clone().into(), seq.into()],
+                    ))
+                    .await?
+                    .ok_or("no order id")?
+                    .try_get_by_index::<i64>(0)?;
+                tx.enqueue(&OrderPlaced {
+                    customer,
+                    seq,
+                    order_id,
+                })?;
+            }
+            let _ = tx.commit().await?;
+            produced += orders;
+        }
+    }
+}
+
+async fn relay(dir: &Path) -> Result<(), BoxError> {
+    let db = child_db(6).await?;
+    let transport = child_transport().await?;
+    let config = RelayConfig {
+        relay_id: format!("relay-{}", std::process::id()),
+        lease: Duration::from_secs(2),
+        max_attempts: 50,
+        backoff: Backoff {
+            base: Duration::from_millis(50),
+            cap: Duration::from_secs(1),
+            jitter: 0.2,
+        },
+        error_delay: Duration::from_millis(200),
+        poll_interval: Duration::from_millis(500),
+        ..RelayConfig::default()
+    };
+    let retention = RetentionPolicy {
+        sent_after: Duration::from_secs(1),
+        batch_size: env_u64("OUTBOX_CHAOS_JANITOR_BATCH", 100) as usize,
+        pause: Duration::from_millis(10),
+        lease: Duration::from_secs(3),
+        ..RetentionPolicy::default()
+    };
+    let runtime = Runtime::builder(db)
+        .source("chaos-orders")
+        .transport(transport)
+        .relay_config(config)
+        .consumers(Vec::<String>::new())
+        .retention(Some(retention), Duration::from_millis(500))
+        .redelivery_windows(Duration::from_secs(120), Duration::from_secs(60))
+        .start()
+        .await?;
+    let mut reported = Instant::now();
+    loop {
+        if reported.elapsed() > Duration::from_secs(5) {
+            reported = Instant::now();
+            for l in runtime.health().loops.iter().filter(|l| !l.healthy) {
+                eprintln!(
+                    "relay {}: loop {} unhealthy: {:?}",
+                    std::process::id(),
+                    l.name,
+                    l.last_error
+                );
+            }
+        }
+        let s = runtime.relay_stats().unwrap_or_default();
+        write_stats(
+            dir,
+            Role::Relay,
+            &[
+                ("claimed", s.claimed),
+                ("sent", s.sent),
+                ("retried", s.retried),
+                ("stale", s.stale),
+                ("errors", s.errors),
+            ],
+        );
+        tokio::select! {
+            _ = terminated() => break,
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+    runtime.shutdown().await;
+    Ok(())
+}
+
+async fn consume(dir: &Path) -> Result<(), BoxError> {
+    let db = child_db(12).await?;
+    let transport = child_transport().await?;
+    let config = InboxConfig {
+        lease: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(200),
+        max_attempts: 1000,
+        subscribe: SubscribeOptions {
+            ack_wait: Duration::from_secs(3),
+            ..SubscribeOptions::default()
+        },
+        ..InboxConfig::default()
+    };
+    let runtime = Runtime::builder(db)
+        .source("chaos-consumers")
+        .transport(transport)
+        .without_relay()
+        // The relays run the janitor, with their short policy: one policy per database.
+        .retention(None, Duration::from_secs(60))
+        .expect_consumers(CONSUMERS)
+        .consumers(CONSUMERS)
+        .inbox_config(config)
+        .start()
+        .await?;
+    loop {
+        let mut fields = Vec::new();
+        for (i, consumer) in CONSUMERS.iter().enumerate() {
+            let s = runtime.consumer_stats(consumer).unwrap_or_default();
+            let names: [&[&str]; 2] = [
+                &[
+                    "inventory.handled",
+                    "inventory.duplicates",
+                    "inventory.retried",
+                    "inventory.stale",
+                ],
+                &[
+                    "billing.handled",
+                    "billing.duplicates",
+                    "billing.retried",
+                    "billing.stale",
+                ],
+            ];
+            fields.extend(names[i].iter().copied().zip([
+                s.handled,
+                s.duplicates,
+                s.retried,
+                s.stale,
+            ]));
+        }
+        write_stats(dir, Role::Consumer, &fields);
+        tokio::select! {
+            _ = terminated() => break,
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+    runtime.shutdown().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Supervisor.
+
+struct Slot {
+    role: Role,
+    index: usize,
+    child: Option<Child>,
+    lives: u64,
+}
+
+struct Harness {
+    settings: Settings,
+    dir: PathBuf,
+    db_url: String,
+    namespace: String,
+    exe: PathBuf,
+    slots: Vec<Slot>,
+    sigkills: BTreeMap<Role, u64>,
+    exits: BTreeMap<Role, u64>,
+    failed_starts: u64,
+    arming: bool,
+}
+
+impl Harness {
+    fn failpoint_kills(&self) -> BTreeMap<String, u64> {
+        let mut counts: BTreeMap<String, u64> = Role::Relay
+            .failpoints()
+            .iter()
+            .chain(Role::Consumer.failpoints())
+            .map(|(name, _)| ((*name).to_owned(), 0))
+            .collect();
+        if let Ok(text) = std::fs::read_to_string(self.dir.join("kills.log")) {
+            for line in text.lines() {
+                if let Some((_, name)) = line.split_once(' ') {
+                    *counts.entry(name.to_owned()).or_default() += 1;
+                }
+            }
+        }
+        counts
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let role = self.slots[i].role;
+        let mut command = Command::new(&self.exe);
+        command
+            .env(ROLE, role.name())
+            .env("OUTBOX_CHAOS_DIR", &self.dir)
+            .env("OUTBOX_CHAOS_DB", &self.db_url)
+            .env("OUTBOX_CHAOS_NS", &self.namespace)
+            .env("OUTBOX_CHAOS_EVENTS", self.settings.events.to_string())
+            .env("OUTBOX_CHAOS_RATE", self.settings.rate.to_string())
+            .env(
+                "OUTBOX_CHAOS_HANDLER_FAILURES",
+                self.settings.handler_failures.to_string(),
+            )
+            .env_remove("FAILPOINTS")
+            .stdin(Stdio::null());
+        if self.arming {
+            let kills = self.failpoint_kills();
+            let armed: Vec<String> = role
+                .failpoints()
+                .iter()
+                .filter(|(name, _)| kills[*name] < self.settings.kills_per_failpoint)
+                .map(|(name, passes)| format!("{name}={}*off->panic", fastrand::u64(0..*passes)))
+                .collect();
+            if !armed.is_empty() {
+                command.env("FAILPOINTS", armed.join(";"));
+            }
+        }
+        let slot = &self.slots[i];
+        let log = self.dir.join(format!("{}-{}.log", role.name(), slot.index));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("child log");
+        command
+            .stdout(out.try_clone().expect("log handle"))
+            .stderr(out);
+        let child = command.spawn().expect("spawn a child process");
+        let slot = &mut self.slots[i];
+        slot.child = Some(child);
+        slot.lives += 1;
+    }
+
+    /// Restart children that died; `Some(i)` of a producer that finished.
+    fn reap(&mut self) -> Vec<(usize, ExitStatus)> {
+        let mut exited = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(child) = &mut slot.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                slot.child = None;
+                exited.push((i, status));
+            }
+        }
+        exited
+    }
+
+    fn sigkill(&mut self, i: usize) {
+        if let Some(mut child) = self.slots[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            *self.sigkills.entry(self.slots[i].role).or_default() += 1;
+        }
+    }
+
+    fn terminate_all(&mut self) {
+        for slot in &mut self.slots {
+            if let Some(child) = &slot.child {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &child.id().to_string()])
+                    .status();
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for slot in &mut self.slots {
+            if let Some(mut child) = slot.child.take() {
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let mut out = String::new();
+        for slot in &self.slots {
+            let path = self
+                .dir
+                .join(format!("{}-{}.log", slot.role.name(), slot.index));
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(10)..];
+                if !tail.is_empty() {
+                    out.push_str(&format!(
+                        "--- {} ---\n{}\n",
+                        path.display(),
+                        tail.join("\n")
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn stats(&self) -> BTreeMap<String, u64> {
+        let mut totals = BTreeMap::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("stats")) {
+            for entry in entries.flatten() {
+                let Ok(text) = std::fs::read_to_string(entry.path()) else {
+                    continue;
+                };
+                let role = entry
+                    .file_name()
+                    .to_string_lossy()
+                    .split('-')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                for line in text.lines() {
+                    if let Some((k, v)) = line.split_once(' ')
+                        && let Ok(v) = v.parse::<u64>()
+                    {
+                        *totals.entry(format!("{role}.{k}")).or_default() += v;
+                    }
+                }
+            }
+        }
+        totals
+    }
+}
+
+async fn setup_database(name: &str) -> Result<String, String> {
+    let admin = connect(&postgres_admin_url(), 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        format!("CREATE DATABASE {name}"),
+        format!("ALTER DATABASE {name} SET synchronous_commit = off"),
+    ] {
+        admin
+            .execute_unprepared(&sql)
+            .await
+            .map_err(|e| format!("{sql}: {e}"))?;
+    }
+    admin.close().await.ok();
+    let url = with_database(&postgres_admin_url(), name);
+    let db = connect(&url, 2).await.map_err(|e| e.to_string())?;
+    outbox::migrate(&db).await.map_err(|e| e.to_string())?;
+    for sql in [
+        "CREATE TABLE chaos_customer (id TEXT PRIMARY KEY, seq BIGINT NOT NULL)",
+        "CREATE TABLE chaos_order (id BIGSERIAL PRIMARY KEY, customer TEXT NOT NULL, seq BIGINT NOT NULL)",
+        "CREATE TABLE chaos_effect (id BIGSERIAL PRIMARY KEY, consumer TEXT NOT NULL, order_id BIGINT NOT NULL, customer TEXT NOT NULL, seq BIGINT NOT NULL, pid BIGINT NOT NULL)",
+    ] {
+        db.execute_unprepared(sql)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let customers: Vec<String> = (0..CUSTOMERS).map(|k| format!("('c{k:03}', 0)")).collect();
+    db.execute_unprepared(&format!(
+        "INSERT INTO chaos_customer (id, seq) VALUES {}",
+        customers.join(", ")
+    ))
+    .await
+    .map_err(|e| e.to_string())?;
+    db.close().await.ok();
+    Ok(url)
+}
+
+async fn drop_database(name: &str) {
+    if let Ok(admin) = connect(&postgres_admin_url(), 1).await {
+        let _ = admin
+            .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await;
+    }
+}
+
+fn skip(what: &str, error: impl std::fmt::Display) -> Result<Outcome, String> {
+    if services_required() {
+        return Err(format!(
+            "{what} is required (OUTBOX_REQUIRE_SERVICES=1) but unavailable: {error}"
+        ));
+    }
+    eprintln!(
+        "\n*** SKIPPED chaos: {what} is not reachable ({error}); start it to run this test ***\n"
+    );
+    Ok(Outcome::Skipped)
+}
+
+async fn supervise(settings: Settings) -> Result<Outcome, String> {
+    let started = Instant::now();
+    let tag = format!("{}_{}", std::process::id(), fastrand::u32(..) % 100_000);
+    let db_name = format!("ob_chaos_{tag}");
+    let namespace = format!("chaos_{tag}");
+    let db_url = match setup_database(&db_name).await {
+        Ok(url) => url,
+        Err(e) => return skip("PostgreSQL", e),
+    };
+    // The stream first, so that no child races another to create it.
+    let transport = match NatsTransport::builder(nats_url())
+        .namespace(namespace.clone())
+        .connection_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+    {
+        Ok(t) => t,
+        Err(e) => {
+            drop_database(&db_name).await;
+            return skip("NATS JetStream", e);
+        }
+    };
+    outbox::transport::Transport::setup(&transport)
+        .await
+        .map_err(|e| format!("stream setup: {e}"))?;
+
+    let dir = std::env::temp_dir().join(format!("outbox-chaos-{tag}"));
+    std::fs::create_dir_all(dir.join("stats")).map_err(|e| e.to_string())?;
+    let mut slots = vec![Slot {
+        role: Role::Producer,
+        index: 0,
+        child: None,
+        lives: 0,
+    }];
+    slots.extend((0..settings.relays).map(|index| Slot {
+        role: Role::Relay,
+        index,
+        child: None,
+        lives: 0,
+    }));
+    slots.extend((0..settings.consumers).map(|index| Slot {
+        role: Role::Consumer,
+        index,
+        child: None,
+        lives: 0,
+    }));
+    let mut h = Harness {
+        settings: settings.clone(),
+        dir,
+        db_url,
+        namespace,
+        exe: std::env::current_exe().map_err(|e| e.to_string())?,
+        slots,
+        sigkills: BTreeMap::new(),
+        exits: BTreeMap::new(),
+        failed_starts: 0,
+        arming: true,
+    };
+    println!(
+        "chaos: {} events at {}/s, {} relays, {} consumer processes, target {} kills per failpoint and {} SIGKILLs, at most {} s; work dir {}",
+        settings.events,
+        settings.rate,
+        settings.relays,
+        settings.consumers,
+        settings.kills_per_failpoint,
+        settings.sigkills,
+        settings.max_secs,
+        h.dir.display()
+    );
+    let result = run(&mut h, &transport, started).await;
+    h.terminate_all();
+    match result {
+        Ok(report) => {
+            // OUTBOX_CHAOS_KEEP=1 keeps the database, stream and work directory for a look.
+            if std::env::var("OUTBOX_CHAOS_KEEP").is_err() {
+                let _ = transport
+                    .jetstream()
+                    .delete_stream(transport.stream_name())
+                    .await;
+                drop_database(&db_name).await;
+                let _ = std::fs::remove_dir_all(&h.dir);
+            }
+            write_report(&report);
+            Ok(Outcome::Passed)
+        }
+        Err(failure) => Err(format!(
+            "{failure}\n(database {db_name}, stream {}, work dir {} kept)\n{}",
+            transport.stream_name(),
+            h.dir.display(),
+            h.log_tail()
+        )),
+    }
+}
+
+async fn run(
+    h: &mut Harness,
+    transport: &NatsTransport,
+    started: Instant,
+) -> Result<serde_json::Value, String> {
+    let db = connect(&h.db_url, 2).await.map_err(|e| e.to_string())?;
+    for i in 0..h.slots.len() {
+        h.spawn(i);
+    }
+    let deadline = started + Duration::from_secs(h.settings.max_secs);
+    let mut next_kill = Instant::now() + Duration::from_millis(fastrand::u64(500..3_000));
+    let mut last_print = Instant::now();
+    let mut producer_done = false;
+    let mut stop_written = false;
+    // Phase 1: produce and kill.
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for (i, status) in h.reap() {
+            let role = h.slots[i].role;
+            if role == Role::Producer && status.success() {
+                producer_done = true;
+                continue;
+            }
+            *h.exits.entry(role).or_default() += 1;
+            if status.code() == Some(1) {
+                h.failed_starts += 1;
+            }
+            h.spawn(i);
+        }
+        let kills = h.failpoint_kills();
+        let sigkills: u64 = h.sigkills.values().sum();
+        let kills_done = kills.values().all(|&k| k >= h.settings.kills_per_failpoint);
+        let enough = kills_done && sigkills >= h.settings.sigkills;
+        let orders = scalar(&db, "SELECT COUNT(*) FROM chaos_order").await as u64;
+        if !stop_written && (enough || Instant::now() > deadline) && orders >= h.settings.events {
+            std::fs::write(h.dir.join("stop-producing"), b"").map_err(|e| e.to_string())?;
+            stop_written = true;
+        }
+        if producer_done {
+            break;
+        }
+        if Instant::now() > deadline + Duration::from_secs(600) {
+            return Err("the producer did not finish within 10 minutes of the time bound".into());
+        }
+        if !stop_written
+            && Instant::now() >= next_kill
+            && sigkills < h.settings.sigkills.max(1) * 1_000
+        {
+            let i = fastrand::usize(0..h.slots.len());
+            if h.slots[i].child.is_some() && (sigkills < h.settings.sigkills || !kills_done) {
+                h.sigkill(i);
+                h.spawn(i);
+            }
+            next_kill = Instant::now() + Duration::from_millis(fastrand::u64(500..3_000));
+        }
+        if last_print.elapsed() > Duration::from_secs(30) {
+            last_print = Instant::now();
+            println!(
+                "chaos: {:>5} s, {orders} orders, SIGKILLs {:?}, failpoint kills {kills:?}",
+                started.elapsed().as_secs(),
+                h.sigkills
+            );
+        }
+    }
+    let produced_secs = started.elapsed().as_secs_f64();
+    let orders = scalar(&db, "SELECT COUNT(*) FROM chaos_order").await;
+    println!(
+        "chaos: production done after {produced_secs:.0} s: {orders} orders; draining without failpoints"
+    );
+
+    // Phase 2: every child restarted without failpoints, then drain.
+    h.arming = false;
+    for i in 0..h.slots.len() {
+        if h.slots[i].role != Role::Producer {
+            h.sigkill(i);
+            h.spawn(i);
+        }
+    }
+    let drain_started = Instant::now();
+    let mut last_progress = (Instant::now(), -1i64);
+    loop {
+        for (i, _) in h.reap() {
+            *h.exits.entry(h.slots[i].role).or_default() += 1;
+            h.spawn(i);
+        }
+        let open = scalar(
+            &db,
+            "SELECT (SELECT COUNT(*) FROM outbox_event WHERE status <> 'SENT') \
+             + (SELECT COUNT(*) FROM inbox_event WHERE status <> 'DONE')",
+        )
+        .await;
+        let effects = scalar(
+            &db,
+            "SELECT COUNT(DISTINCT (consumer, order_id)) FROM chaos_effect",
+        )
+        .await;
+        if open == 0 && effects >= orders * CONSUMERS.len() as i64 {
+            break;
+        }
+        if effects != last_progress.1 {
+            last_progress = (Instant::now(), effects);
+        } else if last_progress.0.elapsed() > Duration::from_secs(90) {
+            return Err(format!(
+                "no progress for 90 s while draining: {effects} of {} effects, {open} rows not SENT/DONE",
+                orders * CONSUMERS.len() as i64
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drain_secs = drain_started.elapsed().as_secs_f64();
+    // Let the last stats be written, then stop everything gracefully.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    h.terminate_all();
+
+    verify(
+        h,
+        &db,
+        transport,
+        orders,
+        produced_secs,
+        drain_secs,
+        started,
+    )
+    .await
+}
+
+async fn verify(
+    h: &Harness,
+    db: &DatabaseConnection,
+    transport: &NatsTransport,
+    orders: i64,
+    produced_secs: f64,
+    drain_secs: f64,
+    started: Instant,
+) -> Result<serde_json::Value, String> {
+    let mut problems = Vec::new();
+    let q = |sql: &'static str| scalar(db, sql);
+    let lost = q("SELECT COUNT(*) FROM chaos_order o CROSS JOIN (VALUES ('inventory'), ('billing')) c(name) \
+                  WHERE NOT EXISTS (SELECT 1 FROM chaos_effect e WHERE e.order_id = o.id AND e.consumer = c.name)")
+    .await;
+    let doubled = q("SELECT COUNT(*) FROM (SELECT 1 FROM chaos_effect GROUP BY consumer, order_id HAVING COUNT(*) > 1) d").await;
+    let orphans = q("SELECT COUNT(*) FROM chaos_effect e WHERE NOT EXISTS (SELECT 1 FROM chaos_order o WHERE o.id = e.order_id)").await;
+    let mismatched = q(
+        "SELECT COUNT(*) FROM chaos_effect e JOIN chaos_order o ON o.id = e.order_id \
+                        WHERE o.customer <> e.customer OR o.seq <> e.seq",
+    )
+    .await;
+    let outbox_open = q("SELECT COUNT(*) FROM outbox_event WHERE status <> 'SENT'").await;
+    let inbox_open = q("SELECT COUNT(*) FROM inbox_event WHERE status <> 'DONE'").await;
+    let inbox_rows = q("SELECT COUNT(*) FROM inbox_event").await;
+    let outbox_left = q("SELECT COUNT(*) FROM outbox_event").await;
+    let retried_inbox = q("SELECT COUNT(*) FROM inbox_event WHERE attempts > 1").await;
+    for (what, n) in [
+        ("orders without an effect of a consumer (lost)", lost),
+        (
+            "(consumer, order) pairs with more than one effect (double effects)",
+            doubled,
+        ),
+        ("effects of orders that never committed", orphans),
+        ("effects whose event disagrees with its order", mismatched),
+        ("outbox rows not SENT", outbox_open),
+        ("inbox rows not DONE", inbox_open),
+    ] {
+        if n != 0 {
+            problems.push(format!("{n} {what}"));
+        }
+    }
+    if inbox_rows != orders * CONSUMERS.len() as i64 {
+        problems.push(format!(
+            "{inbox_rows} inbox rows for {orders} orders x {} consumers",
+            CONSUMERS.len()
+        ));
+    }
+
+    // The stream: every order's event is there, first copies in sequence order per customer.
+    let stream = read_stream(transport).await?;
+    let mut first_seen: HashMap<i64, usize> = HashMap::new();
+    let mut last_seq: HashMap<String, i64> = HashMap::new();
+    let mut out_of_order = 0u64;
+    for (position, (order_id, customer, seq)) in stream.iter().enumerate() {
+        if first_seen.contains_key(order_id) {
+            continue;
+        }
+        first_seen.insert(*order_id, position);
+        let last = last_seq.entry(customer.clone()).or_insert(0);
+        if *seq <= *last {
+            out_of_order += 1;
+        }
+        *last = (*last).max(*seq);
+    }
+    let stream_duplicates = stream.len() - first_seen.len();
+    if first_seen.len() as i64 != orders {
+        problems.push(format!(
+            "{} distinct events on the stream for {orders} orders",
+            first_seen.len()
+        ));
+    }
+    if out_of_order > 0 {
+        problems.push(format!(
+            "{out_of_order} events reached the stream before an earlier event of their customer"
+        ));
+    }
+
+    let kills = h.failpoint_kills();
+    let stats = h.stats();
+    let duplicates = stats
+        .get("consumer.inventory.duplicates")
+        .copied()
+        .unwrap_or(0)
+        + stats
+            .get("consumer.billing.duplicates")
+            .copied()
+            .unwrap_or(0);
+    if duplicates == 0 {
+        problems.push("no duplicate delivery was seen: the crash windows were not hit".into());
+    }
+    let panics = std::fs::read_to_string(h.dir.join("panics.log")).unwrap_or_default();
+    if !panics.is_empty() {
+        problems.push(format!("unexpected panics:\n{panics}"));
+    }
+    let short: Vec<String> = kills
+        .iter()
+        .filter(|(_, k)| **k < h.settings.kills_per_failpoint)
+        .map(|(name, k)| format!("{name} ({k})"))
+        .collect();
+    if h.settings.strict && !short.is_empty() {
+        problems.push(format!(
+            "failpoints short of {} kills within the time bound: {}",
+            h.settings.kills_per_failpoint,
+            short.join(", ")
+        ));
+    }
+    if h.settings.strict && h.sigkills.values().sum::<u64>() < h.settings.sigkills {
+        problems.push(format!("only {:?} SIGKILLs", h.sigkills));
+    }
+
+    let lives: BTreeMap<String, u64> = h.slots.iter().fold(BTreeMap::new(), |mut m, s| {
+        *m.entry(s.role.name().to_owned()).or_default() += s.lives;
+        m
+    });
+    let report = serde_json::json!({
+        "settings": h.settings,
+        "orders": orders,
+        "events_on_stream": stream.len(),
+        "stream_duplicates": stream_duplicates,
+        "effects_expected": orders * CONSUMERS.len() as i64,
+        "lost": lost,
+        "double_effects": doubled,
+        "orphan_effects": orphans,
+        "out_of_order_on_stream": out_of_order,
+        "outbox_not_sent": outbox_open,
+        "inbox_not_done": inbox_open,
+        "outbox_rows_left_after_janitor": outbox_left,
+        "inbox_rows_retried": retried_inbox,
+        "failpoint_kills": kills,
+        "sigkills": h.sigkills,
+        "other_exits": h.exits,
+        "child_lives": lives,
+        "duplicates_suppressed_at_least": duplicates,
+        "counters": stats,
+        "production_secs": produced_secs,
+        "drain_secs": drain_secs,
+        "total_secs": started.elapsed().as_secs_f64(),
+    });
+    println!(
+        "\nchaos report\n{}",
+        serde_json::to_string_pretty(&report).unwrap()
+    );
+    if !short.is_empty() {
+        println!(
+            "chaos: note: the time bound ended before {} reached {} kills",
+            short.join(", "),
+            h.settings.kills_per_failpoint
+        );
+    }
+    if problems.is_empty() {
+        Ok(report)
+    } else {
+        Err(format!(
+            "chaos run broke its guarantees:\n - {}\n{}",
+            problems.join("\n - "),
+            serde_json::to_string_pretty(&report).unwrap()
+        ))
+    }
+}
+
+/// Every message on the stream, as (order id, customer, seq), in stream order.
+async fn read_stream(transport: &NatsTransport) -> Result<Vec<(i64, String, i64)>, String> {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    let mut stream = transport
+        .jetstream()
+        .get_stream(transport.stream_name())
+        .await
+        .map_err(|e| e.to_string())?;
+    let total = stream
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .state
+        .messages as usize;
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        let message = tokio::time::timeout(Duration::from_secs(30), messages.next())
+            .await
+            .map_err(|_| format!("reading the stream stalled at {} of {total}", out.len()))?
+            .ok_or("the stream ended early")?
+            .map_err(|e| e.to_string())?;
+        let envelope = outbox::Envelope::from_json(&message.payload).map_err(|e| e.to_string())?;
+        let data: OrderPlaced = envelope.data_as().map_err(|e| e.to_string())?;
+        out.push((data.order_id, data.customer, data.seq));
+    }
+    Ok(out)
+}
+
+fn write_report(report: &serde_json::Value) {
+    let path = std::env::var("OUTBOX_CHAOS_REPORT").map_or_else(
+        |_| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("target")
+                .join("chaos-report.json")
+        },
+        PathBuf::from,
+    );
+    if let Some(parent) = path.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    if std::fs::write(&path, serde_json::to_string_pretty(report).unwrap()).is_ok() {
+        println!("chaos: report written to {}", path.display());
+    }
+}
