@@ -1,0 +1,282 @@
+//! Every failpoint armed with `return` (the SDK acts as if its process died at that point) in a
+//! running runtime on PostgreSQL with the in-memory transport: the events still reach the
+//! handler, each handled exactly once, and nothing is left behind. The process-kill harness
+//! (`tests/chaos.rs`) arms the same failpoints with `panic` in real processes over JetStream.
+//!
+//! Failpoints are global to the process, so the scenarios take turns.
+
+mod common;
+
+use std::{
+    sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+    time::Duration,
+};
+
+use common::carts::*;
+use common::*;
+use outbox::failpoints::{self, FailScenario};
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::{Backoff, RelayConfig};
+use outbox::retention::RetentionPolicy;
+use outbox::runtime::Runtime;
+use outbox::transport::{SubscribeOptions, memory::MemoryTransport};
+use sea_orm::{ActiveModelTrait, NotSet, Set};
+
+/// One scenario at a time: failpoints are process-wide.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Handler runs in the current scenario (committed or not).
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Fail the first attempt of every event while set.
+static FAIL_FIRST: AtomicBool = AtomicBool::new(false);
+
+#[inbox_handler(consumer = "fp", backoff = "10ms", backoff_cap = "50ms")]
+async fn record(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    if FAIL_FIRST.load(Ordering::SeqCst) && event.meta().attempt == 1 {
+        return Err(HandlerError::retry("first attempt fails"));
+    }
+    effect::ActiveModel {
+        id: NotSet,
+        consumer: Set("fp".into()),
+        event_id: Set(event.id().to_owned()),
+        cart: Set(event.cart.clone()),
+        seq: Set(i64::from(event.seq)),
+    }
+    .insert(tx)
+    .await?;
+    Ok(())
+}
+
+const EVENTS: usize = 40; // 8 carts x 5 lines
+
+async fn start(t: &TestDb, transport: &MemoryTransport) -> Runtime {
+    Runtime::builder(t.db.clone())
+        .transport(transport.clone())
+        .consumers(["fp"])
+        .relay_config(RelayConfig {
+            lease: Duration::from_millis(500),
+            poll_interval: Duration::from_millis(50),
+            error_delay: Duration::from_millis(50),
+            backoff: Backoff {
+                base: Duration::from_millis(10),
+                cap: Duration::from_millis(50),
+                jitter: 0.1,
+            },
+            ..RelayConfig::default()
+        })
+        .inbox_config(InboxConfig {
+            lease: Duration::from_millis(500),
+            poll_interval: Duration::from_millis(50),
+            subscribe: SubscribeOptions {
+                ack_wait: Duration::from_millis(300),
+                ..SubscribeOptions::default()
+            },
+            ..InboxConfig::default()
+        })
+        .retention(None, Duration::from_secs(60))
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Produce, let the runtime deliver through the armed failpoint, and check the outcome a user
+/// relies on. Returns the runtime's final report and how often the failpoint fired.
+async fn survives(test: &str, failpoint: &str, actions: &str) -> Option<Outcome> {
+    survives_with(test, failpoint, actions, false).await
+}
+
+async fn survives_with(
+    test: &str,
+    failpoint: &str,
+    actions: &str,
+    fail_first: bool,
+) -> Option<Outcome> {
+    let _turn = TURN.lock().await;
+    FAIL_FIRST.store(fail_first, Ordering::SeqCst);
+    let t = test_db(Backend::Postgres, test).await?;
+    let scenario = FailScenario::setup();
+    failpoints::cfg(failpoint, actions).unwrap();
+    RUNS.store(0, Ordering::SeqCst);
+    let transport = MemoryTransport::new();
+    let runtime = start(&t, &transport).await;
+    produce(&t, runtime.outbox(), 8, 5, 10).await;
+    let settled = eventually(Duration::from_secs(30), || async {
+        effects(&t.db).await.len() >= EVENTS
+            && status_counts(&t.db).await.get("SENT") == Some(&(EVENTS as i64))
+            && inbox_rows(&t.db, "fp").await.iter().all(|r| r.1 == "DONE")
+    })
+    .await;
+    // Let late redeliveries arrive: they must be suppressed, not handled.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let report = runtime.shutdown().await;
+    scenario.teardown();
+    assert!(settled, "{test}: not everything was delivered and handled");
+
+    let effects = effects(&t.db).await;
+    let mut ids: Vec<&str> = effects.iter().map(|e| e.event_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(effects.len(), EVENTS, "{test}: one effect per event");
+    assert_eq!(ids.len(), EVENTS, "{test}: no event handled twice");
+    let rows = outbox_rows(&t.db).await;
+    assert!(rows.iter().all(|r| r.status == "SENT"), "{test}: {rows:?}");
+    let inbox = inbox_rows(&t.db, "fp").await;
+    assert_eq!(inbox.len(), EVENTS, "{test}: one inbox row per event");
+    assert!(inbox.iter().all(|r| r.1 == "DONE"), "{test}: {inbox:?}");
+    Some(Outcome {
+        report,
+        transport,
+        rows,
+        order: effect_order(&effects),
+        runs: RUNS.load(Ordering::SeqCst),
+    })
+}
+
+struct Outcome {
+    report: outbox::RuntimeReport,
+    transport: MemoryTransport,
+    rows: Vec<OutboxRow>,
+    /// Per cart, the lines in the order their effects committed.
+    order: std::collections::HashMap<String, Vec<u32>>,
+    /// Handler runs, committed or not.
+    runs: usize,
+}
+
+fn effect_order(effects: &[effect::Model]) -> std::collections::HashMap<String, Vec<u32>> {
+    let mut sorted: Vec<&effect::Model> = effects.iter().collect();
+    sorted.sort_by_key(|e| e.id);
+    let mut order = std::collections::HashMap::<String, Vec<u32>>::new();
+    for e in sorted {
+        order.entry(e.cart.clone()).or_default().push(e.seq as u32);
+    }
+    order
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_dies_after_claim() {
+    let Some(o) = survives("fp_after_claim", failpoints::RELAY_AFTER_CLAIM, "2*return").await
+    else {
+        return;
+    };
+    // The dead claims were taken over when their leases expired; that counts as an attempt.
+    assert!(
+        o.rows.iter().any(|r| r.attempts >= 1),
+        "a reclaimed event shows its attempt: {:?}",
+        o.rows
+    );
+    assert_eq!(o.transport.len(), EVENTS, "nothing was published twice");
+    assert_strictly_increasing(&o.order, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_dies_after_publish() {
+    let Some(o) = survives(
+        "fp_after_publish",
+        failpoints::RELAY_AFTER_PUBLISH,
+        "1*return",
+    )
+    .await
+    else {
+        return;
+    };
+    // Published, never marked SENT: published again after the lease, suppressed by the inbox.
+    assert!(
+        o.transport.len() > EVENTS,
+        "the unmarked events were published again: {} messages",
+        o.transport.len()
+    );
+    assert!(o.report.consumer("fp").duplicates > 0, "{:?}", o.report);
+    assert_strictly_increasing(&o.order, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_dies_after_handler_before_commit() {
+    let Some(o) = survives(
+        "fp_after_handler",
+        failpoints::INBOX_AFTER_HANDLER,
+        "3*return",
+    )
+    .await
+    else {
+        return;
+    };
+    // The handler's work was rolled back with its inbox row; the redelivery ran it again.
+    assert_eq!(o.runs, EVENTS + 3, "three runs were lost and repeated");
+    assert_eq!(o.report.consumer("fp").handled, EVENTS as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_dies_after_commit_before_ack() {
+    let Some(o) = survives(
+        "fp_after_commit",
+        failpoints::INBOX_AFTER_COMMIT,
+        "3*return",
+    )
+    .await
+    else {
+        return;
+    };
+    // Committed but never acked: the broker redelivered, the inbox suppressed the copies.
+    let stats = o.report.consumer("fp");
+    assert!(stats.duplicates >= 3, "{stats:?}");
+    assert_eq!(o.runs, EVENTS, "a copy never reached the handler");
+    assert_eq!(stats.handled, EVENTS as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_dies_while_storing_a_retry() {
+    let outcome = survives_with(
+        "fp_store_retry",
+        failpoints::INBOX_STORE_RETRY,
+        "5*return",
+        true,
+    )
+    .await;
+    let Some(o) = outcome else {
+        return;
+    };
+    // Each first attempt fails; five of those fail twice (the failure was not stored, the
+    // redelivery is a first attempt again), then the stored retry succeeds.
+    assert_eq!(o.runs, 2 * EVENTS + 5);
+    let stats = o.report.consumer("fp");
+    assert_eq!(stats.retried, EVENTS as u64, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn janitor_dies_between_batches() {
+    let _turn = TURN.lock().await;
+    let Some(t) = test_db(Backend::Postgres, "fp_janitor").await else {
+        return;
+    };
+    let outbox = Outbox::new("fp");
+    produce(&t, &outbox, 4, 5, 20).await;
+    t.db.execute_unprepared(
+        "UPDATE outbox_event SET status = 'SENT', sent_at = now() - interval '1 hour'",
+    )
+    .await
+    .unwrap();
+    let policy = RetentionPolicy {
+        sent_after: Duration::from_secs(60),
+        batch_size: 5,
+        pause: Duration::ZERO,
+        lease: Duration::from_secs(10),
+        ..RetentionPolicy::default()
+    };
+    let scenario = FailScenario::setup();
+    failpoints::cfg(failpoints::JANITOR_BETWEEN_BATCHES, "1*return").unwrap();
+    let first = outbox::retention::purge_once_if_leader(&t.db, &policy, "janitor-a").await;
+    let error = first.expect_err("the janitor died after its first batch");
+    assert!(error.to_string().contains("failpoint"), "{error}");
+    // The first batch was committed on its own; the rest waits for the next run.
+    assert_eq!(count_events(&t.db).await, 15);
+    let second = outbox::retention::purge_once_if_leader(&t.db, &policy, "janitor-a")
+        .await
+        .unwrap()
+        .expect("still the leader");
+    scenario.teardown();
+    assert_eq!(second.outbox_deleted, 15);
+    assert_eq!(count_events(&t.db).await, 0);
+}
