@@ -171,10 +171,21 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         unfinished: unsent_predicate,
     };
     let mut rows = Vec::new();
+    let mut dead_aggregates = std::collections::HashSet::new();
     for candidate in
         select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
     {
-        rows.push(decode(&dialect, &candidate.row)?);
+        let aggregate = aggregate_of(&candidate.row);
+        if params.ordering && dead_aggregates.contains(&aggregate) {
+            continue; // behind an unreadable event of its aggregate
+        }
+        match decode(&dialect, &candidate.row) {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                mark_unreadable(&txn, &dialect, candidate.id, &e).await?;
+                dead_aggregates.insert(aggregate);
+            }
+        }
     }
 
     if rows.is_empty() {
@@ -383,6 +394,33 @@ fn truncate(s: &str, max_chars: usize) -> String {
     }
 }
 
+/// The aggregate of a claimed row, as far as it can be read.
+fn aggregate_of(row: &QueryResult) -> (Option<String>, Option<String>) {
+    (
+        row.try_get("", "aggregate_type").ok(),
+        row.try_get("", "aggregate_id").ok(),
+    )
+}
+
+/// A row that cannot be read (e.g. an `event_id` that is not a UUID, written by hand) can never
+/// be published: DEAD with the reason, so that it does not stop every claim.
+async fn mark_unreadable<C: ConnectionTrait>(
+    conn: &C,
+    dialect: &Dialect,
+    id: i64,
+    error: &DbErr,
+) -> Result<(), DbErr> {
+    let mut sql = Sql::new(*dialect);
+    sql.push(&format!(
+        "UPDATE {OUTBOX_TABLE} SET status = 'DEAD', attempts = attempts + 1, last_error = "
+    ))
+    .bind(format!("outbox row cannot be read: {error}").into())
+    .push(" WHERE id = ")
+    .bind(id.into());
+    conn.execute_raw(sql.build()).await?;
+    Ok(())
+}
+
 /// What [`move_to_inbox`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Moved {
@@ -414,12 +452,29 @@ pub async fn move_to_inbox(
     };
     let mut moved = Moved::default();
     let mut sent = Vec::new();
+    let mut dead_aggregates = std::collections::HashSet::new();
     for candidate in
         select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
     {
-        let (event, _, _) = decode(&dialect, &candidate.row)?;
-        let envelope = match event.envelope() {
-            Ok(envelope) => envelope,
+        let aggregate = aggregate_of(&candidate.row);
+        if params.ordering && dead_aggregates.contains(&aggregate) {
+            continue; // behind a DEAD event of its aggregate: stays PENDING
+        }
+        // A row that cannot be read, turned into an envelope or delivered to anyone is DEAD.
+        let ready = match decode(&dialect, &candidate.row) {
+            Err(e) => Err(format!("outbox row cannot be read: {e}")),
+            Ok((event, _, _)) => match event.envelope() {
+                Err(reason) => Err(reason),
+                Ok(_) if routes(&event.event_type).is_empty() => Err(format!(
+                    "no consumer of this runtime handles event type `{}` (database-local \
+                     transport): nothing would ever receive it",
+                    event.event_type
+                )),
+                Ok(envelope) => Ok((event, envelope)),
+            },
+        };
+        let (event, envelope) = match ready {
+            Ok(pair) => pair,
             Err(reason) => {
                 let mut sql = Sql::new(dialect);
                 sql.push(&format!(
@@ -427,9 +482,10 @@ pub async fn move_to_inbox(
                 ))
                 .bind(reason.into())
                 .push(" WHERE id = ")
-                .bind(event.id.into());
+                .bind(candidate.id.into());
                 txn.execute_raw(sql.build()).await?;
                 moved.dead += 1;
+                dead_aggregates.insert(aggregate);
                 continue;
             }
         };
