@@ -496,8 +496,11 @@ impl NatsTransport {
     ) -> PublishError {
         match err.kind() {
             PublishErrorKind::TimedOut => PublishError::Timeout(self.inner.config.publish_timeout),
+            // Checked by the client before sending, from the server's INFO: never retried.
             PublishErrorKind::MaxPayloadExceeded => PublishError::Permanent(format!(
-                "message on `{subject}` is larger than the server's max_payload: {err}"
+                "message on `{subject}` is larger than the server's max_payload: {err} \
+                 (CloudEvents envelope and headers included; raise max_payload on the server or \
+                 keep payloads smaller)"
             )),
             PublishErrorKind::StreamNotFound => PublishError::Rejected(format!(
                 "no JetStream stream stores `{subject}` (has `setup()` run for stream `{}`?): \
