@@ -18,6 +18,12 @@
 //! **Wake-up.** A relay sleeps only when it found less than a full batch, and wakes on the first
 //! of: a commit through its [`Outbox`] handle in this process, a PostgreSQL `NOTIFY` from another
 //! process, the poll interval, or shutdown.
+//!
+//! **Health.** In a runtime, the relay's loop reports a failure when a round fails on the
+//! database, until a round succeeds, and when the broker confirmed none of a round's publishes and
+//! one failed for a reason a retry may cure (broker down, no confirmation, refused), until a
+//! publish is confirmed again: rounds with nothing due while failed events wait out their backoff
+//! do not make it healthy. A permanent rejection (the event goes DEAD) is not a relay failure.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -329,7 +335,9 @@ impl Relay {
 
     /// Run one round: claim, publish, settle.
     pub async fn run_once(&self) -> Result<RoundReport, RelayError> {
-        self.round(&CancellationToken::new()).await
+        self.round(&CancellationToken::new())
+            .await
+            .map(|round| round.report)
     }
 
     /// Run rounds until every claimable event is handled or `max_rounds` have run; for tests and
@@ -377,10 +385,27 @@ impl Relay {
         let listener = self.spawn_listener(&hint, &shutdown);
         tracing::info!(relay = %self.config.relay_id, transport = self.sink.name(), "outbox relay started");
 
+        // The broker failed the last publishes and none has been confirmed since.
+        let mut publishing_failed = false;
         while !shutdown.is_cancelled() {
             let full = match self.round(&shutdown).await {
-                Ok(report) => {
-                    health.success();
+                Ok(Round {
+                    report,
+                    publish_error,
+                }) => {
+                    match publish_error {
+                        Some(e) => {
+                            publishing_failed = true;
+                            health.failure(&format!("no publish confirmed: {e}"));
+                        }
+                        // Rounds with nothing due while failed events wait for their retry
+                        // leave the relay unhealthy; a confirmed publish makes it healthy.
+                        None if !publishing_failed || report.sent > 0 => {
+                            publishing_failed = false;
+                            health.success();
+                        }
+                        None => {}
+                    }
                     report.claimed + report.dead >= self.config.batch_size
                 }
                 Err(e) => {
@@ -492,7 +517,7 @@ impl Relay {
         None
     }
 
-    async fn round(&self, shutdown: &CancellationToken) -> Result<RoundReport, RelayError> {
+    async fn round(&self, shutdown: &CancellationToken) -> Result<Round, RelayError> {
         let now = Utc::now();
         let lease = chrono::Duration::from_std(self.config.lease)
             .unwrap_or_else(|_| chrono::Duration::seconds(30));
@@ -521,7 +546,7 @@ impl Relay {
                 ..RoundReport::default()
             };
             self.stats.add(&report);
-            return Ok(report);
+            return Ok(report.into());
         }
         let Sink::Broker(transport) = &self.sink else {
             unreachable!("local sink handled above");
@@ -544,13 +569,13 @@ impl Relay {
         }
         if claim.events.is_empty() {
             self.stats.add(&report);
-            return Ok(report);
+            return Ok(report.into());
         }
         failpoint!(
             crate::failpoints::RELAY_AFTER_CLAIM,
             Err(crate::failpoints::injected(crate::failpoints::RELAY_AFTER_CLAIM).into())
         );
-        let settlement = self.publish(transport.as_ref(), &claim, shutdown).await;
+        let (settlement, publish_error) = self.publish(transport.as_ref(), &claim, shutdown).await;
         failpoint!(
             crate::failpoints::RELAY_AFTER_PUBLISH,
             Err(crate::failpoints::injected(crate::failpoints::RELAY_AFTER_PUBLISH).into())
@@ -587,7 +612,11 @@ impl Relay {
             );
         }
         self.stats.add(&report);
-        Ok(report)
+        Ok(Round {
+            report,
+            // The broker is away or refusing: the relay is not doing its job.
+            publish_error: publish_error.filter(|_| settlement.sent.is_empty()),
+        })
     }
 
     /// Write the outcome back. Published events that are not marked SENT are published again
@@ -615,14 +644,16 @@ impl Relay {
         }
     }
 
-    /// Publish a claim wave by wave and decide each event's fate.
+    /// Publish a claim wave by wave and decide each event's fate. Also returns the first error
+    /// of a failed publish that a retry may cure (not a permanent rejection).
     async fn publish(
         &self,
         transport: &dyn Transport,
         claim: &Claim,
         shutdown: &CancellationToken,
-    ) -> Settlement {
+    ) -> (Settlement, Option<String>) {
         let mut settlement = Settlement::default();
+        let mut transient_error = None;
         let now = Utc::now();
         let mut queues: Vec<VecDeque<&ClaimedEvent>> = if self.config.ordering {
             let mut index: HashMap<(&str, &str), usize> = HashMap::new();
@@ -703,6 +734,9 @@ impl Relay {
                 match result {
                     Ok(()) => settlement.sent.push(event.id),
                     Err(error) => {
+                        if !error.is_permanent() && transient_error.is_none() {
+                            transient_error = Some(error.to_string());
+                        }
                         let attempts = event.attempts + 1;
                         let dead = error.is_permanent() || attempts >= self.config.max_attempts;
                         let delay = self.config.backoff.delay(event.attempts);
@@ -744,7 +778,24 @@ impl Relay {
                 }
             }
         }
-        settlement
+        (settlement, transient_error)
+    }
+}
+
+/// What a round did, and why nothing was confirmed when a publish failed.
+struct Round {
+    report: RoundReport,
+    /// Set when no publish of the round was confirmed and one failed for a reason a retry may
+    /// cure.
+    publish_error: Option<String>,
+}
+
+impl From<RoundReport> for Round {
+    fn from(report: RoundReport) -> Self {
+        Round {
+            report,
+            publish_error: None,
+        }
     }
 }
 
