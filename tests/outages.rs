@@ -41,6 +41,8 @@ use sea_orm::{
     NotSet, Set, Statement,
 };
 
+/// The relay's poll interval where commits reach it only through LISTEN/NOTIFY.
+const POLL_WITHOUT_NOTIFY: Duration = Duration::from_secs(5);
 /// How long a broker stays down.
 const OUTAGE: Duration = Duration::from_secs(20);
 /// Aggregates (carts) the producer writes to; each transaction adds the next line to every one.
@@ -232,7 +234,9 @@ async fn count_effects(db: &DatabaseConnection) -> usize {
 }
 
 /// Wait until `n` effects exist; fail with the state of both tables if they do not appear.
-async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) {
+/// Returns how long it took.
+async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) -> Duration {
+    let started = Instant::now();
     let ok = eventually(timeout, || async { count_effects(&t.db).await >= n }).await;
     assert!(
         ok,
@@ -242,8 +246,10 @@ async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) {
         status_counts(&t.db).await,
         inbox_status_counts(&t.db).await,
     );
+    let took = started.elapsed();
     // Anything handled twice would show up now.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    took
 }
 
 async fn inbox_status_counts(db: &DatabaseConnection) -> BTreeMap<String, i64> {
@@ -656,6 +662,19 @@ async fn survives_a_20s_broker_outage(
     let inbox = report.consumer(consumer);
     assert_eq!(inbox.handled, committed as u64, "{report:?}");
     assert_eq!(inbox.dead, 0, "{report:?}");
+    let relay_while_down = health_while_down
+        .loops
+        .iter()
+        .find(|l| l.name == "relay")
+        .expect("a relay loop");
+    assert!(
+        !relay_while_down.healthy
+            && relay_while_down
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("no publish confirmed")),
+        "the relay reported the outage in its health: {health_while_down:#?}"
+    );
     assert!(
         health.is_healthy() && health.loops.iter().all(|l| l.alive),
         "every loop healthy after the outage: {health:#?}"
@@ -759,6 +778,10 @@ fn runtime_survives_its_postgres_connections_being_killed() {
             .relay_config(RelayConfig {
                 // A claim whose write-back was cut off is taken over soon.
                 lease: Duration::from_secs(3),
+                // The producer is another process: the relay learns of its commits through
+                // LISTEN/NOTIFY, or this poll. A LISTEN connection not re-established after
+                // being terminated shows as seconds of delay.
+                poll_interval: POLL_WITHOUT_NOTIFY,
                 ..relay_config()
             })
             .inbox_config(InboxConfig {
@@ -769,7 +792,7 @@ fn runtime_survives_its_postgres_connections_being_killed() {
             .start()
             .await
             .unwrap();
-        let producer = Producer::spawn(t.db.clone(), runtime.outbox().clone());
+        let producer = Producer::spawn(t.db.clone(), Outbox::new("outages"));
         wait_for_effects(&t, 4 * CARTS as usize, Duration::from_secs(30)).await;
 
         // Loops whose health reported an error at some point.
@@ -786,9 +809,37 @@ fn runtime_survives_its_postgres_connections_being_killed() {
             }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let lines = producer.stop().await;
+        let mut lines = producer.stop().await;
         let committed: usize = lines.values().map(Vec::len).sum();
-        wait_for_effects(&t, committed, Duration::from_secs(60)).await;
+        let drained_after = wait_for_effects(&t, committed, Duration::from_secs(60)).await;
+
+        // The relay still hears of commits at once: one more transaction is handled well
+        // within the poll interval.
+        let probe = Outbox::new("outages").begin(&t.db).await.unwrap();
+        for (cart, seqs) in &mut lines {
+            let seq = seqs.last().map_or(0, |s| s + 1);
+            probe
+                .enqueue(&LineAdded {
+                    cart: cart.clone(),
+                    seq,
+                })
+                .unwrap();
+            seqs.push(seq);
+        }
+        let _ = probe.commit().await.unwrap();
+        let probed = Instant::now();
+        let committed = committed + CARTS as usize;
+        let probe_handled = eventually(POLL_WITHOUT_NOTIFY / 2, || async {
+            count_effects(&t.db).await >= committed
+        })
+        .await;
+        let probe_latency = probed.elapsed();
+        assert!(
+            probe_handled,
+            "a commit after the terminations waited for the relay's poll: the LISTEN \
+             connection was not re-established"
+        );
+        wait_for_effects(&t, committed, Duration::from_secs(10)).await;
         let healthy = eventually(Duration::from_secs(10), || async {
             runtime.health().is_healthy()
         })
@@ -833,7 +884,8 @@ fn runtime_survives_its_postgres_connections_being_killed() {
 
         eprintln!(
             "outages_pg_kill: terminated {terminated:?} runtime connections ({} in all); \
-             {committed} events committed and handled once; relay errors {relay_errors}, inbox \
+             {committed} events committed and handled once, drained {drained_after:.1?} after \
+             the producer stopped, a later commit handled in {probe_latency:.1?}; relay errors {relay_errors}, inbox \
              retried {retried}; loops that reported errors {failing_loops:#?}; carts out of \
              order {out_of_order:?}; {}; total {:.1?}",
             terminated.iter().sum::<i64>(),
