@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde_json::value::RawValue;
 
 /// The CloudEvents spec version this SDK writes and reads.
@@ -147,7 +147,7 @@ impl Envelope {
             w.string("subject", subject);
         }
         if let Some(time) = &self.time {
-            w.string("time", &format_time(time));
+            w.string("time", &envelope_time(time));
         }
         if let Some(ct) = &self.data_content_type {
             w.string("datacontenttype", ct);
@@ -209,13 +209,21 @@ impl Envelope {
         let subject = optional_string(&attrs, "subject")?;
         let time = match optional_string(&attrs, "time")? {
             None => None,
-            Some(t) => Some(
-                DateTime::parse_from_rfc3339(&t)
+            Some(t) => {
+                let time = DateTime::parse_from_rfc3339(&t)
                     .map_err(|e| {
                         EnvelopeError::invalid("time", format!("`{t}` is not RFC 3339: {e}"))
                     })?
-                    .with_timezone(&Utc),
-            ),
+                    .with_timezone(&Utc);
+                // RFC 3339 has four-digit years: an offset must not push the instant out of them.
+                if !(0..=9999).contains(&time.year()) {
+                    return Err(EnvelopeError::invalid(
+                        "time",
+                        format!("`{t}` is outside the years 0000 to 9999 in UTC"),
+                    ));
+                }
+                Some(time)
+            }
         };
         let data_content_type = optional_string(&attrs, "datacontenttype")?;
         if let Some(ct) = &data_content_type
@@ -286,6 +294,16 @@ impl Envelope {
 /// `time` as this SDK writes it: RFC 3339, UTC, microseconds.
 pub fn format_time(time: &DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// `time` in an envelope: like [`format_time`], with all nine fraction digits when the instant
+/// has sub-microsecond precision (a foreign event's), so that nothing is lost in a round trip.
+fn envelope_time(time: &DateTime<Utc>) -> String {
+    if time.timestamp_subsec_nanos().is_multiple_of(1_000) {
+        format_time(time)
+    } else {
+        time.to_rfc3339_opts(SecondsFormat::Nanos, true)
+    }
 }
 
 /// Whether a CloudEvents extension attribute name is valid: `a-z0-9`, 1 to 20 characters.
