@@ -1969,3 +1969,79 @@ fn inbox_stale_worker_is_fenced_off() {
     // A's failure record and the release of its second message are both fenced off.
     assert_eq!(cov.fenced_writes, 2, "{cov:?}");
 }
+
+/// A fixed sequence: a worker whose message died meanwhile (its lease expired once too often,
+/// so the next claim made it DEAD, still carrying the stale worker's token) cannot mark it DONE.
+#[test]
+fn inbox_stale_worker_cannot_finish_a_message_that_died_meanwhile() {
+    use InboxOp::*;
+    let cov = std::cell::RefCell::new(Coverage::default());
+    let case = InboxCase {
+        max_attempts: 1,
+        ops: vec![
+            Deliver {
+                consumer: 0,
+                aggregate: 0,
+                arrival: Arrival::Stored,
+            },
+            Claim {
+                worker: Who::A,
+                consumer: 0,
+                batch: 1,
+            },
+            TakeOver {
+                worker: Who::A,
+                batch: 1,
+            },
+            Handle {
+                worker: Who::A,
+                outcomes: vec![Outcome::Ok],
+            },
+        ],
+        replay_at_rest: vec![true],
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run_inbox_case(case, &cov)).unwrap();
+    let cov = cov.borrow();
+    assert_eq!(cov.reclaimed_dead, 1, "{cov:?}");
+    assert_eq!(cov.fenced_writes, 1, "{cov:?}");
+}
+
+/// The same for the outbox: a relay cannot mark SENT an event that died while it stalled.
+#[test]
+fn outbox_stale_relay_cannot_send_an_event_that_died_meanwhile() {
+    use OutboxOp::*;
+    let cov = std::cell::RefCell::new(Coverage::default());
+    let case = OutboxCase {
+        max_attempts: 1,
+        ops: vec![
+            Commit {
+                aggregate: 0,
+                events: 1,
+            },
+            Claim {
+                relay: Who::A,
+                batch: 1,
+            },
+            TakeOver {
+                relay: Who::A,
+                batch: 1,
+            },
+            Publish {
+                relay: Who::A,
+                outcomes: vec![Outcome::Ok],
+            },
+        ],
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run_outbox_case(case, &cov)).unwrap();
+    let cov = cov.borrow();
+    assert_eq!(cov.reclaimed_dead, 1, "{cov:?}");
+    assert_eq!(cov.fenced_writes, 1, "{cov:?}");
+}
