@@ -89,8 +89,9 @@ async fn janitor_purges_old_rows_only(t: TestDb) {
         .start()
         .await
         .unwrap();
+    // One purge run deletes outbox rows first, then inbox rows: wait for both.
     let purged = eventually(Duration::from_secs(30), || async {
-        count_events(&t.db).await == 11
+        count_events(&t.db).await == 11 && inbox_rows(&t.db, "t-janitor").await.len() == 10
     })
     .await;
     let health = second.health();
