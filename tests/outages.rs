@@ -10,8 +10,7 @@
 //! PENDING, PROCESSING or RETRY, the runtime must be healthy again, and the outage must be
 //! visible: in the metrics, the runtime's report, the loops' health and, for a broker outage,
 //! the outbox rows, whose attempts and `next_attempt_at` show the relay backing off (delays
-//! growing to the cap), not spinning. Per-aggregate order of the effects is asserted for broker
-//! outages; with terminated connections it is reported (see the test for why).
+//! growing to the cap), not spinning. Per-aggregate order of the effects is asserted too.
 //!
 //! Each test runs on a tokio runtime of its own whose threads record metrics into a Prometheus
 //! recorder of the test's own, so the tests run in parallel without mixing their counters.
@@ -857,10 +856,13 @@ fn runtime_survives_its_postgres_connections_being_killed() {
             terminated.iter().all(|n| *n >= 1),
             "each round terminated connections of the runtime: {terminated:?}"
         );
-        // Per-aggregate order is reported, not asserted: a delivery whose connection died
-        // before it was recorded is nacked and comes back a second later, and later messages of
-        // its aggregate overtake it meanwhile (inbox/consumer.rs, `Consumer::deliver`).
+        // A delivery whose connection died before it was recorded is tried again in its lane,
+        // so later messages of its cart wait behind it: order holds.
         let out_of_order = assert_everything_handled_once(&t, "pg-kill", &lines).await;
+        assert!(
+            out_of_order.is_empty(),
+            "effects of one cart out of order: {out_of_order:?}"
+        );
         assert!(healthy, "every loop healthy again: {health:#?}");
         assert!(health.loops.iter().all(|l| l.alive), "{health:#?}");
 

@@ -45,5 +45,12 @@ pub const ALL: [&str; 6] = [
 
 /// The error a `return` failpoint makes the SDK see.
 pub(crate) fn injected(name: &str) -> sea_orm::DbErr {
-    sea_orm::DbErr::Custom(format!("failpoint {name} fired"))
+    sea_orm::DbErr::Custom(format!("{INJECTED}{name} fired"))
 }
+
+/// Whether `err` came from a `return` failpoint: the process "died", so nothing more is done.
+pub(crate) fn is_injected(err: &sea_orm::DbErr) -> bool {
+    matches!(err, sea_orm::DbErr::Custom(text) if text.starts_with(INJECTED))
+}
+
+const INJECTED: &str = "failpoint ";

@@ -13,7 +13,7 @@
 //! | `outbox_publish_lag_seconds` | histogram | `transport` | enqueue (commit) to broker confirmation |
 //! | `outbox_backlog_events` | gauge | `status` | unsent outbox rows per status |
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest unsent, not dead event |
-//! | `inbox_messages_total` | counter | `consumer`, `outcome` | `handled`, `retried`, `dead`, `duplicate`, `stored`, `stale`, `conflict` |
+//! | `inbox_messages_total` | counter | `consumer`, `outcome` | `handled`, `retried`, `dead`, `duplicate`, `stored`, `stale`, `conflict`, `unrecorded` (a database error while recording a delivery; it is tried again) |
 //! | `inbox_handler_duration_seconds` | histogram | `consumer`, `event_type` | handler run time |
 //! | `inbox_backlog_messages` | gauge | `consumer`, `status` | unfinished inbox rows per status (the retry backlog is `RETRY`) |
 

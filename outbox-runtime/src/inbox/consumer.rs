@@ -97,6 +97,13 @@ impl Default for InboxConfig {
     }
 }
 
+/// First pause before recording a delivery again after a database error; doubled up to
+/// [`RECORD_RETRY_CAP`].
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(50);
+const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
+/// Attempts to record a delivery when the error is neither a lost connection nor a deadlock.
+const RECORD_ATTEMPTS_ON_OTHER_ERRORS: u32 = 3;
+
 /// Counters of one consumer since start.
 #[derive(Debug, Default)]
 pub struct ConsumerStats {
@@ -107,6 +114,7 @@ pub struct ConsumerStats {
     stored: AtomicU64,
     stale: AtomicU64,
     conflicts: AtomicU64,
+    unrecorded: AtomicU64,
 }
 
 /// A snapshot of a consumer's counters.
@@ -127,6 +135,10 @@ pub struct ConsumerStatsSnapshot {
     /// Deliveries whose message id was already recorded with a different payload: kept as DEAD
     /// rows under a derived id (`{message_id}#conflict-{digest}`) for an operator.
     pub conflicts: u64,
+    /// Attempts to record a delivery that failed on the database (a lost connection, a
+    /// deadlock); the delivery was tried again in its lane, so later messages of its aggregate
+    /// kept waiting behind it.
+    pub unrecorded: u64,
 }
 
 impl ConsumerStats {
@@ -140,6 +152,7 @@ impl ConsumerStats {
             stored: self.stored.load(Ordering::Relaxed),
             stale: self.stale.load(Ordering::Relaxed),
             conflicts: self.conflicts.load(Ordering::Relaxed),
+            unrecorded: self.unrecorded.load(Ordering::Relaxed),
         }
     }
 }
@@ -155,6 +168,7 @@ enum Counter {
     stored,
     stale,
     conflicts,
+    unrecorded,
 }
 
 /// A consumer's handlers and settings, shared by its dispatcher and worker.
@@ -199,6 +213,7 @@ impl Consumer {
             Counter::stored => (&self.stats.stored, "stored"),
             Counter::stale => (&self.stats.stale, "stale"),
             Counter::conflicts => (&self.stats.conflicts, "conflict"),
+            Counter::unrecorded => (&self.stats.unrecorded, "unrecorded"),
         };
         field.fetch_add(1, Ordering::Relaxed);
         crate::metrics::inbox(self.name, outcome);
@@ -427,7 +442,17 @@ impl Consumer {
     }
 
     /// Handle one broker delivery, then settle it with the broker.
-    pub(crate) async fn deliver(&self, delivery: Delivery, decoded: Result<Envelope, String>) {
+    /// Record and handle one delivery, then ack it. When recording fails on the database, try
+    /// again here, in the delivery's lane, so that later messages of its aggregate keep waiting
+    /// behind it: while the database is unreachable (or the error is a deadlock) until it
+    /// answers again or the runtime shuts down, otherwise a few times. Only then nack it for
+    /// the broker to redeliver.
+    pub(crate) async fn deliver(
+        &self,
+        delivery: Delivery,
+        decoded: Result<Envelope, String>,
+        shutdown: &CancellationToken,
+    ) {
         let span = match &decoded {
             Ok(e) => tracing::debug_span!(
                 "outbox.dispatch", consumer = self.name, event_id = %e.id,
@@ -441,19 +466,42 @@ impl Consumer {
                 delivery_count = delivery.delivery_count,
             ),
         };
-        let settle = match self
-            .process_delivery(&delivery, decoded)
-            .instrument(span)
-            .await
-        {
-            Ok(()) => {
-                failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
-                delivery.ack().await
+        let mut delay = RECORD_RETRY_FIRST;
+        let mut other_errors = 0;
+        let settle = loop {
+            let error = match self
+                .process_delivery(&delivery, decoded.clone())
+                .instrument(span.clone())
+                .await
+            {
+                Ok(()) => {
+                    failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
+                    break delivery.ack().await;
+                }
+                Err(e) => e,
+            };
+            #[cfg(feature = "failpoints")]
+            if crate::failpoints::is_injected(&error) {
+                return; // the process "died" here: neither ack nor nack
             }
-            Err(e) => {
-                tracing::warn!(consumer = self.name, error = %e, "could not record a delivery; the broker will redeliver it");
-                delivery.nack(Some(Duration::from_secs(1))).await
+            self.count(Counter::unrecorded);
+            let retry_here = store::is_transient(&error) || store::is_connection_error(&error);
+            if !retry_here {
+                other_errors += 1;
             }
+            if shutdown.is_cancelled() || other_errors >= RECORD_ATTEMPTS_ON_OTHER_ERRORS {
+                tracing::warn!(consumer = self.name, error = %error, "could not record a delivery; the broker will redeliver it");
+                break delivery.nack(Some(Duration::from_secs(1))).await;
+            }
+            tracing::warn!(
+                consumer = self.name, error = %error, retry_in = ?delay,
+                "could not record a delivery; trying again (later messages of its aggregate wait)"
+            );
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RECORD_RETRY_CAP);
         };
         if let Err(e) = settle {
             tracing::warn!(consumer = self.name, error = %e, "could not settle a delivery with the broker");
@@ -616,9 +664,10 @@ impl Consumer {
             let (tx, mut rx) = mpsc::channel::<(Delivery, Result<Envelope, String>)>(32);
             senders.push(tx);
             let consumer = self.clone();
+            let shutdown = shutdown.clone();
             workers.push(tokio::spawn(async move {
                 while let Some((delivery, decoded)) = rx.recv().await {
-                    consumer.deliver(delivery, decoded).await;
+                    consumer.deliver(delivery, decoded, &shutdown).await;
                 }
             }));
         }

@@ -75,6 +75,41 @@ pub fn is_transient(err: &DbErr) -> bool {
         || text.contains("database is locked")
 }
 
+/// Whether an error says the database could not be reached or dropped the connection (the
+/// server restarted, an administrator terminated the session, the pool could not connect):
+/// trying again later can succeed without anything else changing.
+pub fn is_connection_error(err: &DbErr) -> bool {
+    if matches!(err, DbErr::ConnectionAcquire(_)) {
+        return true;
+    }
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Conn(sea_orm::RuntimeErr::SqlxError(e)) = err
+    {
+        use sea_orm::sqlx::Error;
+        return match &**e {
+            Error::Io(_)
+            | Error::Tls(_)
+            | Error::Protocol(_)
+            | Error::PoolTimedOut
+            | Error::PoolClosed
+            | Error::WorkerCrashed => true,
+            Error::Database(db) => {
+                let code = db.code();
+                let code = code.as_deref().unwrap_or_default();
+                // PostgreSQL: class 08 (connection exception), 57P01-57P03 (terminated by an
+                // administrator, crash shutdown, cannot connect now). MySQL: 2006/2013 (server
+                // gone away, lost connection), 1053 (server shutdown in progress).
+                code.starts_with("08")
+                    || matches!(code, "57P01" | "57P02" | "57P03" | "2006" | "2013" | "1053")
+            }
+            _ => false,
+        };
+    }
+    matches!(err, DbErr::Conn(_))
+}
+
 /// What the commit-time INSERT did.
 #[derive(Debug, Default)]
 pub(crate) struct InsertOutcome {
