@@ -26,7 +26,7 @@
 
 pub mod health;
 
-use std::{collections::BTreeMap, fmt, sync::Arc};
+use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use sea_orm::DatabaseConnection;
 use tokio::{sync::Notify, task::JoinHandle};
@@ -100,10 +100,12 @@ async fn run_janitor(
     shutdown: CancellationToken,
     health: &LoopHealth,
 ) {
+    let mut failures = 0;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             result = crate::retention::purge_once_if_leader(&db, &janitor.policy, &instance) => {
+                failures = if result.is_ok() { 0 } else { failures + 1 };
                 match result {
                     Ok(Some(report)) if report.deleted() > 0 => {
                         health.success();
@@ -124,12 +126,22 @@ async fn run_janitor(
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(janitor.interval) => {}
+            _ = tokio::time::sleep(pause_after(janitor.interval, failures)) => {}
         }
     }
     if let Err(e) = crate::retention::release_lease(&db, &instance).await {
         tracing::debug!(error = %e, "could not release the janitor lease");
     }
+}
+
+/// How long a periodic loop waits before its next round: its interval, or after failed rounds a
+/// shorter, growing pause (1 s, 2 s, 4 s, … up to the interval), so that it notices soon when
+/// the database is back.
+fn pause_after(interval: Duration, failures: u32) -> Duration {
+    if failures == 0 {
+        return interval;
+    }
+    Duration::from_secs(1 << (failures - 1).min(10)).min(interval)
 }
 
 fn list(errors: &[RegistryError]) -> String {
@@ -495,14 +507,21 @@ impl RuntimeBuilder {
                 let shutdown = shutdown.clone();
                 let health = health.clone();
                 async move {
+                    let mut failures = 0;
                     loop {
                         match crate::metrics::sample(&db).await {
-                            Ok(()) => health.success(),
-                            Err(e) => health.failure(&e.to_string()),
+                            Ok(()) => {
+                                failures = 0;
+                                health.success();
+                            }
+                            Err(e) => {
+                                failures += 1;
+                                health.failure(&e.to_string());
+                            }
                         }
                         tokio::select! {
                             _ = shutdown.cancelled() => break,
-                            _ = tokio::time::sleep(interval) => {}
+                            _ = tokio::time::sleep(pause_after(interval, failures)) => {}
                         }
                     }
                     health.stopped();
@@ -628,5 +647,24 @@ impl RuntimeReport {
     /// A consumer's counters (zeros if it did not run).
     pub fn consumer(&self, name: &str) -> ConsumerStatsSnapshot {
         self.consumers.get(name).copied().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_loops_come_back_sooner_after_failures() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(pause_after(minute, 0), minute);
+        assert_eq!(pause_after(minute, 1), Duration::from_secs(1));
+        assert_eq!(pause_after(minute, 3), Duration::from_secs(4));
+        assert_eq!(pause_after(minute, 7), minute);
+        assert_eq!(pause_after(minute, 1_000), minute);
+        assert_eq!(
+            pause_after(Duration::from_millis(200), 1),
+            Duration::from_millis(200)
+        );
     }
 }
