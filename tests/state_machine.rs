@@ -209,6 +209,7 @@ struct Coverage {
     resent_or_ignored: usize,
     duplicates: usize,
     blocked_behind_dead: usize,
+    handed_back: usize,
     processing_behind_dead: usize,
 }
 
@@ -226,6 +227,7 @@ impl Coverage {
         self.resent_or_ignored += other.resent_or_ignored;
         self.duplicates += other.duplicates;
         self.blocked_behind_dead += other.blocked_behind_dead;
+        self.handed_back += other.handed_back;
         self.processing_behind_dead += other.processing_behind_dead;
     }
 
@@ -246,6 +248,10 @@ impl Coverage {
             ("released claims", self.released),
             ("replays", self.replayed),
             ("resends/ignores", self.resent_or_ignored),
+            (
+                "expired claims handed back behind a new dead letter",
+                self.handed_back,
+            ),
         ] {
             assert!(n > 0, "{name}: no case exercised {what}: {self:?}");
         }
@@ -643,11 +649,35 @@ impl OutboxModel {
             prop_assert!(a.attempts >= i64::from(self.max_attempts));
             self.cov.reclaimed_dead += 1;
         }
-        let changed: HashSet<i64> = claimed
+        let mut changed: HashSet<i64> = claimed
             .iter()
             .copied()
             .chain(claim.dead.iter().map(|e| e.id))
             .collect();
+        // Expired claims behind an event this claim made DEAD are handed back as PENDING,
+        // with no attempt counted.
+        let dead_aggregates: HashSet<&str> = claim
+            .dead
+            .iter()
+            .map(|e| before[&e.id].aggregate.as_str())
+            .collect();
+        for (id, b) in before {
+            let a = &after[id];
+            if changed.contains(id) || a == b {
+                continue;
+            }
+            prop_assert!(
+                b.status == "PROCESSING"
+                    && outbox_claimable(b, now)
+                    && dead_aggregates.contains(b.aggregate.as_str()),
+                "claim changed row {id} it does not own: {b:?} -> {a:?}"
+            );
+            prop_assert_eq!(&a.status, "PENDING");
+            prop_assert_eq!(a.attempts, b.attempts);
+            prop_assert_eq!(a.locked_until, None);
+            changed.insert(*id);
+            self.cov.handed_back += 1;
+        }
         unchanged_except(before, &after, &changed, "claim")?;
         if changed.is_empty() {
             // No progress is only right when nothing is eligible.
@@ -952,10 +982,10 @@ impl OutboxModel {
     }
 
     /// At rest, each aggregate is a run of SENT rows, then, if anything is left, a DEAD row
-    /// holding the rest back until an operator acts. The rows held back may also be PROCESSING
-    /// under an expired lease: a crashed relay's run behind an event that the next claim made
-    /// DEAD (too many expired leases) is skipped by that claim and left as it was; a replay of
-    /// the dead event makes them claimable again, each reclaim counting an attempt.
+    /// holding the rest back until an operator acts. A row held back may be PROCESSING under an
+    /// expired lease when its claim crashed and the event ahead of it died some other way than
+    /// by the claim that reclaims it (which hands such rows back as PENDING); a replay of the
+    /// dead event makes them claimable again.
     async fn check_at_rest(&mut self) -> Result<(), TestCaseError> {
         let rows = self.rows().await?;
         let mut blocked: HashSet<&str> = HashSet::new();
@@ -1626,6 +1656,8 @@ impl InboxModel {
         }
         let mut changed = claimed.clone();
         let mut dead = 0;
+        let mut dead_lanes = HashSet::new();
+        let mut handed_back = Vec::new();
         for (id, b) in before {
             let a = &after[id];
             if claimed.contains(id) || a == b {
@@ -1635,12 +1667,28 @@ impl InboxModel {
                 b.status == "PROCESSING" && b.consumer == consumer && inbox_claimable(b, now),
                 "claim changed a row it may not take: {b:?} -> {a:?}"
             );
+            changed.insert(*id);
+            if a.status == "PENDING" {
+                // An expired claim behind a message this claim made DEAD: handed back, with
+                // no attempt counted (checked below: its lane holds a new dead letter).
+                prop_assert_eq!(a.attempts, b.attempts);
+                prop_assert_eq!(a.locked_until, None);
+                handed_back.push(b.lane());
+                self.cov.handed_back += 1;
+                continue;
+            }
             prop_assert_eq!(&a.status, "DEAD");
             prop_assert_eq!(a.attempts, b.attempts + 1);
             prop_assert!(a.attempts >= i64::from(self.max_attempts));
-            changed.insert(*id);
+            dead_lanes.insert(b.lane());
             dead += 1;
             self.cov.reclaimed_dead += 1;
+        }
+        for lane in handed_back {
+            prop_assert!(
+                dead_lanes.contains(&lane),
+                "a message handed back although nothing ahead of it died: {lane:?}"
+            );
         }
         prop_assert_eq!(claim.dead, dead);
         unchanged_except(before, &after, &changed, "an inbox claim")?;

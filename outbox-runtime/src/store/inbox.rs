@@ -289,6 +289,9 @@ pub async fn claim(
     let mut messages = Vec::new();
     let mut expired_dead = Vec::new();
     let mut blocked = std::collections::HashSet::new();
+    // Expired claims behind a message that just went DEAD: handed back as PENDING (no attempt
+    // counted), so they wait visibly behind it instead of looking stuck in PROCESSING.
+    let mut stranded = Vec::new();
     for candidate in select_claimable(&txn, &queue, now, batch_size, ordering).await? {
         let row = &candidate.row;
         let status: String = row.try_get("", "status")?;
@@ -308,6 +311,9 @@ pub async fn claim(
         };
         let key = (message.aggregate_type.clone(), message.aggregate_id.clone());
         if ordering && key.0.is_some() && blocked.contains(&key) {
+            if status == inbox_status::PROCESSING {
+                stranded.push(message.id);
+            }
             continue;
         }
         if status == inbox_status::PROCESSING {
@@ -351,6 +357,15 @@ pub async fn claim(
         )
         .push(" WHERE id = ")
         .bind(message.id.into());
+        txn.execute_raw(sql.build()).await?;
+    }
+    if !stranded.is_empty() {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "UPDATE {INBOX_TABLE} SET status = 'PENDING', locked_until = NULL \
+             WHERE status = 'PROCESSING' AND id IN "
+        ))
+        .bind_list(stranded.into_iter().map(Value::from));
         txn.execute_raw(sql.build()).await?;
     }
     txn.commit().await?;

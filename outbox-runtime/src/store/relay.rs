@@ -202,9 +202,15 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     let mut events = Vec::with_capacity(rows.len());
     let mut dead = Vec::new();
     let mut blocked: std::collections::HashSet<(String, String)> = Default::default();
+    // Expired claims behind an event that just went DEAD: handed back as PENDING (no attempt
+    // counted), so they wait visibly behind it instead of looking stuck in PROCESSING.
+    let mut stranded = Vec::new();
     for (mut event, status, _) in rows {
         let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
         if params.ordering && blocked.contains(&key) {
+            if status == status::PROCESSING {
+                stranded.push(event.id);
+            }
             continue;
         }
         if status == status::PROCESSING {
@@ -253,6 +259,15 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         .push(" WHERE id = ")
         .bind(event.id.into())
         .push(" AND status = 'PROCESSING'");
+        txn.execute_raw(sql.build()).await?;
+    }
+    if !stranded.is_empty() {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "UPDATE {OUTBOX_TABLE} SET status = 'PENDING', locked_by = NULL, locked_until = NULL \
+             WHERE status = 'PROCESSING' AND id IN "
+        ))
+        .bind_list(stranded.into_iter().map(Value::from));
         txn.execute_raw(sql.build()).await?;
     }
     txn.commit().await?;
