@@ -24,7 +24,7 @@ use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
 use outbox::transport::{OutgoingMessage, Transport, memory::MemoryTransport};
-use sea_orm::{ActiveModelTrait, ConnectionTrait, DbBackend, NotSet, Set, Statement, Value};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -57,16 +57,7 @@ const SQL_TEXT_NO_NUL: &str = "x'); DROP TABLE shop_order; --\\ \" OR ''='";
 /// What a handler records: `seq` 1 when the text arrived as one of the SQL-looking texts.
 async fn record(tx: &InboxTransaction, event: &Event<Probe>) -> Result<(), HandlerError> {
     let verbatim = event.text == SQL_TEXT || event.text == SQL_TEXT_NO_NUL;
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set(tx.context().consumer.to_owned()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.key.clone()),
-        seq: Set(i64::from(verbatim)),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
+    insert_effect(tx, event.id(), &event.key, i64::from(verbatim)).await
 }
 
 #[inbox_handler(

@@ -26,7 +26,6 @@ use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
 use outbox::transport::{Transport, memory::MemoryTransport};
-use sea_orm::{ActiveModelTrait, NotSet, Set};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
@@ -63,17 +62,14 @@ async fn note(tx: &InboxTransaction, event: Event<Noted>) -> Result<(), HandlerE
         }
     }
     let exact = event.text == text_for(event.seq);
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set("conformance".into()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.key.clone()),
-        // A payload that did not arrive byte-exact is recorded as -1.
-        seq: Set(if exact { i64::from(event.seq) } else { -1 }),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
+    // A payload that did not arrive byte-exact is recorded as -1.
+    insert_effect(
+        tx,
+        event.id(),
+        &event.key,
+        if exact { i64::from(event.seq) } else { -1 },
+    )
+    .await
 }
 
 /// A transport under test, or `None` for the database-local transport, plus whatever must live

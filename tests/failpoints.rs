@@ -21,7 +21,6 @@ use outbox::relay::{Backoff, RelayConfig};
 use outbox::retention::RetentionPolicy;
 use outbox::runtime::Runtime;
 use outbox::transport::{SubscribeOptions, memory::MemoryTransport};
-use sea_orm::{ActiveModelTrait, NotSet, Set};
 
 /// One scenario at a time: failpoints are process-wide.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -38,16 +37,7 @@ async fn record(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), Ha
     if FAIL_FIRST.load(Ordering::SeqCst) && event.meta().attempt == 1 {
         return Err(HandlerError::retry("first attempt fails"));
     }
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set("fp".into()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.cart.clone()),
-        seq: Set(i64::from(event.seq)),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
+    record_line(tx, &event).await
 }
 
 const EVENTS: usize = 40; // 8 carts x 5 lines

@@ -20,7 +20,6 @@ use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
 use outbox::transport::{OutgoingMessage, Transport, memory::MemoryTransport};
-use sea_orm::{ActiveModelTrait, NotSet, Set};
 use serde::{Deserialize, Serialize};
 
 /// Injected handler failures, keyed by cart (unique per test): how many attempts fail.
@@ -42,16 +41,7 @@ fn should_fail(cart: &str) -> bool {
 }
 
 async fn record(tx: &InboxTransaction, event: &Event<LineAdded>) -> Result<(), HandlerError> {
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set(tx.context().consumer.to_owned()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.cart.clone()),
-        seq: Set(i64::from(event.seq)),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
+    record_line(tx, event).await
 }
 
 #[inbox_handler(consumer = "t-inline", backoff = "10ms", backoff_cap = "50ms")]
@@ -139,16 +129,7 @@ async fn versioned_handler(
     if !tx.accept_version(&event).await? {
         return Ok(()); // stale: a newer price was applied already
     }
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set("t-versioned".into()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.cart.clone()),
-        seq: Set(event.version),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
+    insert_effect(tx, event.id(), &event.cart, event.version).await
 }
 
 fn inbox_config() -> InboxConfig {

@@ -15,20 +15,10 @@ use outbox::prelude::*;
 use outbox::relay::RelayConfig;
 use outbox::runtime::Runtime;
 use outbox::transport::nats::NatsTransport;
-use sea_orm::{ActiveModelTrait, NotSet, Set};
 
 #[inbox_handler(consumer = "t-nats")]
 async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set("t-nats".into()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.cart.clone()),
-        seq: Set(i64::from(event.seq)),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
+    record_line(tx, &event).await
 }
 
 async fn start(t: &TestDb, nats: &NatsTransport, name: &str) -> Runtime {

@@ -12,7 +12,6 @@ use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
 use outbox::runtime::Runtime;
-use sea_orm::{ActiveModelTrait, NotSet, Set};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[inbox_handler(consumer = "t-metrics", backoff = "10ms")]
@@ -20,16 +19,7 @@ async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), Ha
     if event.seq == 0 && event.meta().attempt == 1 {
         return Err(HandlerError::retry("first attempt of the first line fails"));
     }
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set("t-metrics".into()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.cart.clone()),
-        seq: Set(i64::from(event.seq)),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
+    record_line(tx, &event).await
 }
 
 async fn scrape(port: u16) -> String {

@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::carts::LineAdded;
+use common::carts::{LineAdded, record_line};
 use common::own_server::{Broker, OwnServer};
 use common::*;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
@@ -37,8 +37,7 @@ use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::{Runtime, RuntimeReport};
 use outbox::transport::{SubscribeOptions, Transport};
 use sea_orm::{
-    ActiveModelTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend,
-    NotSet, Set, Statement,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
 };
 
 /// The relay's poll interval where commits reach it only through LISTEN/NOTIFY.
@@ -59,27 +58,9 @@ const BACKOFF: Backoff = Backoff {
 };
 
 // One consumer per test, each writing one effect row per handled event.
-
-async fn record(
-    tx: &InboxTransaction,
-    consumer: &str,
-    event: &Event<LineAdded>,
-) -> Result<(), HandlerError> {
-    effect::ActiveModel {
-        id: NotSet,
-        consumer: Set(consumer.to_owned()),
-        event_id: Set(event.id().to_owned()),
-        cart: Set(event.cart.clone()),
-        seq: Set(i64::from(event.seq)),
-    }
-    .insert(tx)
-    .await?;
-    Ok(())
-}
-
 #[inbox_handler(consumer = "outage-nats", backoff = "50ms", backoff_cap = "1s")]
 async fn outage_nats(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
-    record(tx, "outage-nats", &event).await
+    record_line(tx, &event).await
 }
 
 #[inbox_handler(consumer = "outage-rabbitmq", backoff = "50ms", backoff_cap = "1s")]
@@ -87,19 +68,19 @@ async fn outage_rabbitmq(
     tx: &InboxTransaction,
     event: Event<LineAdded>,
 ) -> Result<(), HandlerError> {
-    record(tx, "outage-rabbitmq", &event).await
+    record_line(tx, &event).await
 }
 
 #[inbox_handler(consumer = "outage-redis", backoff = "50ms", backoff_cap = "1s")]
 async fn outage_redis(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
-    record(tx, "outage-redis", &event).await
+    record_line(tx, &event).await
 }
 
 /// Holds its connection a little longer (as real handlers do), so that terminations hit
 /// handlers in flight and not only idle connections.
 #[inbox_handler(consumer = "pg-kill", backoff = "50ms", backoff_cap = "1s")]
 async fn pg_kill(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
-    record(tx, "pg-kill", &event).await?;
+    record_line(tx, &event).await?;
     tx.execute_unprepared("SELECT pg_sleep(0.05)").await?;
     Ok(())
 }

@@ -45,6 +45,14 @@ pub async fn produce(
     all.len()
 }
 
+/// A handler's effect for a line: one `effect` row with its cart and `seq`.
+pub async fn record_line(
+    tx: &InboxTransaction,
+    event: &Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    super::insert_effect(tx, event.id(), &event.cart, i64::from(event.seq)).await
+}
+
 /// The `seq` of a published line, read from its CloudEvents body.
 pub fn seq_of(body: &[u8]) -> u32 {
     let envelope = Envelope::from_json(body).unwrap();

@@ -155,6 +155,27 @@ pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
     })
 }
 
+/// What the tests' handlers do: one `effect` row in the handler's transaction, under its
+/// consumer's name.
+pub async fn insert_effect(
+    tx: &outbox::InboxTransaction,
+    event_id: &str,
+    cart: &str,
+    seq: i64,
+) -> Result<(), outbox::HandlerError> {
+    use sea_orm::{ActiveModelTrait, NotSet, Set};
+    effect::ActiveModel {
+        id: NotSet,
+        consumer: Set(tx.context().consumer.to_owned()),
+        event_id: Set(event_id.to_owned()),
+        cart: Set(cart.to_owned()),
+        seq: Set(seq),
+    }
+    .insert(tx)
+    .await?;
+    Ok(())
+}
+
 /// The business table of the tests: orders, a SeaORM entity.
 pub mod order {
     use sea_orm::entity::prelude::*;
