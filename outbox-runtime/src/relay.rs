@@ -86,7 +86,10 @@ impl Backoff {
     pub fn delay(&self, attempt: u32) -> Duration {
         let delay = self.base_delay(attempt);
         let jitter = self.jitter.clamp(0.0, 1.0);
-        delay + delay.mul_f64(jitter * fastrand::f64())
+        // A cap near `Duration::MAX` saturates instead of panicking.
+        let extra = Duration::try_from_secs_f64(delay.as_secs_f64() * jitter * fastrand::f64())
+            .unwrap_or(Duration::MAX);
+        delay.saturating_add(extra)
     }
 }
 
@@ -868,6 +871,17 @@ impl RelayHandle {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn backoff_saturates_with_an_absurd_cap() {
+        let backoff = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::MAX,
+            jitter: 1.0,
+        };
+        assert!(backoff.delay(200) >= backoff.base_delay(200));
+        assert_eq!(backoff.base_delay(u32::MAX), Duration::from_secs(1 << 31));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {
