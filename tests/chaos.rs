@@ -64,7 +64,14 @@ use outbox::transport::nats::{NatsTransport, async_nats};
 use serde::{Deserialize, Serialize};
 
 const ROLE: &str = "OUTBOX_CHAOS_ROLE";
-const CUSTOMERS: usize = 200;
+/// Customers (the aggregates), `OUTBOX_CHAOS_CUSTOMERS`, default 200.
+fn customers() -> usize {
+    env_u64("OUTBOX_CHAOS_CUSTOMERS", 200).max(1) as usize
+}
+
+fn customer_id(k: usize) -> String {
+    format!("c{k:05}")
+}
 const CONSUMERS: [&str; 2] = ["inventory", "billing"];
 
 // ---------------------------------------------------------------------------------------------
@@ -156,6 +163,7 @@ struct Settings {
     relays: usize,
     consumers: usize,
     handler_failures: f64,
+    customers: usize,
     strict: bool,
 }
 
@@ -170,6 +178,7 @@ impl Settings {
             relays: env_u64("OUTBOX_CHAOS_RELAYS", 2) as usize,
             consumers: env_u64("OUTBOX_CHAOS_CONSUMERS", 3) as usize,
             handler_failures: env_f64("OUTBOX_CHAOS_HANDLER_FAILURES", 0.02),
+            customers: customers(),
             strict: std::env::var("OUTBOX_CHAOS_STRICT").is_ok_and(|v| v == "1"),
         }
     }
@@ -394,8 +403,9 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
     let stop = dir.join("stop-producing");
     let started = Instant::now();
     let mut produced = 0u64;
+    // Counted once per life; a commit this process makes is counted as it returns.
+    let mut committed = scalar(&db, "SELECT COUNT(*) FROM chaos_order").await;
     loop {
-        let committed = scalar(&db, "SELECT COUNT(*) FROM chaos_order").await;
         if committed >= target && stop.exists() {
             return Ok(());
         }
@@ -408,7 +418,7 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
             let orders = fastrand::u64(1..=10);
             let tx = outbox.begin(&db).await?;
             for _ in 0..orders {
-                let customer = format!("c{:03}", fastrand::usize(0..CUSTOMERS));
+                let customer = customer_id(fastrand::usize(0..customers()));
                 let seq = tx
                     .query_one_raw(Statement::from_sql_and_values(
                         DbBackend::Postgres,
@@ -435,6 +445,7 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
             }
             let _ = tx.commit().await?;
             produced += orders;
+            committed += orders as i64;
         }
     }
 }
@@ -769,7 +780,9 @@ async fn setup_database(name: &str) -> Result<String, String> {
             .await
             .map_err(|e| e.to_string())?;
     }
-    let customers: Vec<String> = (0..CUSTOMERS).map(|k| format!("('c{k:03}', 0)")).collect();
+    let customers: Vec<String> = (0..customers())
+        .map(|k| format!("('{}', 0)", customer_id(k)))
+        .collect();
     db.execute_unprepared(&format!(
         "INSERT INTO chaos_customer (id, seq) VALUES {}",
         customers.join(", ")
@@ -910,7 +923,7 @@ async fn run(
     let mut stop_written = false;
     // Phase 1: produce and kill.
     loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         for (i, status) in h.reap() {
             let role = h.slots[i].role;
             if role == Role::Producer && status.success() {
@@ -927,8 +940,14 @@ async fn run(
         let sigkills: u64 = h.sigkills.values().sum();
         let kills_done = kills.values().all(|&k| k >= h.settings.kills_per_failpoint);
         let enough = kills_done && sigkills >= h.settings.sigkills;
-        let orders = scalar(&db, "SELECT COUNT(*) FROM chaos_order").await as u64;
-        if !stop_written && (enough || Instant::now() > deadline) && orders >= h.settings.events {
+        // The highest order id is cheap to read and at least the number of orders (ids of
+        // rolled-back orders are skipped); the exact count only when it may be enough.
+        let orders = scalar(&db, "SELECT COALESCE(MAX(id), 0) FROM chaos_order").await as u64;
+        if !stop_written
+            && (enough || Instant::now() > deadline)
+            && orders >= h.settings.events
+            && scalar(&db, "SELECT COUNT(*) FROM chaos_order").await as u64 >= h.settings.events
+        {
             std::fs::write(h.dir.join("stop-producing"), b"").map_err(|e| e.to_string())?;
             stop_written = true;
         }
@@ -985,9 +1004,10 @@ async fn run(
              + (SELECT COUNT(*) FROM inbox_event WHERE status <> 'DONE')",
         )
         .await;
+        // One DONE inbox row per handled (consumer, order); the exact effect check comes after.
         let effects = scalar(
             &db,
-            "SELECT COUNT(DISTINCT (consumer, order_id)) FROM chaos_effect",
+            "SELECT COUNT(*) FROM inbox_event WHERE status = 'DONE'",
         )
         .await;
         if open == 0 && effects >= orders * CONSUMERS.len() as i64 {
@@ -1001,7 +1021,7 @@ async fn run(
                 orders * CONSUMERS.len() as i64
             ));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let drain_secs = drain_started.elapsed().as_secs_f64();
     // Let the last stats be written, then stop everything gracefully.
