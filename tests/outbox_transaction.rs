@@ -425,6 +425,33 @@ async fn bad_events_fail_at_enqueue_and_keep_the_transaction(t: TestDb) {
         .unwrap_err();
     assert!(err.to_string().contains("dedup key"), "{err}");
 
+    // NUL: no backend may store it in an attribute, and PostgreSQL's jsonb not in a payload.
+    let err = tx
+        .enqueue(&PaymentRequested {
+            order_id: 1,
+            request_key: Some("k\0".into()),
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("NUL"), "{err}");
+    let mut headers = BTreeMap::new();
+    headers.insert("tenant".to_owned(), "ac\0me".to_owned());
+    let err = tx.enqueue_with_headers(&placed(1), headers).unwrap_err();
+    assert!(err.to_string().contains("`tenant` holds a NUL"), "{err}");
+    let mut nul = placed(1);
+    nul.order_no = "A\0B".into();
+    let result = tx.enqueue(&nul);
+    if t.backend == Backend::Postgres {
+        let err = result.unwrap_err();
+        assert!(err.to_string().contains("jsonb"), "{err}");
+    } else {
+        assert!(result.is_ok(), "other backends store a NUL in the payload");
+    }
+    let expected = usize::from(t.backend != Backend::Postgres);
+    assert_eq!(tx.buffered(), expected, "failed enqueues buffer nothing");
+    drop(tx);
+    let tx = outbox.begin(&t.db).await.unwrap();
+    order(1).insert(&tx).await.unwrap();
+
     assert_eq!(tx.buffered(), 0, "failed enqueues buffer nothing");
     tx.enqueue(&placed(1)).unwrap();
     let report = tx.commit().await.unwrap();

@@ -13,8 +13,8 @@ use std::{
 
 use chrono::{DateTime, SubsecRound, Utc};
 use sea_orm::{
-    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, IsolationLevel,
-    TransactionOptions, TransactionSession, TransactionTrait,
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    IsolationLevel, TransactionOptions, TransactionSession, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -188,6 +188,13 @@ impl OutboxTransaction {
                 limit,
             });
         }
+        if self.txn.get_database_backend() == DbBackend::Postgres && has_escaped_nul(&payload) {
+            return Err(invalid(
+                "payload",
+                "a string holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
+                    .into(),
+            ));
+        }
         let aggregate_id = event.aggregate_id();
         check_key(&aggregate_id).map_err(|r| invalid("aggregate id", r))?;
         let dedup_key = event.dedup_key();
@@ -209,6 +216,12 @@ impl OutboxTransaction {
                 return Err(invalid(
                     "header name",
                     format!("`{name}` is a CloudEvents or outbox attribute; choose another name"),
+                ));
+            }
+            if value.contains('\0') {
+                return Err(invalid(
+                    "header value",
+                    format!("`{name}` holds a NUL character, which CloudEvents attributes may not"),
                 ));
             }
             headers.insert(name, value.into());
@@ -322,6 +335,13 @@ fn check_key(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err("it is empty".into());
     }
+    if value.contains('\0') {
+        return Err(
+            "it holds a NUL character, which PostgreSQL cannot store and CloudEvents attributes \
+             may not"
+                .into(),
+        );
+    }
     let chars = value.chars().count();
     if chars > MAX_KEY_CHARS {
         return Err(format!(
@@ -329,6 +349,24 @@ fn check_key(value: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Whether serialized JSON holds `\u0000` as an escape (not a literal backslash before `u0000`).
+fn has_escaped_nul(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut from = 0;
+    while let Some(at) = json[from..].find("\\u0000").map(|i| i + from) {
+        let backslashes = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b'\\')
+            .count();
+        if backslashes % 2 == 0 {
+            return true;
+        }
+        from = at + 1;
+    }
+    false
 }
 
 fn to_db_err(e: OutboxError) -> DbErr {
@@ -485,5 +523,18 @@ impl TransactionTrait for OutboxTransaction {
         E: fmt::Display + fmt::Debug + Send,
     {
         TransactionTrait::transaction(self, callback).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_escaped_nul;
+
+    #[test]
+    fn escaped_nul_is_found_and_a_literal_backslash_is_not() {
+        assert!(has_escaped_nul(r#"{"a":"x\u0000y"}"#));
+        assert!(has_escaped_nul(r#"{"a":"\\\u0000"}"#));
+        assert!(!has_escaped_nul(r#"{"a":"\\u0000"}"#));
+        assert!(!has_escaped_nul(r#"{"a":"u0000"}"#));
     }
 }
