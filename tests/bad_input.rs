@@ -1198,8 +1198,10 @@ async fn relay_marks_unreadable_rows_dead(t: TestDb) {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    runtime.shutdown().await;
+    let report = runtime.shutdown().await;
     assert_eq!(transport.len(), 1, "only the readable event");
+    let relay = report.relay.expect("the relay ran");
+    assert_eq!(relay.dead, 1, "the unreadable row is counted: {relay:?}");
     let rows =
         t.db.query_all_raw(Statement::from_string(
             t.dialect().backend(),

@@ -560,7 +560,7 @@ impl Relay {
             .await?;
         let mut report = RoundReport {
             claimed: claim.events.len(),
-            dead: claim.dead.len(),
+            dead: claim.dead.len() + claim.unreadable,
             ..RoundReport::default()
         };
         for event in &claim.dead {

@@ -98,6 +98,8 @@ pub struct Claim {
     pub events: Vec<ClaimedEvent>,
     /// Events whose lease expired once too often: marked DEAD by this claim, not to publish.
     pub dead: Vec<ClaimedEvent>,
+    /// Rows that could not be read (marked DEAD by this claim, with the reason).
+    pub unreadable: usize,
 }
 
 /// How to claim.
@@ -172,6 +174,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     };
     let mut rows = Vec::new();
     let mut dead_aggregates = std::collections::HashSet::new();
+    let mut unreadable = 0;
     for candidate in
         select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
     {
@@ -184,6 +187,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
             Err(e) => {
                 mark_unreadable(&txn, &dialect, candidate.id, &e).await?;
                 dead_aggregates.insert(aggregate);
+                unreadable += 1;
             }
         }
     }
@@ -194,6 +198,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
             token: Uuid::nil(),
             events: Vec::new(),
             dead: Vec::new(),
+            unreadable,
         });
     }
 
@@ -275,6 +280,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         token,
         events,
         dead,
+        unreadable,
     })
 }
 
