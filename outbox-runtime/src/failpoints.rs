@@ -1,8 +1,8 @@
 //! Failpoints for fault-injection tests (feature `failpoints`; without it they compile to nothing).
 //!
-//! Each constant names a place where a crash or an error hurts most. Arm one with [`cfg`] (or the
-//! `FAILPOINTS` environment variable read by [`FailScenario::setup`]) using the `fail` crate's
-//! action syntax:
+//! Each constant names a place where a crash or an error hurts most. Arm one with
+//! [`cfg()`](fn@cfg) (or the `FAILPOINTS` environment variable read by
+//! [`FailScenario::setup`]) using the `fail` crate's action syntax:
 //!
 //! - `return`: the SDK behaves as if the process had died at that point, without writing or
 //!   acknowledging anything more (the relay's claimed rows stay leased, the broker redelivers);
