@@ -225,30 +225,12 @@ async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) -> Duration {
         t.name,
         count_effects(&t.db).await,
         status_counts(&t.db).await,
-        inbox_status_counts(&t.db).await,
+        table_status_counts(&t.db, "inbox_event").await,
     );
     let took = started.elapsed();
     // Anything handled twice would show up now.
     tokio::time::sleep(Duration::from_millis(500)).await;
     took
-}
-
-async fn inbox_status_counts(db: &DatabaseConnection) -> BTreeMap<String, i64> {
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            DbBackend::Postgres,
-            "SELECT status, COUNT(*) AS n FROM inbox_event GROUP BY status",
-        ))
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|r| {
-            (
-                r.try_get::<String>("", "status").unwrap(),
-                r.try_get::<i64>("", "n").unwrap(),
-            )
-        })
-        .collect()
 }
 
 /// Every committed event has exactly one effect row, and nothing is left unfinished in the
@@ -285,7 +267,7 @@ async fn assert_everything_handled_once(
         t.name
     );
     assert_eq!(
-        inbox_status_counts(&t.db).await,
+        table_status_counts(&t.db, "inbox_event").await,
         BTreeMap::from([("DONE".to_owned(), committed as i64)]),
         "{}: every message DONE, none PENDING, PROCESSING, RETRY or DEAD",
         t.name

@@ -395,10 +395,18 @@ macro_rules! backend_tests {
 
 /// Status counts of the outbox, e.g. `[("PENDING", 3), ("SENT", 7)]`.
 pub async fn status_counts<C: ConnectionTrait>(db: &C) -> std::collections::BTreeMap<String, i64> {
+    table_status_counts(db, "outbox_event").await
+}
+
+/// Rows per status of `table` (`outbox_event` or `inbox_event`).
+pub async fn table_status_counts<C: ConnectionTrait>(
+    db: &C,
+    table: &str,
+) -> std::collections::BTreeMap<String, i64> {
     let rows = db
         .query_all_raw(Statement::from_string(
             db.get_database_backend(),
-            "SELECT status, COUNT(*) AS n FROM outbox_event GROUP BY status".to_owned(),
+            format!("SELECT status, COUNT(*) AS n FROM {table} GROUP BY status"),
         ))
         .await
         .unwrap();
