@@ -13,9 +13,13 @@
 //! - `failpoints` (feature `failpoints`): named places where fault-injection tests crash the SDK.
 
 /// A failpoint: `failpoint!(NAME)` honours `panic`, `sleep`, `pause`, …; `failpoint!(NAME, expr)`
-/// also returns `expr` from the enclosing function when the point is armed with `return`.
+/// also returns `expr` from the enclosing function when the point is armed with `return`, and
+/// `failpoint!(error NAME)` returns `Err` of the injected database error (converted with `into`).
 /// Without the `failpoints` feature it expands to nothing.
 macro_rules! failpoint {
+    (error $name:expr) => {
+        failpoint!($name, Err($crate::failpoints::injected($name).into()))
+    };
     ($name:expr) => {
         #[cfg(feature = "failpoints")]
         fail::fail_point!($name);

@@ -574,15 +574,9 @@ impl Relay {
             self.stats.add(&report);
             return Ok(report.into());
         }
-        failpoint!(
-            crate::failpoints::RELAY_AFTER_CLAIM,
-            Err(crate::failpoints::injected(crate::failpoints::RELAY_AFTER_CLAIM).into())
-        );
+        failpoint!(error crate::failpoints::RELAY_AFTER_CLAIM);
         let (settlement, publish_error) = self.publish(transport.as_ref(), &claim, shutdown).await;
-        failpoint!(
-            crate::failpoints::RELAY_AFTER_PUBLISH,
-            Err(crate::failpoints::injected(crate::failpoints::RELAY_AFTER_PUBLISH).into())
-        );
+        failpoint!(error crate::failpoints::RELAY_AFTER_PUBLISH);
         let settled = self.settle(&claim, &settlement).await?;
 
         report.sent = settlement.sent.len();

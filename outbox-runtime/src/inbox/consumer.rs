@@ -470,7 +470,7 @@ impl Consumer {
         let mut other_errors = 0;
         let settle = loop {
             let error = match self
-                .process_delivery(&delivery, decoded.clone())
+                .process_delivery(&delivery, &decoded)
                 .instrument(span.clone())
                 .await
             {
@@ -511,7 +511,7 @@ impl Consumer {
     async fn process_delivery(
         &self,
         delivery: &Delivery,
-        decoded: Result<Envelope, String>,
+        decoded: &Result<Envelope, String>,
     ) -> Result<(), sea_orm::DbErr> {
         let envelope = match decoded {
             Ok(envelope) => envelope,
@@ -543,9 +543,9 @@ impl Consumer {
                 return Ok(());
             }
         };
-        let row = inbox_row(self.name, &envelope, &delivery.body);
+        let row = inbox_row(self.name, envelope, &delivery.body);
 
-        let reg = match self.handler(&envelope) {
+        let reg = match self.handler(envelope) {
             Ok(reg) => reg,
             Err(error) => {
                 let state = InitialState::Dead {
@@ -589,14 +589,9 @@ impl Consumer {
                 attempt: 1,
             },
         );
-        let result = self.run_handler(reg, &itx, &envelope, 1).await;
+        let result = self.run_handler(reg, &itx, envelope, 1).await;
         if result.is_ok() {
-            failpoint!(
-                crate::failpoints::INBOX_AFTER_HANDLER,
-                Err(crate::failpoints::injected(
-                    crate::failpoints::INBOX_AFTER_HANDLER
-                ))
-            );
+            failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
         }
         let error = match result {
             Ok(()) => match itx.into_inner().commit().await {
@@ -613,12 +608,7 @@ impl Consumer {
         };
         let state = self.failure_state(Some(reg), &error, 1);
         self.log_failure(&envelope.id, &state);
-        failpoint!(
-            crate::failpoints::INBOX_STORE_RETRY,
-            Err(crate::failpoints::injected(
-                crate::failpoints::INBOX_STORE_RETRY
-            ))
-        );
+        failpoint!(error crate::failpoints::INBOX_STORE_RETRY);
         if self.store(&row, &state).await? {
             self.count_failure(&state);
             self.wake.notify_one();

@@ -97,6 +97,27 @@ pub(crate) struct Queue<'a> {
     pub(crate) unfinished: fn(DbBackend, &str) -> String,
 }
 
+/// Hand expired claims back as PENDING, with no attempt counted: the rows behind an event or
+/// message the same claim just made DEAD, so that they wait visibly behind it instead of
+/// looking stuck in PROCESSING.
+pub(crate) async fn hand_back(
+    txn: &DatabaseTransaction,
+    table: &str,
+    ids: Vec<i64>,
+) -> Result<(), DbErr> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut sql = Sql::new(Dialect::of(txn));
+    sql.push(&format!(
+        "UPDATE {table} SET status = 'PENDING', locked_by = NULL, locked_until = NULL \
+         WHERE status = 'PROCESSING' AND id IN "
+    ))
+    .bind_list(ids.into_iter().map(Value::from));
+    txn.execute_raw(sql.build()).await?;
+    Ok(())
+}
+
 /// A claimable row, with what ordering decisions need and the full row for the caller.
 pub(crate) struct Candidate {
     pub(crate) id: i64,

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{
     Dialect, INBOX_TABLE,
-    claim::{Queue, Sql, begin, select_claimable},
+    claim::{Queue, Sql, begin, hand_back, select_claimable},
     relay::ClaimParams,
 };
 
@@ -289,8 +289,7 @@ pub async fn claim(
     let mut messages = Vec::new();
     let mut expired_dead = Vec::new();
     let mut blocked = std::collections::HashSet::new();
-    // Expired claims behind a message that just went DEAD: handed back as PENDING (no attempt
-    // counted), so they wait visibly behind it instead of looking stuck in PROCESSING.
+    // Expired claims behind a message this claim makes DEAD: handed back (see `hand_back`).
     let mut stranded = Vec::new();
     for candidate in select_claimable(&txn, &queue, now, batch_size, ordering).await? {
         let row = &candidate.row;
@@ -359,15 +358,7 @@ pub async fn claim(
         .bind(message.id.into());
         txn.execute_raw(sql.build()).await?;
     }
-    if !stranded.is_empty() {
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "UPDATE {INBOX_TABLE} SET status = 'PENDING', locked_until = NULL \
-             WHERE status = 'PROCESSING' AND id IN "
-        ))
-        .bind_list(stranded.into_iter().map(Value::from));
-        txn.execute_raw(sql.build()).await?;
-    }
+    hand_back(&txn, INBOX_TABLE, stranded).await?;
     txn.commit().await?;
     Ok(InboxClaim {
         token,

@@ -12,7 +12,7 @@ use crate::envelope::{Envelope, JSON_CONTENT_TYPE};
 
 use super::{
     Dialect, OUTBOX_TABLE,
-    claim::{Queue, Sql, begin, select_claimable},
+    claim::{Queue, Sql, begin, hand_back, select_claimable},
     outbox_status as status,
 };
 
@@ -207,8 +207,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     let mut events = Vec::with_capacity(rows.len());
     let mut dead = Vec::new();
     let mut blocked: std::collections::HashSet<(String, String)> = Default::default();
-    // Expired claims behind an event that just went DEAD: handed back as PENDING (no attempt
-    // counted), so they wait visibly behind it instead of looking stuck in PROCESSING.
+    // Expired claims behind an event this claim makes DEAD: handed back (see `hand_back`).
     let mut stranded = Vec::new();
     for (mut event, status, _) in rows {
         let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
@@ -266,15 +265,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         .push(" AND status = 'PROCESSING'");
         txn.execute_raw(sql.build()).await?;
     }
-    if !stranded.is_empty() {
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET status = 'PENDING', locked_by = NULL, locked_until = NULL \
-             WHERE status = 'PROCESSING' AND id IN "
-        ))
-        .bind_list(stranded.into_iter().map(Value::from));
-        txn.execute_raw(sql.build()).await?;
-    }
+    hand_back(&txn, OUTBOX_TABLE, stranded).await?;
     txn.commit().await?;
     Ok(Claim {
         token,
