@@ -40,6 +40,8 @@
 //! client processes are killed here, never the database server, so a commit the server
 //! acknowledged is never lost, and the harness gets more events through per minute.
 
+mod common;
+
 use std::{
     collections::{BTreeMap, HashMap},
     io::Write,
@@ -49,6 +51,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use common::{connect, postgres_admin_url, services_required, with_database};
 use futures::StreamExt;
 use outbox::failpoints;
 use outbox::inbox::InboxConfig;
@@ -56,9 +59,7 @@ use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::retention::RetentionPolicy;
 use outbox::runtime::Runtime;
-use outbox::sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
-};
+use outbox::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use outbox::transport::SubscribeOptions;
 use outbox::transport::nats::{NatsTransport, async_nats};
 use serde::{Deserialize, Serialize};
@@ -265,35 +266,8 @@ enum Outcome {
     Skipped,
 }
 
-fn services_required() -> bool {
-    std::env::var("OUTBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
-}
-
-fn postgres_admin_url() -> String {
-    env_str(
-        "OUTBOX_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    )
-}
-
 fn nats_url() -> String {
     env_str("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
-}
-
-fn with_database(url: &str, db: &str) -> String {
-    match url.rfind('/') {
-        Some(i) => format!("{}/{db}", &url[..i]),
-        None => format!("{url}/{db}"),
-    }
-}
-
-async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, outbox::sea_orm::DbErr> {
-    let mut opts = ConnectOptions::new(url.to_owned());
-    opts.sqlx_logging(false)
-        .max_connections(max)
-        .connect_timeout(Duration::from_secs(5))
-        .acquire_timeout(Duration::from_secs(30));
-    Database::connect(opts).await
 }
 
 async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
@@ -378,7 +352,7 @@ async fn child_transport() -> Result<NatsTransport, BoxError> {
 }
 
 /// Write counters where the supervisor finds them; a killed process leaves its last write.
-fn write_stats(dir: &Path, role: Role, fields: &[(&str, u64)]) {
+fn write_stats<K: std::fmt::Display>(dir: &Path, role: Role, fields: &[(K, u64)]) {
     let path = dir
         .join("stats")
         .join(format!("{}-{}.txt", role.name(), std::process::id()));
@@ -542,28 +516,16 @@ async fn consume(dir: &Path) -> Result<(), BoxError> {
         .await?;
     loop {
         let mut fields = Vec::new();
-        for (i, consumer) in CONSUMERS.iter().enumerate() {
+        for consumer in CONSUMERS {
             let s = runtime.consumer_stats(consumer).unwrap_or_default();
-            let names: [&[&str]; 2] = [
-                &[
-                    "inventory.handled",
-                    "inventory.duplicates",
-                    "inventory.retried",
-                    "inventory.stale",
-                ],
-                &[
-                    "billing.handled",
-                    "billing.duplicates",
-                    "billing.retried",
-                    "billing.stale",
-                ],
-            ];
-            fields.extend(names[i].iter().copied().zip([
-                s.handled,
-                s.duplicates,
-                s.retried,
-                s.stale,
-            ]));
+            for (counter, value) in [
+                ("handled", s.handled),
+                ("duplicates", s.duplicates),
+                ("retried", s.retried),
+                ("stale", s.stale),
+            ] {
+                fields.push((format!("{consumer}.{counter}"), value));
+            }
         }
         write_stats(dir, Role::Consumer, &fields);
         tokio::select! {

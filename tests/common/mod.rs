@@ -34,7 +34,7 @@ pub fn services_required() -> bool {
     std::env::var("OUTBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
 }
 
-fn postgres_admin_url() -> String {
+pub fn postgres_admin_url() -> String {
     std::env::var("OUTBOX_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
@@ -44,7 +44,7 @@ fn mysql_admin_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
-fn with_database(url: &str, db: &str) -> String {
+pub fn with_database(url: &str, db: &str) -> String {
     match url.rfind('/') {
         Some(i) => format!("{}/{db}", &url[..i]),
         None => format!("{url}/{db}"),
@@ -81,7 +81,7 @@ fn skip_or_fail(what: &str, err: impl std::fmt::Display) -> Option<TestDb> {
     None
 }
 
-async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, sea_orm::DbErr> {
+pub async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, sea_orm::DbErr> {
     let mut opts = ConnectOptions::new(url.to_owned());
     opts.sqlx_logging(false)
         .max_connections(max)
