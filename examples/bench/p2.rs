@@ -1,0 +1,295 @@
+//! P2 relay throughput PostgreSQL → JetStream, confirmed: pre-enqueued events drained by 1, 2
+//! and 4 relays, against a raw claim+mark SQL loop without publishing and raw pipelined
+//! publishing; and what a running relay costs 16 producing clients.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use outbox::prelude::*;
+use outbox::relay::{Relay, RelayConfig};
+use outbox::sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value,
+};
+use outbox::transport::nats::async_nats;
+
+use crate::report::{Measure, Spec, Target, m, spec};
+use crate::support::{self, BoxError, Ctx, closed_loop, pre_enqueue, wait_drained};
+
+pub(crate) const RELAYS: [usize; 3] = [1, 2, 4];
+const RAW_WORKERS: [usize; 2] = [1, 4];
+/// Aggregates the backlog is spread over.
+const AGGREGATES: u64 = 10_000;
+const BATCH: usize = 500;
+const IN_FLIGHT: usize = 512;
+
+pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
+    let n = ctx.sizes.p2_events;
+    let limit = Duration::from_secs(600);
+    let mut out = Vec::new();
+
+    for workers in RAW_WORKERS {
+        ctx.reset().await?;
+        pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
+        let t = Instant::now();
+        let claimed = raw_claim_mark(&ctx.db, workers).await?;
+        let elapsed = t.elapsed();
+        if claimed != n {
+            return Err(format!("raw claim+mark saw {claimed} of {n} rows").into());
+        }
+        out.push(m(
+            format!("p2.raw_claim_mark.w{workers}"),
+            n as f64 / elapsed.as_secs_f64(),
+            "ev/s",
+        ));
+    }
+
+    let rate = raw_publish(ctx, n).await?;
+    out.push(m("p2.raw_publish", rate, "msg/s"));
+
+    for relays in RELAYS {
+        ctx.reset().await?;
+        pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
+        let transport = Arc::new(ctx.transport("bench_p2").await?);
+        let t = Instant::now();
+        let handles: Vec<_> = (0..relays)
+            .map(|_| {
+                Relay::new(ctx.db.clone(), transport.clone())
+                    .with_config(RelayConfig {
+                        batch_size: BATCH,
+                        listen: false,
+                        ..RelayConfig::default()
+                    })
+                    .spawn()
+            })
+            .collect();
+        let elapsed = wait_drained(&ctx.db, t, limit).await?;
+        let mut published = 0;
+        for handle in handles {
+            published += handle.shutdown().await?.sent;
+        }
+        let stream_messages = stream_len(ctx, transport.stream_name()).await?;
+        ctx.drop_stream(&transport).await;
+        if published < n || stream_messages != n {
+            return Err(format!(
+                "{relays} relay(s) published {published} (stream holds {stream_messages}) of {n}"
+            )
+            .into());
+        }
+        out.push(m(
+            format!("p2.relay.r{relays}"),
+            n as f64 / elapsed.as_secs_f64(),
+            "ev/s",
+        ));
+    }
+
+    out.extend(producers_beside_relay(ctx).await?);
+    Ok(out)
+}
+
+/// Claim 500 PENDING rows (`SKIP LOCKED`), then mark them SENT, each in its own transaction
+/// without waiting for the WAL flush, until none is left: the database's share of a relay.
+async fn raw_claim_mark(db: &DatabaseConnection, workers: usize) -> Result<u64, BoxError> {
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let db = db.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut claimed = 0u64;
+            loop {
+                let tx = db.begin().await?;
+                tx.execute_unprepared("SET LOCAL synchronous_commit = off").await?;
+                let token = uuid::Uuid::new_v4();
+                let rows = tx
+                    .query_all_raw(Statement::from_sql_and_values(
+                        DbBackend::Postgres,
+                        format!(
+                            "UPDATE outbox_event o SET status = 'PROCESSING', locked_by = 'raw-{w}', \
+                             locked_until = now() + interval '30 seconds', claim_token = $1 \
+                             FROM (SELECT id FROM outbox_event WHERE status <> 'SENT' AND status = 'PENDING' \
+                             ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id \
+                             RETURNING o.id, o.event_id, o.event_type, o.aggregate_id, o.payload"
+                        ),
+                        [token.into()],
+                    ))
+                    .await?;
+                tx.commit().await?;
+                if rows.is_empty() {
+                    return Ok::<_, BoxError>(claimed);
+                }
+                let ids: Vec<i64> = rows
+                    .iter()
+                    .map(|r| r.try_get::<i64>("", "id"))
+                    .collect::<Result<_, _>>()?;
+                claimed += ids.len() as u64;
+                let tx = db.begin().await?;
+                tx.execute_unprepared("SET LOCAL synchronous_commit = off").await?;
+                let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+                tx.execute_raw(Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    format!(
+                        "UPDATE outbox_event SET status = 'SENT', sent_at = now(), locked_by = NULL, \
+                         locked_until = NULL WHERE id IN ({list}) AND claim_token = $1"
+                    ),
+                    [Value::from(token)],
+                ))
+                .await?;
+                tx.commit().await?;
+            }
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await??;
+    }
+    Ok(total)
+}
+
+/// Publish `n` envelopes of the bench event to JetStream with a message id each, `IN_FLIGHT`
+/// awaiting their acks at once: what the broker takes.
+async fn raw_publish(ctx: &Ctx, n: u64) -> Result<f64, BoxError> {
+    let transport = ctx.transport("bench_p2raw").await?;
+    let subject = transport.subject("bench.order_placed");
+    let jetstream = async_nats::jetstream::new(ctx.nats.clone());
+    let body = Bytes::from(serde_json::to_vec(&serde_json::json!({
+        "specversion": "1.0", "id": uuid::Uuid::now_v7().to_string(), "type": "bench.order_placed",
+        "source": "bench", "subject": "customer-1", "time": chrono::Utc::now().to_rfc3339(),
+        "datacontenttype": "application/json",
+        "data": crate::support::OrderPlaced::sample(1, 1),
+    }))?);
+    let t = Instant::now();
+    let mut pending = std::collections::VecDeque::with_capacity(IN_FLIGHT);
+    for i in 0..n {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("raw-{i}").as_str());
+        let ack = jetstream
+            .publish_with_headers(subject.clone(), headers, body.clone())
+            .await?;
+        pending.push_back(ack);
+        if pending.len() >= IN_FLIGHT
+            && let Some(ack) = pending.pop_front()
+        {
+            ack.await?;
+        }
+    }
+    for ack in pending {
+        ack.await?;
+    }
+    let rate = n as f64 / t.elapsed().as_secs_f64();
+    let stored = stream_len(ctx, transport.stream_name()).await?;
+    ctx.drop_stream(&transport).await;
+    if stored != n {
+        return Err(format!("raw publish: the stream holds {stored} of {n}").into());
+    }
+    Ok(rate)
+}
+
+pub(crate) async fn stream_len(ctx: &Ctx, stream: &str) -> Result<u64, BoxError> {
+    let jetstream = async_nats::jetstream::new(ctx.nats.clone());
+    let mut stream = jetstream.get_stream(stream).await?;
+    Ok(stream.info().await?.state.messages)
+}
+
+/// 16 clients committing an order with its event, alone and then beside a running relay that
+/// publishes what they commit (woken by the cross-process wake-up).
+async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
+    const CLIENTS: usize = 16;
+    let outbox = Outbox::new("bench-p2");
+    let producer = move |db: DatabaseConnection, outbox: Outbox| {
+        move |id: i64| {
+            let db = db.clone();
+            let outbox = outbox.clone();
+            async move {
+                let event = crate::support::OrderPlaced::sample(id, 1_000);
+                let tx = outbox.begin(&db).await?;
+                tx.execute_raw(Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "INSERT INTO bench_order (id, customer, total_cents) VALUES ($1, $2, $3)",
+                    [
+                        event.order_id.into(),
+                        event.customer.clone().into(),
+                        event.total_cents.into(),
+                    ],
+                ))
+                .await?;
+                tx.enqueue(&event)?;
+                let _ = tx.commit().await?;
+                Ok::<_, BoxError>(())
+            }
+        }
+    };
+    ctx.reset().await?;
+    let alone = closed_loop(
+        CLIENTS,
+        ctx.sizes.p2_window,
+        producer(ctx.db.clone(), outbox.clone()),
+    )
+    .await?;
+
+    ctx.reset().await?;
+    let transport = Arc::new(ctx.transport("bench_p2prod").await?);
+    let relay = Relay::new(ctx.db.clone(), transport.clone())
+        .with_outbox(&outbox)
+        .spawn();
+    let beside = closed_loop(
+        CLIENTS,
+        ctx.sizes.p2_window,
+        producer(ctx.db.clone(), outbox.clone()),
+    )
+    .await?;
+    wait_drained(&ctx.db, Instant::now(), Duration::from_secs(120)).await?;
+    let published = relay.shutdown().await?.sent;
+    ctx.drop_stream(&transport).await;
+    let committed = support::scalar_i64(&ctx.db, "SELECT count(*) FROM outbox_event").await?;
+    if published < committed as u64 {
+        return Err(format!("the relay published {published} of {committed} events").into());
+    }
+    Ok(vec![
+        m("p2.producers_alone", alone.per_sec(), "tx/s"),
+        m("p2.producers_beside_relay", beside.per_sec(), "tx/s"),
+    ])
+}
+
+pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {
+    let mut specs = vec![
+        spec("P2", "raw claim+mark, 1 worker", "p2.raw_claim_mark.w1"),
+        spec("P2", "raw claim+mark, 4 workers", "p2.raw_claim_mark.w4"),
+        spec("P2", "raw pipelined publish", "p2.raw_publish"),
+    ];
+    for relays in RELAYS {
+        let s = if relays == 1 { "" } else { "s" };
+        specs.push(
+            spec(
+                "P2",
+                format!("SDK {relays} relay{s} → JetStream"),
+                format!("p2.relay.r{relays}"),
+            )
+            .against("raw claim+mark, 1 worker", "p2.raw_claim_mark.w1")
+            .target(Target::RatioAtLeast(0.75)),
+        );
+        specs.push(
+            spec(
+                "P2",
+                format!("SDK {relays} relay{s} (vs publish)"),
+                format!("p2.relay.r{relays}"),
+            )
+            .against("raw pipelined publish", "p2.raw_publish"),
+        );
+    }
+    specs.push(
+        spec("P2", "SDK 1 relay (vs sqlxmq drain)", "p2.relay.r1")
+            .against("sqlxmq drain", "p6.sqlxmq.drain")
+            .target(Target::RatioAtLeast(10.0)),
+    );
+    specs.push(
+        spec(
+            "P2",
+            "16 producers beside a relay",
+            "p2.producers_beside_relay",
+        )
+        .against("16 producers, no relay", "p2.producers_alone")
+        .target(Target::RatioAtLeast(0.85)),
+    );
+    specs
+}

@@ -1,0 +1,438 @@
+//! Shared pieces of the bench: the database and broker, the event, load loops and statistics.
+
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use outbox::prelude::*;
+use outbox::sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+};
+use outbox::transport::nats::{NatsTransport, async_nats};
+use serde::{Deserialize, Serialize};
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Sizes of the full run and of the seconds-long smoke run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    /// How long each P1 variant runs.
+    pub(crate) p1_window: Duration,
+    /// Events pre-enqueued for P2.
+    pub(crate) p2_events: u64,
+    /// How long producers run alone and beside a relay (P2).
+    pub(crate) p2_window: Duration,
+    /// How long each P3 load runs, after a warm-up.
+    pub(crate) p3_window: Duration,
+    /// Offered loads of P3, events per second.
+    pub(crate) p3_rates: [u64; 2],
+    /// Messages handled in P4.
+    pub(crate) p4_messages: u64,
+    /// SENT rows in the small and large P5 tables.
+    pub(crate) p5_sent: [u64; 2],
+    /// Pending events drained per P5 measurement.
+    pub(crate) p5_events: u64,
+    /// Backlog for the memory figure.
+    pub(crate) p5_backlog: u64,
+    /// Jobs in P6.
+    pub(crate) p6_jobs: u64,
+}
+
+impl Sizes {
+    fn full() -> Self {
+        Sizes {
+            p1_window: Duration::from_secs(4),
+            p2_events: 200_000,
+            p2_window: Duration::from_secs(5),
+            p3_window: Duration::from_secs(10),
+            p3_rates: [1_000, 5_000],
+            p4_messages: 50_000,
+            p5_sent: [10_000, 10_000_000],
+            p5_events: 50_000,
+            p5_backlog: 1_000_000,
+            p6_jobs: 20_000,
+        }
+    }
+
+    fn smoke() -> Self {
+        Sizes {
+            p1_window: Duration::from_millis(300),
+            p2_events: 2_000,
+            p2_window: Duration::from_millis(500),
+            p3_window: Duration::from_secs(1),
+            p3_rates: [100, 300],
+            p4_messages: 1_000,
+            p5_sent: [1_000, 20_000],
+            p5_events: 1_000,
+            p5_backlog: 5_000,
+            p6_jobs: 300,
+        }
+    }
+}
+
+/// What the report says about the machine.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Machine {
+    pub(crate) cpus: usize,
+    pub(crate) memory_gib: f64,
+    pub(crate) postgres: String,
+    pub(crate) nats: String,
+    pub(crate) kernel: String,
+    pub(crate) build: &'static str,
+}
+
+impl Machine {
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{} CPUs, {:.0} GiB, {}, NATS {}, {} build",
+            self.cpus, self.memory_gib, self.postgres, self.nats, self.build
+        )
+    }
+}
+
+/// The database, the broker and the sizes of this run.
+pub(crate) struct Ctx {
+    pub(crate) url: String,
+    pub(crate) db: DatabaseConnection,
+    pub(crate) nats_url: String,
+    pub(crate) nats: async_nats::Client,
+    pub(crate) sizes: Sizes,
+    pub(crate) smoke: bool,
+    pub(crate) machine: Machine,
+}
+
+impl Ctx {
+    pub(crate) async fn connect(smoke: bool) -> Result<Ctx, BoxError> {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_bench".into());
+        let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+        create_database(&url).await?;
+        let db = pool(&url, 48).await?;
+        if db.get_database_backend() != DbBackend::Postgres {
+            return Err("the bench runs on PostgreSQL: DATABASE_URL must be postgres://".into());
+        }
+        outbox::migrate(&db).await?;
+        db.execute_unprepared(
+            "CREATE TABLE IF NOT EXISTS bench_order (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, \
+             total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
+             CREATE TABLE IF NOT EXISTS bench_effect (order_id BIGINT PRIMARY KEY, \
+             consumer TEXT NOT NULL, total_cents BIGINT NOT NULL, \
+             created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .await?;
+        let nats = async_nats::connect(&nats_url)
+            .await
+            .map_err(|e| format!("NATS at {nats_url}: {e}"))?;
+        let postgres = scalar_text(&db, "SELECT split_part(version(), ' on ', 1)").await?;
+        let machine = Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_gib: meminfo_kib("MemTotal").unwrap_or(0) as f64 / 1024.0 / 1024.0,
+            postgres,
+            nats: nats.server_info().version.clone(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default(),
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+        };
+        Ok(Ctx {
+            url,
+            db,
+            nats_url,
+            nats,
+            sizes: if smoke { Sizes::smoke() } else { Sizes::full() },
+            smoke,
+            machine,
+        })
+    }
+
+    /// Empty the outbox, the inbox and the bench's tables.
+    pub(crate) async fn reset(&self) -> Result<(), BoxError> {
+        self.db
+            .execute_unprepared(
+                "TRUNCATE outbox_event, inbox_event, inbox_aggregate_version, bench_order, bench_effect",
+            )
+            .await?;
+        self.db
+            .execute_unprepared("VACUUM ANALYZE outbox_event")
+            .await?;
+        Ok(())
+    }
+
+    /// A NATS transport on its own namespace, with a fresh stream.
+    pub(crate) async fn transport(&self, namespace: &str) -> Result<NatsTransport, BoxError> {
+        let transport = NatsTransport::builder(&self.nats_url)
+            .namespace(namespace)
+            .connect()
+            .await?;
+        let jetstream = async_nats::jetstream::new(self.nats.clone());
+        let _ = jetstream.delete_stream(transport.stream_name()).await;
+        outbox::transport::Transport::setup(&transport).await?;
+        Ok(transport)
+    }
+
+    /// Delete a transport's stream (its messages take disk space).
+    pub(crate) async fn drop_stream(&self, transport: &NatsTransport) {
+        let jetstream = async_nats::jetstream::new(self.nats.clone());
+        let _ = jetstream.delete_stream(transport.stream_name()).await;
+    }
+}
+
+async fn create_database(url: &str) -> Result<(), BoxError> {
+    let Some((server, name)) = url.rsplit_once('/') else {
+        return Err(format!("DATABASE_URL `{url}` names no database").into());
+    };
+    let name = name.split('?').next().unwrap_or(name);
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("database name `{name}` must be a plain identifier").into());
+    }
+    let admin = Database::connect(format!("{server}/postgres")).await?;
+    let exists = admin
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("SELECT 1 AS one FROM pg_database WHERE datname = '{name}'"),
+        ))
+        .await?
+        .is_some();
+    if !exists {
+        admin
+            .execute_unprepared(&format!("CREATE DATABASE {name}"))
+            .await?;
+    }
+    admin.close().await?;
+    Ok(())
+}
+
+pub(crate) async fn pool(url: &str, max: u32) -> Result<DatabaseConnection, BoxError> {
+    let mut options = ConnectOptions::new(url.to_owned());
+    options
+        .max_connections(max)
+        .min_connections(1)
+        .sqlx_logging(false)
+        .acquire_timeout(Duration::from_secs(30));
+    Ok(Database::connect(options).await?)
+}
+
+pub(crate) async fn scalar_text(db: &impl ConnectionTrait, sql: &str) -> Result<String, BoxError> {
+    let row = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
+        .await?
+        .ok_or("no row")?;
+    Ok(row.try_get_by_index::<String>(0)?)
+}
+
+pub(crate) async fn scalar_i64(db: &impl ConnectionTrait, sql: &str) -> Result<i64, BoxError> {
+    let row = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
+        .await?
+        .ok_or("no row")?;
+    Ok(row.try_get_by_index::<i64>(0)?)
+}
+
+/// Outbox rows not yet SENT (served by the partial index).
+pub(crate) async fn unsent(db: &DatabaseConnection) -> Result<i64, BoxError> {
+    scalar_i64(
+        db,
+        "SELECT count(*) FROM outbox_event WHERE status <> 'SENT'",
+    )
+    .await
+}
+
+/// Wait until no outbox row is unsent; the time it took, or an error after `limit`.
+pub(crate) async fn wait_drained(
+    db: &DatabaseConnection,
+    since: Instant,
+    limit: Duration,
+) -> Result<Duration, BoxError> {
+    loop {
+        let left = unsent(db).await?;
+        if left == 0 {
+            return Ok(since.elapsed());
+        }
+        if since.elapsed() > limit {
+            return Err(format!("{left} events still unsent after {limit:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub(crate) fn meminfo_kib(key: &str) -> Option<u64> {
+    proc_field("/proc/meminfo", key)
+}
+
+/// This process's resident set, in KiB.
+pub(crate) fn rss_kib() -> u64 {
+    proc_field("/proc/self/status", "VmRSS").unwrap_or(0)
+}
+
+fn proc_field(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// The event of every scenario: an order of about 320 bytes of JSON.
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[event(name = "bench.order_placed", aggregate = "order", version = 1)]
+pub(crate) struct OrderPlaced {
+    #[event(aggregate_id)]
+    pub(crate) customer: String,
+    pub(crate) order_id: i64,
+    pub(crate) total_cents: i64,
+    pub(crate) currency: String,
+    pub(crate) lines: Vec<Line>,
+    pub(crate) note: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Line {
+    pub(crate) sku: String,
+    pub(crate) quantity: u32,
+    pub(crate) price_cents: i64,
+}
+
+impl OrderPlaced {
+    pub(crate) fn sample(order_id: i64, customers: i64) -> Self {
+        OrderPlaced {
+            customer: format!("customer-{}", order_id.rem_euclid(customers.max(1))),
+            order_id,
+            total_cents: 4_599 + order_id % 1_000,
+            currency: "EUR".into(),
+            lines: vec![
+                Line {
+                    sku: "KETTLE-1.7L-STEEL".into(),
+                    quantity: 1,
+                    price_cents: 3_499,
+                },
+                Line {
+                    sku: "FILTER-PACK-12".into(),
+                    quantity: 2,
+                    price_cents: 550,
+                },
+            ],
+            note: "leave at the door; ring twice; fragile items inside".into(),
+        }
+    }
+}
+
+/// Order ids unique across scenarios and runs of one process.
+pub(crate) fn next_ids(n: u64) -> i64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(n, Ordering::Relaxed) as i64
+}
+
+/// What a closed-loop load of `clients` did in its window.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadResult {
+    pub(crate) ops: u64,
+    pub(crate) elapsed: Duration,
+    /// Per-operation latencies, sorted, in microseconds.
+    pub(crate) latencies_us: Vec<u64>,
+}
+
+impl LoadResult {
+    pub(crate) fn per_sec(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+
+    pub(crate) fn mean_ms(&self) -> f64 {
+        if self.latencies_us.is_empty() {
+            return 0.0;
+        }
+        self.latencies_us.iter().sum::<u64>() as f64 / self.latencies_us.len() as f64 / 1000.0
+    }
+}
+
+/// Run `op` in a loop on `clients` tasks for `window`; each call gets a fresh order id.
+pub(crate) async fn closed_loop<F, Fut>(
+    clients: usize,
+    window: Duration,
+    op: F,
+) -> Result<LoadResult, BoxError>
+where
+    F: Fn(i64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), BoxError>> + Send,
+{
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let op = op.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(4096);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                op(next_ids(1)).await?;
+                latencies.push(t.elapsed().as_micros() as u64);
+            }
+            Ok::<_, BoxError>(latencies)
+        }));
+    }
+    tokio::time::sleep(window).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies_us = Vec::new();
+    for task in tasks {
+        latencies_us.extend(task.await??);
+    }
+    let elapsed = start.elapsed();
+    latencies_us.sort_unstable();
+    Ok(LoadResult {
+        ops: latencies_us.len() as u64,
+        elapsed,
+        latencies_us,
+    })
+}
+
+/// The `q` quantile (0..=1) of sorted values.
+pub(crate) fn quantile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Insert `n` PENDING events straight into the outbox, spread over `aggregates` aggregates in
+/// round-robin, each with a payload of the bench event's shape (set-based, for large backlogs).
+pub(crate) async fn pre_enqueue(
+    db: &DatabaseConnection,
+    n: u64,
+    aggregates: u64,
+    status: &str,
+) -> Result<(), BoxError> {
+    let sent_at = if status == "SENT" { "now()" } else { "NULL" };
+    let chunk = 500_000u64;
+    let mut done = 0u64;
+    while done < n {
+        let upto = (done + chunk).min(n);
+        db.execute_unprepared(&format!(
+            "INSERT INTO outbox_event (event_id, source, event_type, schema_version, aggregate_type, \
+             aggregate_id, payload, headers, status, sent_at, created_at) \
+             SELECT gen_random_uuid(), 'bench', 'bench.order_placed', 1, 'order', \
+             'customer-' || (g % {aggregates}), \
+             jsonb_build_object('customer', 'customer-' || (g % {aggregates}), 'order_id', g, \
+               'total_cents', 4599 + g % 1000, 'currency', 'EUR', 'lines', \
+               '[{{\"sku\":\"KETTLE-1.7L-STEEL\",\"quantity\":1,\"price_cents\":3499}},{{\"sku\":\"FILTER-PACK-12\",\"quantity\":2,\"price_cents\":550}}]'::jsonb, \
+               'note', 'leave at the door; ring twice; fragile items inside'), \
+             '{{}}'::jsonb, '{status}', {sent_at}, now() \
+             FROM generate_series({}, {}) g",
+            done + 1,
+            upto
+        ))
+        .await?;
+        done = upto;
+    }
+    db.execute_unprepared("ANALYZE outbox_event").await?;
+    Ok(())
+}
