@@ -483,7 +483,63 @@ async fn small_insert_batches_write_everything(t: TestDb) {
     assert_eq!(count_events(&t.db).await, 52);
 }
 
+async fn after_commit_runs_only_once_committed(t: TestDb) {
+    use std::sync::{Arc, Mutex};
+    let outbox = Outbox::new("order-service");
+    let ran: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let note = |name: &'static str| {
+        let ran = ran.clone();
+        move || ran.lock().unwrap().push(name)
+    };
+
+    let tx = outbox.begin(&t.db).await.unwrap();
+    order(1).insert(&tx).await.unwrap();
+    tx.enqueue(&placed(1)).unwrap();
+    tx.after_commit(note("outer"));
+    let kept = tx.savepoint().await.unwrap();
+    kept.after_commit(note("released savepoint"));
+    let _ = kept.commit().await.unwrap();
+    let undone = tx.savepoint().await.unwrap();
+    undone.after_commit(note("rolled-back savepoint"));
+    undone.rollback().await.unwrap();
+    {
+        let dropped = tx.savepoint().await.unwrap();
+        dropped.after_commit(note("dropped savepoint"));
+    }
+    assert!(ran.lock().unwrap().is_empty(), "nothing runs before COMMIT");
+    let _ = tx.commit().await.unwrap();
+    assert_eq!(*ran.lock().unwrap(), ["outer", "released savepoint"]);
+    assert_eq!(
+        count_events(&t.db).await,
+        1,
+        "the callbacks ran after the rows committed"
+    );
+
+    // Rolled back or dropped: never run.
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.after_commit(note("rolled back"));
+    tx.rollback().await.unwrap();
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.after_commit(note("dropped"));
+    drop(tx);
+    // A statement failed (duplicate primary key): PostgreSQL aborts the transaction, and its
+    // COMMIT is a rollback that must not count as committed. Other backends commit the rest.
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.after_commit(note("after a failed statement"));
+    order(1).insert(&tx).await.unwrap_err();
+    let committed = tx.commit().await.is_ok();
+    let expected: &[&str] = if committed {
+        &["outer", "released savepoint", "after a failed statement"]
+    } else {
+        &["outer", "released savepoint"]
+    };
+    assert_eq!(*ran.lock().unwrap(), expected);
+    assert_eq!(committed, t.backend != Backend::Postgres);
+    assert_eq!(count_orders(&t.db).await, 1);
+}
+
 backend_tests! {
+    after_commit => after_commit_runs_only_once_committed;
     commit_writes => commit_writes_rows_and_events;
     rollback_paths => rollback_paths_leave_nothing;
     savepoints => savepoints_keep_or_discard_their_events;

@@ -1,12 +1,396 @@
-//! P3: not written yet.
+//! P3 end-to-end latency, commit → handler committed, at two offered loads, with wake-ups on
+//! (the cross-process `NOTIFY` path) and with polling only, against a hand-written pipeline
+//! (commit an order, publish it to JetStream, consume it, commit the effect).
 
-use crate::report::{Measure, Spec};
-use crate::support::{BoxError, Ctx};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
-pub(crate) async fn run(_ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
-    Ok(Vec::new())
+use futures::StreamExt;
+use outbox::prelude::*;
+use outbox::relay::RelayConfig;
+use outbox::sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
+};
+use outbox::transport::nats::async_nats::{self, jetstream::consumer::pull};
+
+use crate::report::{Measure, Spec, Target, m, spec};
+use crate::support::{BoxError, Ctx, OrderPlaced, next_ids, quantile};
+
+const CONSUMER: &str = "bench-p3";
+const CUSTOMERS: i64 = 1_000;
+/// Poll interval of the relay when wake-ups are off.
+pub(crate) const POLL: Duration = Duration::from_millis(100);
+/// Quantiles kept for the chart.
+pub(crate) const QUANTILES: [f64; 13] = [
+    0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0,
+];
+
+/// When each order's handler transaction committed (filled by the handler's after-commit).
+static HANDLED: Mutex<Vec<(i64, Instant)>> = Mutex::new(Vec::new());
+
+#[outbox::inbox_handler(consumer = "bench-p3")]
+async fn record_effect(
+    tx: &InboxTransaction,
+    event: Event<OrderPlaced>,
+) -> Result<(), HandlerError> {
+    insert_effect(tx, event.order_id, event.total_cents).await?;
+    let order_id = event.order_id;
+    tx.after_commit(move || {
+        let now = Instant::now();
+        HANDLED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((order_id, now));
+    });
+    Ok(())
 }
 
-pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {
-    Vec::new()
+async fn insert_effect(
+    conn: &impl ConnectionTrait,
+    order_id: i64,
+    total_cents: i64,
+) -> Result<(), outbox::sea_orm::DbErr> {
+    conn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO bench_effect (order_id, consumer, total_cents) VALUES ($1, $2, $3)",
+        [order_id.into(), CONSUMER.into(), total_cents.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The SDK, the relay woken by the producers' coalesced `NOTIFY`.
+    Wake,
+    /// The SDK, the relay polling every `POLL`.
+    Poll,
+    /// Commit, then publish by hand; consume by hand and commit the effect.
+    Raw,
+}
+
+impl Mode {
+    fn key(self) -> &'static str {
+        match self {
+            Mode::Wake => "wake",
+            Mode::Poll => "poll",
+            Mode::Raw => "raw",
+        }
+    }
+}
+
+pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
+    let mut out = Vec::new();
+    for rate in ctx.sizes.p3_rates {
+        for mode in [Mode::Raw, Mode::Wake, Mode::Poll] {
+            let latencies = measure(ctx, mode, rate).await?;
+            let key = format!("p3.{}.r{rate}", mode.key());
+            out.push(m(format!("{key}.p50"), ms(quantile(&latencies, 0.5)), "ms"));
+            out.push(m(
+                format!("{key}.p99"),
+                ms(quantile(&latencies, 0.99)),
+                "ms",
+            ));
+            out.push(m(
+                format!("{key}.p999"),
+                ms(quantile(&latencies, 0.999)),
+                "ms",
+            ));
+            for q in QUANTILES {
+                out.push(m(format!("{key}.q{q}"), ms(quantile(&latencies, q)), "ms"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Offer `rate` orders per second for the warm-up and the window; the sorted latencies, in
+/// microseconds, of the orders committed after the warm-up.
+async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError> {
+    ctx.reset().await?;
+    HANDLED.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    let transport = Arc::new(ctx.transport("bench_p3").await?);
+    let warm_up = if ctx.smoke {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(1)
+    };
+
+    let committed: Vec<(i64, Instant)>;
+    let handled: HashMap<i64, Instant>;
+    match mode {
+        Mode::Wake | Mode::Poll => {
+            let relay = if mode == Mode::Wake {
+                RelayConfig::default()
+            } else {
+                RelayConfig {
+                    listen: false,
+                    poll_interval: POLL,
+                    ..RelayConfig::default()
+                }
+            };
+            let runtime = Runtime::builder(ctx.db.clone())
+                .source("bench-p3")
+                .transport_arc(transport.clone())
+                .relay_config(relay)
+                .consumers([CONSUMER])
+                .expect_consumers([CONSUMER])
+                .start()
+                .await?;
+            // The producers are another process as far as the relay can tell: their own
+            // handle, reaching it by the cross-process wake-up only (or not at all).
+            let producer = if mode == Mode::Wake {
+                Outbox::new("bench-p3")
+            } else {
+                Outbox::builder("bench-p3").notify_channel(None).build()
+            };
+            let db = ctx.db.clone();
+            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
+                let db = db.clone();
+                let producer = producer.clone();
+                async move {
+                    let event = OrderPlaced::sample(id, CUSTOMERS);
+                    let tx = producer.begin(&db).await?;
+                    insert_order(&tx, &event).await?;
+                    tx.enqueue(&event)?;
+                    let _ = tx.commit().await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            handled = wait_handled(committed.len(), || {
+                HANDLED
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .copied()
+                    .collect()
+            })
+            .await?;
+            let report = runtime.shutdown().await;
+            let stats = report.consumer(CONSUMER);
+            if stats.dead > 0 || stats.handled as usize != committed.len() {
+                return Err(format!("the consumer ended with {stats:?}").into());
+            }
+        }
+        Mode::Raw => {
+            let seen: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
+            let consumer = raw_consumer(ctx, &transport, seen.clone()).await?;
+            let db = ctx.db.clone();
+            let jetstream = async_nats::jetstream::new(ctx.nats.clone());
+            let subject = transport.subject("bench.order_placed");
+            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
+                let db = db.clone();
+                let jetstream = jetstream.clone();
+                let subject = subject.clone();
+                async move {
+                    let event = OrderPlaced::sample(id, CUSTOMERS);
+                    let tx = db.begin().await?;
+                    insert_order(&tx, &event).await?;
+                    tx.commit().await?;
+                    let body = serde_json::to_vec(&event)?;
+                    jetstream.publish(subject, body.into()).await?.await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            handled = wait_handled(committed.len(), || {
+                seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            })
+            .await?;
+            consumer.abort();
+        }
+    }
+    ctx.drop_stream(&transport).await;
+
+    let effects =
+        crate::support::scalar_i64(&ctx.db, "SELECT count(*) FROM bench_effect").await? as usize;
+    if effects != committed.len() || handled.len() != committed.len() {
+        return Err(format!(
+            "P3 {}: {} orders committed, {} handled, {effects} effect rows",
+            mode.key(),
+            committed.len(),
+            handled.len()
+        )
+        .into());
+    }
+    let first = committed.first().map_or(Instant::now(), |(_, t)| *t);
+    let mut latencies: Vec<u64> = committed
+        .iter()
+        .filter(|(_, at)| at.duration_since(first) >= warm_up)
+        .map(|(id, at)| handled[id].saturating_duration_since(*at).as_micros() as u64)
+        .collect();
+    latencies.sort_unstable();
+    Ok(latencies)
+}
+
+async fn insert_order(conn: &impl ConnectionTrait, event: &OrderPlaced) -> Result<(), BoxError> {
+    conn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO bench_order (id, customer, total_cents) VALUES ($1, $2, $3)",
+        [
+            event.order_id.into(),
+            event.customer.clone().into(),
+            event.total_cents.into(),
+        ],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Open-loop load: start `op` at `rate` per second for `window`, each in its own task (at most
+/// 64 at once); the orders committed and when each `op` returned.
+async fn offer<F, Fut>(rate: u64, window: Duration, op: F) -> Result<Vec<(i64, Instant)>, BoxError>
+where
+    F: Fn(i64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), BoxError>> + Send + 'static,
+{
+    let op = Arc::new(op);
+    let limit = Arc::new(tokio::sync::Semaphore::new(64));
+    let start = Instant::now();
+    let mut issued = 0u64;
+    let mut tasks = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    while start.elapsed() < window {
+        tick.tick().await;
+        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+        while issued < due {
+            issued += 1;
+            let permit = limit.clone().acquire_owned().await?;
+            let op = op.clone();
+            let id = next_ids(1);
+            tasks.push(tokio::spawn(async move {
+                let result = op(id).await;
+                drop(permit);
+                result.map(|()| (id, Instant::now()))
+            }));
+        }
+    }
+    let mut committed = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        committed.push(task.await??);
+    }
+    committed.sort_by_key(|(_, at)| *at);
+    Ok(committed)
+}
+
+/// Wait until `expected` orders were handled; when each was.
+async fn wait_handled(
+    expected: usize,
+    snapshot: impl Fn() -> Vec<(i64, Instant)>,
+) -> Result<HashMap<i64, Instant>, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let seen = snapshot();
+        if seen.len() >= expected {
+            let mut handled = HashMap::with_capacity(seen.len());
+            for (id, at) in seen {
+                if handled.insert(id, at).is_some() {
+                    return Err(format!("order {id} was handled twice").into());
+                }
+            }
+            return Ok(handled);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} of {expected} orders handled after 120 s", seen.len()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The hand-written consumer: pull from the stream, commit the effect, ack; 8 at a time.
+async fn raw_consumer(
+    ctx: &Ctx,
+    transport: &outbox::transport::nats::NatsTransport,
+    seen: Arc<Mutex<Vec<(i64, Instant)>>>,
+) -> Result<tokio::task::JoinHandle<()>, BoxError> {
+    let jetstream = async_nats::jetstream::new(ctx.nats.clone());
+    let stream = jetstream.get_stream(transport.stream_name()).await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("bench-p3-raw".into()),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let db: DatabaseConnection = ctx.db.clone();
+    Ok(tokio::spawn(async move {
+        let limit = Arc::new(tokio::sync::Semaphore::new(8));
+        while let Some(Ok(message)) = messages.next().await {
+            let Ok(permit) = limit.clone().acquire_owned().await else {
+                return;
+            };
+            let db = db.clone();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(event) = serde_json::from_slice::<OrderPlaced>(&message.payload) else {
+                    return;
+                };
+                let done = async {
+                    let tx = db.begin().await?;
+                    insert_effect(&tx, event.order_id, event.total_cents).await?;
+                    tx.commit().await
+                }
+                .await;
+                if done.is_ok() {
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((event.order_id, Instant::now()));
+                    let _ = message.ack().await;
+                }
+                drop(permit);
+            });
+        }
+    }))
+}
+
+pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
+    let [low, high] = ctx.sizes.p3_rates;
+    let mut specs = Vec::new();
+    for rate in [low, high] {
+        for (q, label) in [("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")] {
+            let target = match (rate == low, q) {
+                (true, "p50") => Some(3.0),
+                (true, "p99") => Some(15.0),
+                (false, "p99") => Some(30.0),
+                _ => None,
+            };
+            let mut row = spec(
+                "P3",
+                format!("commit → handled {label}, {rate}/s, wake-ups"),
+                format!("p3.wake.r{rate}.{q}"),
+            )
+            .against(
+                format!("hand-written pipeline {label}"),
+                format!("p3.raw.r{rate}.{q}"),
+            );
+            if let Some(t) = target {
+                row = row.target(Target::AtMost(t));
+            }
+            specs.push(row);
+        }
+        for (q, label) in [("p50", "p50"), ("p99", "p99")] {
+            specs.push(
+                spec(
+                    "P3",
+                    format!(
+                        "commit → handled {label}, {rate}/s, polling {}ms",
+                        POLL.as_millis()
+                    ),
+                    format!("p3.poll.r{rate}.{q}"),
+                )
+                .against(format!("wake-ups {label}"), format!("p3.wake.r{rate}.{q}")),
+            );
+        }
+    }
+    specs
 }

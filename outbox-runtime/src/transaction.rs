@@ -83,12 +83,26 @@ pub struct CommitReport {
     pub carried_to_parent: usize,
 }
 
-/// Events buffered by one transaction level.
-#[derive(Debug, Default)]
+/// A callback run once the outermost transaction committed.
+type AfterCommit = Box<dyn FnOnce() + Send + 'static>;
+
+/// Events and after-commit callbacks buffered by one transaction level.
+#[derive(Default)]
 struct Buffer {
     events: Vec<PendingEvent>,
+    after_commit: Vec<AfterCommit>,
     /// Committed or rolled back: a savepoint releasing into it now has nowhere to go.
     closed: bool,
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("events", &self.events)
+            .field("after_commit", &self.after_commit.len())
+            .field("closed", &self.closed)
+            .finish()
+    }
 }
 
 /// A database transaction that commits business rows and their events together.
@@ -248,6 +262,23 @@ impl OutboxTransaction {
         })
     }
 
+    /// Run `f` right after the outermost transaction committed: never for a change that did not
+    /// commit. It is dropped unrun when this transaction (or the savepoint it was registered in)
+    /// rolls back or is dropped, or when the commit fails. Registered in a savepoint, it joins
+    /// the enclosing transaction when the savepoint is released.
+    ///
+    /// For side effects that must follow the commit, not precede it: an in-process
+    /// notification, a cache invalidation, a measurement. It runs on the committing task after
+    /// the relays were woken, in registration order, and must not block.
+    ///
+    /// ```ignore
+    /// let order_id = 42;
+    /// tx.after_commit(move || println!("order {order_id} committed"));
+    /// ```
+    pub fn after_commit(&self, f: impl FnOnce() + Send + 'static) {
+        lock(&self.buffer).after_commit.push(Box::new(f));
+    }
+
     /// How many events are buffered at this level.
     pub fn buffered(&self) -> usize {
         lock(&self.buffer).events.len()
@@ -280,10 +311,13 @@ impl OutboxTransaction {
     /// For a savepoint: release it and hand its events to the enclosing transaction.
     /// If writing the events fails, nothing is committed: rows and events roll back together.
     pub async fn commit(self) -> Result<CommitReport, OutboxError> {
-        let events = {
+        let (events, after_commit) = {
             let mut buffer = lock(&self.buffer);
             buffer.closed = true;
-            mem::take(&mut buffer.events)
+            (
+                mem::take(&mut buffer.events),
+                mem::take(&mut buffer.after_commit),
+            )
         };
         if let Some(parent) = &self.parent {
             if lock(parent).closed {
@@ -296,6 +330,7 @@ impl OutboxTransaction {
             let carried = events.len();
             let mut parent = lock(parent);
             parent.events.extend(events);
+            parent.after_commit.extend(after_commit);
             return Ok(CommitReport {
                 carried_to_parent: carried,
                 ..CommitReport::default()
@@ -303,6 +338,12 @@ impl OutboxTransaction {
         }
 
         let outcome = if events.is_empty() {
+            if !after_commit.is_empty() && self.txn.get_database_backend() == DbBackend::Postgres {
+                // PostgreSQL answers COMMIT of a transaction aborted by a failed statement with
+                // a rollback, not an error; the callbacks must not run for it. (With events,
+                // their INSERT surfaces the abort.)
+                self.txn.execute_unprepared("SELECT 1").await?;
+            }
             store::InsertOutcome::default()
         } else {
             store::insert_events(&self.txn, &events, self.outbox.inner.insert_batch_rows).await?
@@ -311,6 +352,9 @@ impl OutboxTransaction {
         if outcome.written > 0 {
             crate::metrics::events_written(outcome.written);
             self.outbox.committed(&self.db);
+        }
+        for f in after_commit {
+            f();
         }
         Ok(CommitReport {
             written: outcome.written,
@@ -325,6 +369,7 @@ impl OutboxTransaction {
             let mut buffer = lock(&self.buffer);
             buffer.closed = true;
             buffer.events.clear();
+            buffer.after_commit.clear();
         }
         self.txn.rollback().await?;
         Ok(())
