@@ -132,6 +132,42 @@ async fn versioned_handler(
     insert_effect(tx, event.id(), &event.cart, event.version).await
 }
 
+/// Top-level transaction ids (PostgreSQL) in which `t-batch` ran each first attempt.
+static BATCH_XIDS: LazyLock<Mutex<HashMap<String, i64>>> = LazyLock::new(Mutex::default);
+
+#[inbox_handler(consumer = "t-batch", backoff = "10ms", backoff_cap = "50ms")]
+async fn batch_handler(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    if event.cart.ends_with("gate") {
+        // Holds the only lane while the rest of the messages arrive: they form one batch.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if tx.get_database_backend() == sea_orm::DbBackend::Postgres && event.meta().attempt == 1 {
+        let row = tx
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                "SELECT txid_current()::bigint AS xid",
+            ))
+            .await?
+            .unwrap();
+        let xid: i64 = row.try_get("", "xid")?;
+        BATCH_XIDS
+            .lock()
+            .unwrap()
+            .insert(format!("{}/{}", event.cart, event.seq), xid);
+    }
+    record(tx, &event).await?;
+    if should_fail(&event.cart) {
+        if event.cart.contains("sqlfail") {
+            // A failing statement aborts the savepoint (on PostgreSQL, the whole transaction
+            // unless the savepoint is rolled back).
+            tx.execute_unprepared("INSERT INTO no_such_table VALUES (1)")
+                .await?;
+        }
+        return Err(HandlerError::retry("transient failure injected"));
+    }
+    Ok(())
+}
+
 fn inbox_config() -> InboxConfig {
     InboxConfig {
         poll_interval: Duration::from_millis(50),
@@ -540,7 +576,87 @@ async fn version_guard_drops_stale_events(t: TestDb) {
     );
 }
 
+/// Deliveries that arrive together in a lane commit in one transaction, each handler in its own
+/// savepoint: a failing handler (even one whose SQL failed) rolls back only its own work, its
+/// message is stored for retry in the same commit, later messages of its aggregate wait behind it,
+/// a duplicate in the batch is suppressed, and everything else commits once.
+async fn batched_deliveries_isolate_each_handler(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let mut config = inbox_config();
+    config.concurrency = 1;
+    config.commit_batch = 32;
+    let runtime = Runtime::builder(t.db.clone())
+        .transport(transport.clone())
+        .without_relay()
+        .consumers(["t-batch"])
+        .inbox_config(config)
+        .start()
+        .await
+        .unwrap();
+    let cart = |name: &str| format!("{}-{name}", t.name);
+    fail_times(&cart("flaky"), 1);
+    fail_times(&cart("sqlfail"), 1);
+    let gate = message(&cart("gate"), 0);
+    assert!(transport.publish(&[gate]).await[0].is_ok());
+    tokio::time::sleep(Duration::from_millis(100)).await; // the gate is being handled
+    let a1 = message(&cart("steady"), 1);
+    let batch = vec![
+        a1.clone(),
+        message(&cart("flaky"), 1),
+        message(&cart("flaky"), 2), // behind flaky/1's retry
+        message(&cart("steady"), 2),
+        a1, // a duplicate inside the batch
+        message(&cart("sqlfail"), 1),
+        message(&cart("sqlfail"), 2),
+        message(&cart("steady"), 3),
+    ];
+    assert!(transport.publish(&batch).await.iter().all(Result::is_ok));
+    wait_until("8 messages handled", || async {
+        runtime.consumer_stats("t-batch").unwrap().handled == 8
+    })
+    .await;
+    let stats = runtime.shutdown().await.consumer("t-batch");
+    assert_eq!(stats.handled, 8, "gate + 7 distinct messages");
+    assert_eq!(stats.duplicates, 1);
+    assert_eq!(stats.retried, 2, "flaky/1 and sqlfail/1 failed once");
+    assert_eq!(
+        stats.stored, 2,
+        "flaky/2 and sqlfail/2 waited behind their retries"
+    );
+    assert_eq!(stats.dead, 0);
+
+    let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in effects(&t.db).await {
+        per_cart.entry(e.cart).or_default().push(e.seq);
+    }
+    assert_eq!(per_cart[&cart("steady")], [1, 2, 3]);
+    assert_eq!(
+        per_cart[&cart("flaky")],
+        [1, 2],
+        "the failed attempt's effect was rolled back; order kept"
+    );
+    assert_eq!(per_cart[&cart("sqlfail")], [1, 2]);
+    let rows = inbox_rows(&t.db, "t-batch").await;
+    assert_eq!(rows.len(), 8);
+    assert!(rows.iter().all(|r| r.1 == "DONE"), "{rows:?}");
+
+    if t.backend == Backend::Postgres {
+        let xids = BATCH_XIDS.lock().unwrap();
+        let ours: Vec<i64> = xids
+            .iter()
+            .filter(|(k, _)| k.starts_with(&t.name) && !k.contains("gate"))
+            .map(|(_, xid)| *xid)
+            .collect();
+        let distinct: std::collections::HashSet<_> = ours.iter().collect();
+        assert!(
+            distinct.len() < ours.len(),
+            "the batch's first attempts ran in one transaction: {xids:?}"
+        );
+    }
+}
+
 backend_tests! {
+    batched => batched_deliveries_isolate_each_handler;
     version_guard => version_guard_drops_stale_events;
     five_deliveries => same_message_five_times_one_effect;
     lost_ack => lost_ack_is_redelivered_and_suppressed;

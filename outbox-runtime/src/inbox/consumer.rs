@@ -80,6 +80,11 @@ pub struct InboxConfig {
     pub ordering: bool,
     /// Broker subscription settings.
     pub subscribe: SubscribeOptions,
+    /// Deliveries waiting in one lane that are recorded and handled in one transaction, each
+    /// handler in a savepoint of its own (a failing handler rolls back only its savepoint and
+    /// its message is stored for retry in the same commit). Default 32; 1 commits each delivery
+    /// on its own. A batch never waits for more deliveries: it takes what has arrived.
+    pub commit_batch: usize,
 }
 
 impl Default for InboxConfig {
@@ -93,6 +98,7 @@ impl Default for InboxConfig {
             backoff: Backoff::default(),
             ordering: true,
             subscribe: SubscribeOptions::default(),
+            commit_batch: 32,
         }
     }
 }
@@ -196,6 +202,9 @@ impl fmt::Debug for Consumer {
             .finish()
     }
 }
+
+/// A broker delivery and its decoded envelope (or why it could not be decoded).
+pub(crate) type Decoded = (Delivery, Result<Envelope, String>);
 
 /// Outcome of handling one message.
 enum Outcome {
@@ -508,6 +517,177 @@ impl Consumer {
         }
     }
 
+    /// Deliveries that arrived together in one lane, in order: runs of messages a handler takes
+    /// inline are recorded and handled in one transaction ([`Self::deliver_batch`]); the rest
+    /// one by one.
+    pub(crate) async fn deliver_all(&self, arrived: Vec<Decoded>, shutdown: &CancellationToken) {
+        let mut arrived = arrived.into_iter().peekable();
+        while arrived.peek().is_some() {
+            let mut run = Vec::new();
+            while let Some(next) = arrived.next_if(|(_, decoded)| self.inline(decoded)) {
+                run.push(next);
+            }
+            if run.len() > 1 {
+                self.deliver_batch(run, shutdown).await;
+            } else {
+                for (delivery, decoded) in run {
+                    self.deliver(delivery, decoded, shutdown).await;
+                }
+            }
+            if let Some((delivery, decoded)) = arrived.next_if(|(_, decoded)| !self.inline(decoded))
+            {
+                self.deliver(delivery, decoded, shutdown).await;
+            }
+        }
+    }
+
+    /// Whether a handler of this consumer runs the message inline.
+    fn inline(&self, decoded: &Result<Envelope, String>) -> bool {
+        self.mode == HandlerMode::Inline
+            && decoded.as_ref().is_ok_and(|envelope| {
+                let version = envelope.schema_version.unwrap_or(1);
+                self.handlers
+                    .contains_key(&(envelope.event_type.as_str(), version))
+            })
+    }
+
+    /// Record and handle several deliveries in one transaction, then ack them all. If the
+    /// batch cannot be recorded, each delivery goes the single way ([`Self::deliver`]), which
+    /// retries and finds what a commit that did happen recorded.
+    async fn deliver_batch(&self, run: Vec<Decoded>, shutdown: &CancellationToken) {
+        match self.process_batch(&run).await {
+            Ok(()) => {
+                failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
+                let acks = run.into_iter().map(|(delivery, _)| delivery.ack());
+                for settled in futures_util::future::join_all(acks).await {
+                    if let Err(e) = settled {
+                        tracing::warn!(consumer = self.name, error = %e, "could not settle a delivery with the broker");
+                    }
+                }
+            }
+            Err(error) => {
+                #[cfg(feature = "failpoints")]
+                if crate::failpoints::is_injected(&error) {
+                    return; // the process "died" here: neither ack nor nack
+                }
+                tracing::debug!(consumer = self.name, error = %error, deliveries = run.len(), "could not record a batch; recording its deliveries one by one");
+                for (delivery, decoded) in run {
+                    self.deliver(delivery, decoded, shutdown).await;
+                }
+            }
+        }
+    }
+
+    /// One transaction for a run of inline messages: each handler in its own savepoint, a
+    /// failure stored as RETRY or DEAD in place of its rolled-back savepoint, messages behind an
+    /// unfinished one of their aggregate stored PENDING. Counted once committed.
+    async fn process_batch(&self, run: &[Decoded]) -> Result<(), sea_orm::DbErr> {
+        let mut items = Vec::with_capacity(run.len());
+        for (delivery, decoded) in run {
+            let Ok(envelope) = decoded else {
+                return Err(sea_orm::DbErr::Custom(
+                    "undecodable message in a batch".into(),
+                ));
+            };
+            let reg = self.handler(envelope).map_err(sea_orm::DbErr::Custom)?;
+            items.push((delivery, envelope, reg));
+        }
+        let mut blocked = if self.ordering {
+            let aggregates: Vec<(&str, &str)> = items
+                .iter()
+                .filter_map(|(_, e, _)| Some((e.aggregate_type.as_deref()?, e.subject.as_deref()?)))
+                .collect();
+            store::inbox::unfinished_aggregates(&self.db, self.name, &aggregates).await?
+        } else {
+            Default::default()
+        };
+
+        enum Done {
+            Handled,
+            Stored,
+            Failed(String, InitialState),
+        }
+        let mut done = Vec::with_capacity(items.len());
+        let mut seen_before = Vec::new();
+        let tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
+        for (delivery, envelope, reg) in items {
+            let row = inbox_row(self.name, envelope, &delivery.body);
+            let aggregate = match (&envelope.aggregate_type, &envelope.subject) {
+                (Some(t), Some(id)) if self.ordering => Some((t.clone(), id.clone())),
+                _ => None,
+            };
+            if aggregate.as_ref().is_some_and(|a| blocked.contains(a)) {
+                if store::inbox::insert(&tx, &row, &InitialState::Pending, Utc::now()).await? {
+                    done.push(Done::Stored);
+                } else {
+                    seen_before.push(row);
+                }
+                continue;
+            }
+            let savepoint = tx.savepoint().await.map_err(into_db_err)?;
+            if !store::inbox::insert(&savepoint, &row, &InitialState::Done, Utc::now()).await? {
+                savepoint.rollback().await.map_err(into_db_err)?;
+                seen_before.push(row);
+                continue;
+            }
+            let itx = InboxTransaction::new(
+                savepoint,
+                HandlerContext {
+                    consumer: self.name,
+                    message_id: envelope.id.clone(),
+                    attempt: 1,
+                },
+            );
+            let result = self.run_handler(reg, &itx, envelope, 1).await;
+            let error = match result {
+                Ok(()) => {
+                    failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
+                    let _ = itx.into_inner().commit().await.map_err(into_db_err)?;
+                    done.push(Done::Handled);
+                    continue;
+                }
+                Err(error) => {
+                    itx.into_inner().rollback().await.map_err(into_db_err)?;
+                    error
+                }
+            };
+            let state = self.failure_state(Some(reg), &error, 1);
+            failpoint!(error crate::failpoints::INBOX_STORE_RETRY);
+            if store::inbox::insert(&tx, &row, &state, Utc::now()).await? {
+                done.push(Done::Failed(envelope.id.clone(), state));
+            } else {
+                seen_before.push(row);
+            }
+            if let Some(aggregate) = aggregate {
+                blocked.insert(aggregate); // later messages of it wait behind this one
+            }
+        }
+        let _ = tx.commit().await.map_err(into_db_err)?;
+
+        let mut wake = false;
+        for outcome in done {
+            match outcome {
+                Done::Handled => self.count(Counter::handled),
+                Done::Stored => {
+                    self.count(Counter::stored);
+                    wake = true;
+                }
+                Done::Failed(message_id, state) => {
+                    self.log_failure(&message_id, &state);
+                    self.count_failure(&state);
+                    wake = true;
+                }
+            }
+        }
+        if wake {
+            self.wake.notify_one();
+        }
+        for row in seen_before {
+            self.recorded_already(&row).await?;
+        }
+        Ok(())
+    }
+
     async fn process_delivery(
         &self,
         delivery: &Delivery,
@@ -650,14 +830,18 @@ impl Consumer {
         let lanes = self.config.concurrency.max(1);
         let mut senders = Vec::with_capacity(lanes);
         let mut workers = Vec::with_capacity(lanes);
+        let batch = self.config.commit_batch.max(1);
         for _ in 0..lanes {
-            let (tx, mut rx) = mpsc::channel::<(Delivery, Result<Envelope, String>)>(32);
+            let (tx, mut rx) = mpsc::channel::<Decoded>(batch.max(32));
             senders.push(tx);
             let consumer = self.clone();
             let shutdown = shutdown.clone();
             workers.push(tokio::spawn(async move {
-                while let Some((delivery, decoded)) = rx.recv().await {
-                    consumer.deliver(delivery, decoded, &shutdown).await;
+                let mut arrived = Vec::with_capacity(batch);
+                while rx.recv_many(&mut arrived, batch).await > 0 {
+                    consumer
+                        .deliver_all(std::mem::take(&mut arrived), &shutdown)
+                        .await;
                 }
             }));
         }

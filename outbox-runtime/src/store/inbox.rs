@@ -223,6 +223,46 @@ pub async fn has_unfinished<C: ConnectionTrait>(
     Ok(conn.query_one_raw(sql.build()).await?.is_some())
 }
 
+/// Of `aggregates` (type, id), those with an unfinished message of `consumer`: one query for a
+/// batch of deliveries instead of [`has_unfinished`] per delivery.
+pub async fn unfinished_aggregates<C: ConnectionTrait>(
+    conn: &C,
+    consumer: &str,
+    aggregates: &[(&str, &str)],
+) -> Result<std::collections::HashSet<(String, String)>, DbErr> {
+    let mut found = std::collections::HashSet::new();
+    if aggregates.is_empty() {
+        return Ok(found);
+    }
+    let dialect = Dialect::of(conn);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!(
+        "SELECT DISTINCT aggregate_type, aggregate_id FROM {INBOX_TABLE} WHERE consumer = "
+    ))
+    .bind(consumer.to_owned().into())
+    .push(" AND ")
+    .push(&unfinished(dialect.backend(), ""))
+    .push(" AND (");
+    for (i, (aggregate_type, aggregate_id)) in aggregates.iter().enumerate() {
+        if i > 0 {
+            sql.push(" OR ");
+        }
+        sql.push("(aggregate_type = ")
+            .bind((*aggregate_type).to_owned().into())
+            .push(" AND aggregate_id = ")
+            .bind((*aggregate_id).to_owned().into())
+            .push(")");
+    }
+    sql.push(")");
+    for row in conn.query_all_raw(sql.build()).await? {
+        found.insert((
+            row.try_get("", "aggregate_type")?,
+            row.try_get("", "aggregate_id")?,
+        ));
+    }
+    Ok(found)
+}
+
 /// "This message holds its aggregate back": the partial indexes' predicate.
 fn unfinished(_backend: DbBackend, prefix: &str) -> String {
     format!("{prefix}status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')")
