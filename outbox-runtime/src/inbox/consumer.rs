@@ -9,6 +9,14 @@
 //! no handler of this consumer takes, is stored DEAD with the raw bytes and a clear error, then
 //! acked. If even storing fails, the delivery is nacked and the broker redelivers it.
 //!
+//! **Batches.** Deliveries that have already arrived in a lane (up to
+//! [`InboxConfig::commit_batch`]) are recorded and handled in one transaction, each handler in a
+//! savepoint of its own: a failing handler rolls back only its savepoint, and its message is
+//! stored as RETRY (or DEAD) in the same commit. One commit for several messages is what lets a
+//! consumer handle more messages per second than the database commits transactions. The acks
+//! follow the commit. If the batch cannot be recorded, each of its deliveries goes the single way
+//! above, and finds what a commit that did happen recorded.
+//!
 //! **Duplicates and conflicts.** When `(consumer, message_id)` is already recorded, the stored
 //! payload is compared with the delivered bytes: the same bytes are a duplicate (acked and
 //! counted); different bytes are a conflict, kept as a DEAD row under
