@@ -137,6 +137,13 @@ fn aggregate_of(row: &QueryResult) -> Result<(Option<String>, Option<String>), D
 /// With ordering, a row is taken only when no earlier row of its aggregate is unfinished
 /// ("heads", locked with `SKIP LOCKED` so claimers never wait on each other), plus the PENDING
 /// rows right behind each head while there is room, so one claimer owns an aggregate's run.
+///
+/// Heads are looked for in a window: the first [`window_size`] unfinished rows of the queue. A
+/// backlog concentrated in a few aggregates then costs one window, not a walk over every unsent
+/// row, and the runs behind the heads fill the batch. When the window is full and holds fewer
+/// heads than `limit` (say a DEAD event with a long tail of its aggregate fills it), the heads
+/// of the aggregates that start after the window are found by a loose index scan over the
+/// aggregate index, so that they do not starve behind it.
 pub(crate) async fn select_claimable(
     txn: &DatabaseTransaction,
     queue: &Queue<'_>,
@@ -147,15 +154,41 @@ pub(crate) async fn select_claimable(
     let dialect = Dialect::of(txn);
     let backend = dialect.backend();
     let limit = limit.max(1);
+    let window = window_size(limit);
+    let bound = if ordering {
+        window_bound(txn, queue, window).await?
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for row in txn
-        .query_all_raw(heads_query(dialect, queue, now, limit, ordering))
+        .query_all_raw(heads_query(dialect, queue, now, limit, ordering, bound))
         .await?
     {
         rows.push(Candidate {
             id: row.try_get("", "id")?,
             row,
         });
+    }
+    if let Some(bound) = bound
+        && rows.len() < limit
+    {
+        let seen: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
+        let beyond = heads_beyond_window_query(
+            dialect,
+            queue,
+            now,
+            limit - rows.len(),
+            bound,
+            window + 2 * limit,
+        );
+        for row in txn.query_all_raw(beyond).await? {
+            let id: i64 = row.try_get("", "id")?;
+            if !seen.contains(&id) {
+                rows.push(Candidate { id, row });
+            }
+        }
+        rows.sort_by_key(|c| c.id);
     }
     if !ordering || rows.is_empty() || rows.len() >= limit {
         return Ok(rows);
@@ -197,10 +230,17 @@ pub(crate) async fn select_claimable(
             .bind(aggregate_id.clone().into())
             .push(")");
     }
-    sql.push(&format!(") ORDER BY id LIMIT {}", limit - rows.len()));
+    // The other heads are among these rows too: room for them on top of the run rows.
+    sql.push(&format!(
+        ") ORDER BY id LIMIT {}",
+        limit - rows.len() + heads.len()
+    ));
     sql.push(lock_clause(backend, false));
     let mut open: std::collections::HashSet<(String, String)> = aggregates.into_iter().collect();
     for row in txn.query_all_raw(sql.build()).await? {
+        if rows.len() >= limit {
+            break;
+        }
         let id: i64 = row.try_get("", "id")?;
         if heads.contains(&id) {
             continue;
@@ -240,11 +280,25 @@ fn push_no_unfinished_predecessor(sql: &mut Sql, queue: &Queue<'_>) {
     ));
 }
 
-fn push_scope(sql: &mut Sql, queue: &Queue<'_>) {
+/// ` AND {alias}{scope column} = ?` (`alias` with its dot, or empty), when the queue has a scope.
+fn push_scope_of(sql: &mut Sql, queue: &Queue<'_>, alias: &str) {
     if let Some((column, value)) = queue.scope {
-        sql.push(&format!(" AND o.{column} = "))
+        sql.push(&format!(" AND {alias}{column} = "))
             .bind(value.to_owned().into());
     }
+}
+
+fn push_scope(sql: &mut Sql, queue: &Queue<'_>) {
+    push_scope_of(sql, queue, "o.");
+}
+
+/// "This row can be claimed now": PENDING, RETRY that is due, PROCESSING whose lease expired.
+fn push_claimable(sql: &mut Sql, now: &Value) {
+    sql.push(" AND (o.status = 'PENDING' OR (o.status = 'RETRY' AND o.next_attempt_at <= ")
+        .bind(now.clone())
+        .push(") OR (o.status = 'PROCESSING' AND o.locked_until < ")
+        .bind(now.clone())
+        .push("))");
 }
 
 pub(crate) fn prefixed_columns(columns: &str, alias: &str) -> String {
@@ -255,15 +309,67 @@ pub(crate) fn prefixed_columns(columns: &str, alias: &str) -> String {
         .join(", ")
 }
 
+/// How many unfinished rows, from the front of the queue, the heads query looks at: enough that
+/// a backlog spread over many aggregates fills a batch with heads from the window alone.
+fn window_size(limit: usize) -> usize {
+    (8 * limit).max(1024)
+}
+
+/// The statuses of an unfinished row of either table. MySQL has no partial indexes: its claim
+/// queries read one `(status, id)` range per status instead.
+const UNFINISHED_STATUSES: [&str; 4] = ["PENDING", "PROCESSING", "RETRY", "DEAD"];
+
+/// The id of the `window`-th unfinished row of the queue, in id order; `None` when the queue
+/// holds fewer (the heads query then reads all of them anyway). Served by the unsent/unfinished
+/// partial index on PostgreSQL and SQLite, by one `(status, id)` range per status on MySQL.
+async fn window_bound(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    window: usize,
+) -> Result<Option<i64>, DbErr> {
+    let dialect = Dialect::of(txn);
+    let backend = dialect.backend();
+    let mut sql = Sql::new(dialect);
+    if backend == DbBackend::MySql {
+        sql.push("SELECT id FROM (");
+        for (i, status) in UNFINISHED_STATUSES.into_iter().enumerate() {
+            if i > 0 {
+                sql.push(" UNION ALL ");
+            }
+            sql.push(&format!(
+                "(SELECT id FROM {} WHERE status = '{status}' AND {}",
+                queue.table,
+                (queue.unfinished)(backend, "")
+            ));
+            push_scope_of(&mut sql, queue, "");
+            sql.push(&format!(" ORDER BY id LIMIT {window})"));
+        }
+        sql.push(") w");
+    } else {
+        sql.push(&format!(
+            "SELECT id FROM {} WHERE {}",
+            queue.table,
+            (queue.unfinished)(backend, "")
+        ));
+        push_scope_of(&mut sql, queue, "");
+    }
+    sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
+    match txn.query_one_raw(sql.build()).await? {
+        Some(row) => Ok(Some(row.try_get("", "id")?)),
+        None => Ok(None),
+    }
+}
+
 /// The first claimable rows in id order; with ordering, only those with no unfinished
-/// predecessor in their aggregate. Locked with `SKIP LOCKED`, so concurrent claimers take
-/// disjoint rows without waiting on each other.
+/// predecessor in their aggregate, and only up to `bound` (the window) when given. Locked with
+/// `SKIP LOCKED`, so concurrent claimers take disjoint rows without waiting on each other.
 fn heads_query(
     dialect: Dialect,
     queue: &Queue<'_>,
     now: DateTime<Utc>,
     limit: usize,
     ordering: bool,
+    bound: Option<i64>,
 ) -> Statement {
     let mut sql = Sql::new(dialect);
     let columns = prefixed_columns(queue.columns, "o");
@@ -288,6 +394,9 @@ fn heads_query(
             if let Some(due) = due {
                 sql.push(" AND ").push(due).bind(now.clone());
             }
+            if let Some(bound) = bound {
+                sql.push(" AND o.id <= ").bind(bound.into());
+            }
             if ordering {
                 push_no_unfinished_predecessor(&mut sql, queue);
             }
@@ -304,15 +413,131 @@ fn heads_query(
         (queue.unfinished)(dialect.backend(), "o.")
     ));
     push_scope(&mut sql, queue);
-    sql.push(" AND (o.status = 'PENDING' OR (o.status = 'RETRY' AND o.next_attempt_at <= ")
-        .bind(now.clone())
-        .push(") OR (o.status = 'PROCESSING' AND o.locked_until < ")
-        .bind(now)
-        .push("))");
+    if let Some(bound) = bound {
+        sql.push(" AND o.id <= ").bind(bound.into());
+    }
+    push_claimable(&mut sql, &now);
     if ordering {
         push_no_unfinished_predecessor(&mut sql, queue);
     }
     sql.push(&format!(" ORDER BY o.id LIMIT {limit}"));
     sql.push(lock_clause(dialect.backend(), true));
+    sql.build()
+}
+
+/// The heads after the window (ids above `bound`), at most `room`, in id order, locked with
+/// `SKIP LOCKED`: for when the window is full of rows that cannot be heads.
+///
+/// Candidates are each aggregate's first unfinished row, found by a loose index scan over the
+/// aggregate index that jumps from one `(aggregate_type, aggregate_id)` to the next (a recursive
+/// CTE on PostgreSQL and SQLite; on MySQL, whose dependent subqueries cannot seek on an outer
+/// value, a `GROUP BY` that MySQL runs as a loose index scan, one per claimable status). The scan
+/// visits at most `budget` aggregates in key order: more than the window can hold, so that it
+/// always reaches aggregates beyond it (with more aggregates than that, the first in key order,
+/// not in id order). Rows without an aggregate type (inbox messages from other producers) are each
+/// their own aggregate and are read from their own index range; an inbox row with a type but no
+/// aggregate id is reached only once the window gets to it. The final statement checks
+/// claimability and the "no unfinished predecessor" predicate again, as the heads query does,
+/// so a stale candidate is never taken.
+fn heads_beyond_window_query(
+    dialect: Dialect,
+    queue: &Queue<'_>,
+    now: DateTime<Utc>,
+    room: usize,
+    bound: i64,
+    budget: usize,
+) -> Statement {
+    let backend = dialect.backend();
+    let table = queue.table;
+    let unfinished = |prefix: &str| (queue.unfinished)(backend, prefix);
+    let mut sql = Sql::new(dialect);
+    // The index column before the aggregate when the queue is scoped (the inbox's consumer).
+    let lead = match queue.scope {
+        Some((column, _)) => format!("{column}, "),
+        None => String::new(),
+    };
+    if backend != DbBackend::MySql {
+        // agg: one row per aggregate in key order, with the id of its first unfinished row.
+        sql.push(&format!(
+            "WITH RECURSIVE agg (n, id, t, i) AS (SELECT 1, s.id, s.aggregate_type, s.aggregate_id \
+             FROM (SELECT e.id, e.aggregate_type, e.aggregate_id FROM {table} e WHERE {}",
+            unfinished("e.")
+        ));
+        push_scope_of(&mut sql, queue, "e.");
+        sql.push(
+            " AND e.aggregate_type IS NOT NULL AND e.aggregate_id IS NOT NULL \
+             ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) s \
+             UNION ALL SELECT a.n + 1, f.id, f.aggregate_type, f.aggregate_id FROM agg a ",
+        );
+        if backend == DbBackend::Postgres {
+            sql.push(&format!(
+                "CROSS JOIN LATERAL (SELECT e.id, e.aggregate_type, e.aggregate_id \
+                 FROM {table} e WHERE {}",
+                unfinished("e.")
+            ));
+            push_scope_of(&mut sql, queue, "e.");
+            sql.push(
+                " AND (e.aggregate_type, e.aggregate_id) > (a.t, a.i) AND e.aggregate_id IS NOT NULL \
+                 ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) f",
+            );
+        } else {
+            // SQLite sorts NULLs first, and with the `aggregate_id IS NOT NULL` that skipping
+            // them needs it no longer seeks on the row value: two seeks instead, the next id
+            // of the same type, else the first aggregate of a later type.
+            sql.push(&format!(
+                "JOIN {table} f ON f.id = COALESCE((SELECT e.id FROM {table} e WHERE {}",
+                unfinished("e.")
+            ));
+            push_scope_of(&mut sql, queue, "e.");
+            sql.push(&format!(
+                " AND e.aggregate_type = a.t AND e.aggregate_id > a.i \
+                 ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1), \
+                 (SELECT e.id FROM {table} e WHERE {}",
+                unfinished("e.")
+            ));
+            push_scope_of(&mut sql, queue, "e.");
+            sql.push(
+                " AND e.aggregate_type > a.t AND e.aggregate_id IS NOT NULL \
+                 ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1))",
+            );
+        }
+        sql.push(&format!(" WHERE a.n < {budget}) "));
+    }
+    sql.push(&format!(
+        "SELECT {} FROM {table} o WHERE o.id IN (SELECT c.id FROM (",
+        prefixed_columns(queue.columns, "o")
+    ));
+    if backend == DbBackend::MySql {
+        // A head is also the first row of its status in its aggregate: one loose index scan of
+        // `(aggregate_type, aggregate_id, status, id)` per claimable status.
+        for status in ["PENDING", "RETRY", "PROCESSING"] {
+            sql.push(&format!(
+                "(SELECT MIN(id) AS id FROM {table} WHERE status = '{status}'"
+            ));
+            push_scope_of(&mut sql, queue, "");
+            sql.push(&format!(
+                " GROUP BY {lead}aggregate_type, aggregate_id \
+                 ORDER BY {lead}aggregate_type, aggregate_id LIMIT {budget}) UNION ALL "
+            ));
+        }
+    } else {
+        sql.push("SELECT id FROM agg UNION ALL ");
+    }
+    // Rows without an aggregate type: each is a head of its own. `+id` keeps the id bound,
+    // which the planners push into this branch, from being read as an id range (SQLite would
+    // then walk every row after the window instead of the aggregate index's NULL range).
+    sql.push(&format!(
+        "SELECT +id AS id FROM {table} WHERE {} AND aggregate_type IS NULL",
+        unfinished("")
+    ));
+    push_scope_of(&mut sql, queue, "");
+    sql.push(") c WHERE c.id > ")
+        .bind(bound.into())
+        .push(&format!(") AND {}", unfinished("o.")));
+    push_scope(&mut sql, queue);
+    push_claimable(&mut sql, &dialect.timestamp(now));
+    push_no_unfinished_predecessor(&mut sql, queue);
+    sql.push(&format!(" ORDER BY o.id LIMIT {room}"));
+    sql.push(lock_clause(backend, true));
     sql.build()
 }
