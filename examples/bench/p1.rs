@@ -163,13 +163,13 @@ async fn transaction(
         Variant::Alone => {
             let tx = db.begin().await?;
             insert_order(&tx, &event).await?;
-            let _ = tx.commit().await?;
+            tx.commit().await?;
         }
         Variant::Hand(n) => {
             let tx = db.begin().await?;
             insert_order(&tx, &event).await?;
             insert_by_hand(&tx, &event, n).await?;
-            let _ = tx.commit().await?;
+            tx.commit().await?;
         }
         Variant::Sdk(n) | Variant::SdkNoWake(n) => {
             let tx = outbox.begin(db).await?;

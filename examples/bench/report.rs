@@ -247,8 +247,8 @@ impl Report {
             self.seconds
         );
         println!(
-            "{:<3} {:<46} {:>12} {:<40} {:>12} {:>7} {:<14} {}",
-            "", "figure", "value", "baseline", "base value", "ratio", "target", "met"
+            "{:<3} {:<46} {:>12} {:<40} {:>12} {:>7} {:<14} met",
+            "", "figure", "value", "baseline", "base value", "ratio", "target"
         );
         for row in &self.rows {
             println!(
