@@ -260,7 +260,7 @@ pub(crate) async fn wait_drained(
         if since.elapsed() > limit {
             return Err(format!("{left} events still unsent after {limit:?}").into());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
