@@ -343,13 +343,6 @@ impl LoadResult {
     pub(crate) fn per_sec(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
     }
-
-    pub(crate) fn mean_ms(&self) -> f64 {
-        if self.latencies_us.is_empty() {
-            return 0.0;
-        }
-        self.latencies_us.iter().sum::<u64>() as f64 / self.latencies_us.len() as f64 / 1000.0
-    }
 }
 
 /// Run `op` in a loop on `clients` tasks for `window`; each call gets a fresh order id.

@@ -83,6 +83,13 @@ pub struct CommitReport {
     pub carried_to_parent: usize,
 }
 
+/// How much a transaction level had buffered at some point (see `OutboxTransaction::rewind`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BufferMark {
+    events: usize,
+    after_commit: usize,
+}
+
 /// A callback run once the outermost transaction committed.
 type AfterCommit = Box<dyn FnOnce() + Send + 'static>;
 
@@ -277,6 +284,23 @@ impl OutboxTransaction {
     /// ```
     pub fn after_commit(&self, f: impl FnOnce() + Send + 'static) {
         lock(&self.buffer).after_commit.push(Box::new(f));
+    }
+
+    /// How much this level has buffered: what [`Self::rewind`] goes back to.
+    pub(crate) fn mark(&self) -> BufferMark {
+        let buffer = lock(&self.buffer);
+        BufferMark {
+            events: buffer.events.len(),
+            after_commit: buffer.after_commit.len(),
+        }
+    }
+
+    /// Drop the events and callbacks buffered since `mark`: for work rolled back to a savepoint
+    /// taken at that mark with plain SQL.
+    pub(crate) fn rewind(&self, mark: BufferMark) {
+        let mut buffer = lock(&self.buffer);
+        buffer.events.truncate(mark.events);
+        buffer.after_commit.truncate(mark.after_commit);
     }
 
     /// How many events are buffered at this level.

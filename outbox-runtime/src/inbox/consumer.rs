@@ -48,7 +48,7 @@ use std::{
 
 use chrono::Utc;
 use futures_util::{FutureExt, StreamExt};
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -617,8 +617,8 @@ impl Consumer {
         }
         let mut done = Vec::with_capacity(items.len());
         let mut seen_before = Vec::new();
-        let tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
-        for (delivery, envelope, reg) in items {
+        let mut tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
+        for (i, (delivery, envelope, reg)) in items.into_iter().enumerate() {
             let row = inbox_row(self.name, envelope, &delivery.body);
             let aggregate = match (&envelope.aggregate_type, &envelope.subject) {
                 (Some(t), Some(id)) if self.ordering => Some((t.clone(), id.clone())),
@@ -632,14 +632,18 @@ impl Consumer {
                 }
                 continue;
             }
-            let savepoint = tx.savepoint().await.map_err(into_db_err)?;
-            if !store::inbox::insert(&savepoint, &row, &InitialState::Done, Utc::now()).await? {
-                savepoint.rollback().await.map_err(into_db_err)?;
+            // A savepoint per handler, never released: RELEASE would cost a round trip per
+            // message, and the stack stays as deep as the batch is long.
+            let savepoint = format!("outbox_inbox_{i}");
+            tx.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
+                .await?;
+            if !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await? {
                 seen_before.push(row);
                 continue;
             }
+            let mark = tx.mark();
             let itx = InboxTransaction::new(
-                savepoint,
+                tx,
                 HandlerContext {
                     consumer: self.name,
                     message_id: envelope.id.clone(),
@@ -647,15 +651,18 @@ impl Consumer {
                 },
             );
             let result = self.run_handler(reg, &itx, envelope, 1).await;
+            tx = itx.into_inner();
             let error = match result {
                 Ok(()) => {
                     failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
-                    let _ = itx.into_inner().commit().await.map_err(into_db_err)?;
                     done.push(Done::Handled);
                     continue;
                 }
                 Err(error) => {
-                    itx.into_inner().rollback().await.map_err(into_db_err)?;
+                    // Its writes, events and after-commit callbacks go; the batch's stay.
+                    tx.execute_unprepared(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+                        .await?;
+                    tx.rewind(mark);
                     error
                 }
             };
