@@ -99,6 +99,41 @@ def p2_chart(report, out):
     print(f"wrote {path}")
 
 
+def fmt(value):
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def table(report, out):
+    """The report's rows as a Markdown table (results.md), to paste into docs/BENCHMARKS.md."""
+    m = report["machine"]
+    lines = [
+        f"Medians of {report['runs']} run(s), {report['seconds']:.0f} s in all, on {m['cpus']} CPUs, "
+        f"{m['memory_gib']:.0f} GiB, {m['postgres']}, NATS {m['nats']}, Linux {m['kernel']}, "
+        f"{m['build']} build.",
+        "",
+        "| | figure | value | baseline | baseline value | ratio | target | met |",
+        "|---|---|---:|---|---:|---:|---|---|",
+    ]
+    for row in report["rows"]:
+        met = {True: "yes", False: "**no**", None: "-"}[row["met"]]
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        lines.append(
+            f"| {row['scenario']} | {row['figure']} | {fmt(row['value'])} {row['unit']} | "
+            f"{row['baseline'] or '-'} | {fmt(row['baseline_value'])} | {ratio} | "
+            f"{row['target'] or '-'} | {met} |"
+        )
+    path = os.path.join(out, "results.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: bench_chart.py REPORT.json OUT_DIR")
@@ -107,6 +142,7 @@ def main():
     os.makedirs(sys.argv[2], exist_ok=True)
     p3_chart(report, sys.argv[2])
     p2_chart(report, sys.argv[2])
+    table(report, sys.argv[2])
 
 
 if __name__ == "__main__":

@@ -394,7 +394,9 @@ pub(crate) fn specs() -> Vec<Spec> {
         spec("P5", "build 10M SENT rows", "p5.build_s.large"),
         spec("P5", "RSS peak, 10k backlog", "p5.rss_mib.small_backlog"),
         spec("P5", "RSS peak, 1M backlog", "p5.rss_mib.large_backlog")
-            .against("RSS peak, 10k backlog", "p5.rss_mib.small_backlog"),
+            .against("RSS peak, 10k backlog", "p5.rss_mib.small_backlog")
+            // Bounded by batch sizes, not by the backlog: a 100x backlog costs at most 20%.
+            .target(Target::RatioAtMost(1.2)),
         spec(
             "P5",
             "RSS growth draining 10k backlog",
@@ -405,12 +407,12 @@ pub(crate) fn specs() -> Vec<Spec> {
             "RSS growth draining 1M backlog",
             "p5.rss_delta_mib.large_backlog",
         )
+        // Growths of a fraction of a MiB: their ratio is noise (the allocator reuses what it
+        // holds), so the target is on the peak above.
         .against(
             "RSS growth draining 10k backlog",
             "p5.rss_delta_mib.small_backlog",
-        )
-        // Bounded by batch sizes, not by the backlog.
-        .target(Target::RatioAtMost(1.5)),
+        ),
         spec(
             "P5",
             "relay on a 1M backlog",
