@@ -70,6 +70,10 @@ enum Mode {
     Poll,
     /// Commit, then publish by hand; consume by hand and commit the effect.
     Raw,
+    /// The SDK's producer and relay (wake-ups on), the hand-written consumer: the relay's share.
+    RelayOnly,
+    /// The hand-written producer publishing CloudEvents, the SDK's consumer: the inbox's share.
+    ConsumerOnly,
 }
 
 impl Mode {
@@ -78,6 +82,8 @@ impl Mode {
             Mode::Wake => "wake",
             Mode::Poll => "poll",
             Mode::Raw => "raw",
+            Mode::RelayOnly => "relay",
+            Mode::ConsumerOnly => "consumer",
         }
     }
 }
@@ -85,7 +91,13 @@ impl Mode {
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let mut out = Vec::new();
     for rate in ctx.sizes.p3_rates {
-        for mode in [Mode::Raw, Mode::Wake, Mode::Poll] {
+        for mode in [
+            Mode::Raw,
+            Mode::Wake,
+            Mode::Poll,
+            Mode::RelayOnly,
+            Mode::ConsumerOnly,
+        ] {
             let latencies = measure(ctx, mode, rate).await?;
             let key = format!("p3.{}.r{rate}", mode.key());
             out.push(m(format!("{key}.p50"), ms(quantile(&latencies, 0.5)), "ms"));
@@ -126,6 +138,86 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
     let committed: Vec<(i64, Instant)>;
     let handled: HashMap<i64, Instant>;
     match mode {
+        Mode::ConsumerOnly => {
+            let runtime = Runtime::builder(ctx.db.clone())
+                .source("bench-p3")
+                .transport_arc(transport.clone())
+                .without_relay()
+                .consumers([CONSUMER])
+                .expect_consumers([CONSUMER])
+                .start()
+                .await?;
+            let db = ctx.db.clone();
+            let jetstream = async_nats::jetstream::new(ctx.nats.clone());
+            let subject = transport.subject("bench.order_placed");
+            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
+                let db = db.clone();
+                let jetstream = jetstream.clone();
+                let subject = subject.clone();
+                async move {
+                    let event = OrderPlaced::sample(id, CUSTOMERS);
+                    let tx = db.begin().await?;
+                    insert_order(&tx, &event).await?;
+                    tx.commit().await?;
+                    let committed = Instant::now();
+                    let event_id = uuid::Uuid::now_v7().to_string();
+                    let body = serde_json::to_vec(&serde_json::json!({
+                        "specversion": "1.0", "id": event_id, "type": "bench.order_placed",
+                        "source": "bench-p3", "subject": event.customer, "aggregatetype": "order",
+                        "datacontenttype": "application/json", "data": event,
+                    }))?;
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert("Nats-Msg-Id", event_id.as_str());
+                    jetstream
+                        .publish_with_headers(subject, headers, body.into())
+                        .await?
+                        .await?;
+                    Ok(committed)
+                }
+            })
+            .await?;
+            handled = wait_handled(committed.len(), || {
+                HANDLED
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .copied()
+                    .collect()
+            })
+            .await?;
+            runtime.shutdown().await;
+        }
+        Mode::RelayOnly => {
+            let seen: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
+            let consumer = raw_consumer(ctx, &transport, seen.clone()).await?;
+            let runtime = Runtime::builder(ctx.db.clone())
+                .source("bench-p3")
+                .transport_arc(transport.clone())
+                .consumers(Vec::<String>::new())
+                .start()
+                .await?;
+            let producer = Outbox::new("bench-p3");
+            let db = ctx.db.clone();
+            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
+                let db = db.clone();
+                let producer = producer.clone();
+                async move {
+                    let event = OrderPlaced::sample(id, CUSTOMERS);
+                    let tx = producer.begin(&db).await?;
+                    insert_order(&tx, &event).await?;
+                    tx.enqueue(&event)?;
+                    let _ = tx.commit().await?;
+                    Ok(Instant::now())
+                }
+            })
+            .await?;
+            handled = wait_handled(committed.len(), || {
+                seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            })
+            .await?;
+            consumer.abort();
+            runtime.shutdown().await;
+        }
         Mode::Wake | Mode::Poll => {
             let relay = if mode == Mode::Wake {
                 RelayConfig::default()
@@ -161,7 +253,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                     insert_order(&tx, &event).await?;
                     tx.enqueue(&event)?;
                     let _ = tx.commit().await?;
-                    Ok(())
+                    Ok(Instant::now())
                 }
             })
             .await?;
@@ -195,9 +287,10 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                     let tx = db.begin().await?;
                     insert_order(&tx, &event).await?;
                     tx.commit().await?;
+                    let committed = Instant::now();
                     let body = serde_json::to_vec(&event)?;
                     jetstream.publish(subject, body.into()).await?.await?;
-                    Ok(())
+                    Ok(committed)
                 }
             })
             .await?;
@@ -246,11 +339,11 @@ async fn insert_order(conn: &impl ConnectionTrait, event: &OrderPlaced) -> Resul
 }
 
 /// Open-loop load: start `op` at `rate` per second for `window`, each in its own task (at most
-/// 64 at once); the orders committed and when each `op` returned.
+/// 64 at once); the orders committed and when each commit returned (what `op` returns).
 async fn offer<F, Fut>(rate: u64, window: Duration, op: F) -> Result<Vec<(i64, Instant)>, BoxError>
 where
     F: Fn(i64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<(), BoxError>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<Instant, BoxError>> + Send + 'static,
 {
     let op = Arc::new(op);
     let limit = Arc::new(tokio::sync::Semaphore::new(64));
@@ -270,7 +363,7 @@ where
             tasks.push(tokio::spawn(async move {
                 let result = op(id).await;
                 drop(permit);
-                result.map(|()| (id, Instant::now()))
+                result.map(|committed| (id, committed))
             }));
         }
     }
@@ -332,8 +425,16 @@ async fn raw_consumer(
             let db = db.clone();
             let seen = seen.clone();
             tokio::spawn(async move {
-                let Ok(event) = serde_json::from_slice::<OrderPlaced>(&message.payload) else {
-                    return;
+                // A bare event (hand-written producer) or a CloudEvents envelope (the SDK's).
+                let event = match serde_json::from_slice::<OrderPlaced>(&message.payload) {
+                    Ok(event) => event,
+                    Err(_) => match Envelope::from_json(&message.payload)
+                        .ok()
+                        .and_then(|e| e.data_as::<OrderPlaced>().ok())
+                    {
+                        Some(event) => event,
+                        None => return,
+                    },
                 };
                 let done = async {
                     let tx = db.begin().await?;
@@ -379,6 +480,28 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
             specs.push(row);
         }
         for (q, label) in [("p50", "p50"), ("p99", "p99")] {
+            specs.push(
+                spec(
+                    "P3",
+                    format!("… SDK relay, hand-written consumer {label}, {rate}/s"),
+                    format!("p3.relay.r{rate}.{q}"),
+                )
+                .against(
+                    format!("hand-written pipeline {label}"),
+                    format!("p3.raw.r{rate}.{q}"),
+                ),
+            );
+            specs.push(
+                spec(
+                    "P3",
+                    format!("… hand-written producer, SDK consumer {label}, {rate}/s"),
+                    format!("p3.consumer.r{rate}.{q}"),
+                )
+                .against(
+                    format!("hand-written pipeline {label}"),
+                    format!("p3.raw.r{rate}.{q}"),
+                ),
+            );
             specs.push(
                 spec(
                     "P3",

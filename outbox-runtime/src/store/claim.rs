@@ -414,17 +414,17 @@ fn heads_query(
     ));
     push_scope(&mut sql, queue);
     if let Some(bound) = bound {
-        // The window's first row too: with only an upper bound the planner may walk the
-        // primary key from the table's first row through every finished row below the window.
         sql.push(" AND o.id <= ").bind(bound.into());
-        sql.push(&format!(
-            " AND o.id >= (SELECT MIN(x.id) FROM {} x WHERE {}",
-            queue.table,
-            (queue.unfinished)(dialect.backend(), "x.")
-        ));
-        push_scope_of(&mut sql, queue, "x.");
-        sql.push(")");
     }
+    // From the first unfinished row: otherwise the planner may walk the primary key from the
+    // table's first row through every finished row (their number only grows until retention).
+    sql.push(&format!(
+        " AND o.id >= (SELECT MIN(x.id) FROM {} x WHERE {}",
+        queue.table,
+        (queue.unfinished)(dialect.backend(), "x.")
+    ));
+    push_scope_of(&mut sql, queue, "x.");
+    sql.push(")");
     push_claimable(&mut sql, &now);
     if ordering {
         push_no_unfinished_predecessor(&mut sql, queue);
