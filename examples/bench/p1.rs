@@ -9,7 +9,7 @@ use outbox::sea_orm::{
 };
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{BoxError, Ctx, LoadResult, OrderPlaced, closed_loop};
+use crate::support::{BoxError, Ctx, LoadResult, OrderPlaced, closed_loop, insert_order};
 
 const CLIENTS: [usize; 2] = [1, 16];
 const CUSTOMERS: i64 = 1_000;
@@ -100,20 +100,6 @@ async fn check_rows(ctx: &Ctx) -> Result<(), BoxError> {
     if orders == 0 || events < orders / 2 {
         return Err(format!("P1 wrote {orders} orders but {events} events").into());
     }
-    Ok(())
-}
-
-async fn insert_order(conn: &impl ConnectionTrait, event: &OrderPlaced) -> Result<(), BoxError> {
-    conn.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "INSERT INTO bench_order (id, customer, total_cents) VALUES ($1, $2, $3)",
-        [
-            event.order_id.into(),
-            event.customer.clone().into(),
-            event.total_cents.into(),
-        ],
-    ))
-    .await?;
     Ok(())
 }
 

@@ -215,19 +215,7 @@ async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
             let outbox = outbox.clone();
             async move {
                 let event = crate::support::OrderPlaced::sample(id, 1_000);
-                let tx = outbox.begin(&db).await?;
-                tx.execute_raw(Statement::from_sql_and_values(
-                    DbBackend::Postgres,
-                    "INSERT INTO bench_order (id, customer, total_cents) VALUES ($1, $2, $3)",
-                    [
-                        event.order_id.into(),
-                        event.customer.clone().into(),
-                        event.total_cents.into(),
-                    ],
-                ))
-                .await?;
-                tx.enqueue(&event)?;
-                let _ = tx.commit().await?;
+                crate::support::place_order(&db, &outbox, &event).await?;
                 Ok::<_, BoxError>(())
             }
         }

@@ -17,7 +17,9 @@ use outbox::sea_orm::{
 use outbox::transport::nats::async_nats::{self, jetstream::consumer::pull};
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{BoxError, Ctx, OrderPlaced, next_ids, quantile};
+use crate::support::{
+    BoxError, Ctx, OrderPlaced, insert_effect, insert_order, next_ids, place_order, quantile,
+};
 
 const CONSUMER: &str = "bench-p3";
 const CUSTOMERS: i64 = 1_000;
@@ -36,7 +38,7 @@ async fn record_effect(
     tx: &InboxTransaction,
     event: Event<OrderPlaced>,
 ) -> Result<(), HandlerError> {
-    insert_effect(tx, event.order_id, event.total_cents).await?;
+    insert_effect(tx, CONSUMER, event.order_id, event.total_cents).await?;
     let order_id = event.order_id;
     tx.after_commit(move || {
         let now = Instant::now();
@@ -45,20 +47,6 @@ async fn record_effect(
             .unwrap_or_else(|p| p.into_inner())
             .push((order_id, now));
     });
-    Ok(())
-}
-
-async fn insert_effect(
-    conn: &impl ConnectionTrait,
-    order_id: i64,
-    total_cents: i64,
-) -> Result<(), outbox::sea_orm::DbErr> {
-    conn.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "INSERT INTO bench_effect (order_id, consumer, total_cents) VALUES ($1, $2, $3)",
-        [order_id.into(), CONSUMER.into(), total_cents.into()],
-    ))
-    .await?;
     Ok(())
 }
 
@@ -201,14 +189,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
             committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
                 let db = db.clone();
                 let producer = producer.clone();
-                async move {
-                    let event = OrderPlaced::sample(id, CUSTOMERS);
-                    let tx = producer.begin(&db).await?;
-                    insert_order(&tx, &event).await?;
-                    tx.enqueue(&event)?;
-                    let _ = tx.commit().await?;
-                    Ok(Instant::now())
-                }
+                async move { place_order(&db, &producer, &OrderPlaced::sample(id, CUSTOMERS)).await }
             })
             .await?;
             handled = wait_handled(committed.len(), || {
@@ -247,14 +228,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
             committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
                 let db = db.clone();
                 let producer = producer.clone();
-                async move {
-                    let event = OrderPlaced::sample(id, CUSTOMERS);
-                    let tx = producer.begin(&db).await?;
-                    insert_order(&tx, &event).await?;
-                    tx.enqueue(&event)?;
-                    let _ = tx.commit().await?;
-                    Ok(Instant::now())
-                }
+                async move { place_order(&db, &producer, &OrderPlaced::sample(id, CUSTOMERS)).await }
             })
             .await?;
             handled = wait_handled(committed.len(), || {
@@ -322,20 +296,6 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
         .collect();
     latencies.sort_unstable();
     Ok(latencies)
-}
-
-async fn insert_order(conn: &impl ConnectionTrait, event: &OrderPlaced) -> Result<(), BoxError> {
-    conn.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "INSERT INTO bench_order (id, customer, total_cents) VALUES ($1, $2, $3)",
-        [
-            event.order_id.into(),
-            event.customer.clone().into(),
-            event.total_cents.into(),
-        ],
-    ))
-    .await?;
-    Ok(())
 }
 
 /// Open-loop load: start `op` at `rate` per second for `window`, each in its own task (at most
@@ -438,7 +398,7 @@ async fn raw_consumer(
                 };
                 let done = async {
                     let tx = db.begin().await?;
-                    insert_effect(&tx, event.order_id, event.total_cents).await?;
+                    insert_effect(&tx, CONSUMER, event.order_id, event.total_cents).await?;
                     tx.commit().await
                 }
                 .await;

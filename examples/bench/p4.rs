@@ -12,7 +12,9 @@ use outbox::relay::{Relay, RelayConfig};
 use outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{BoxError, Ctx, OrderPlaced, closed_loop, pre_enqueue, wait_drained};
+use crate::support::{
+    BoxError, Ctx, OrderPlaced, closed_loop, insert_effect, pre_enqueue, wait_drained,
+};
 
 const CONSUMER: &str = "bench-p4";
 /// Messages handled at once by the consumer, and clients of the raw baseline.
@@ -23,21 +25,7 @@ async fn record_effect(
     tx: &InboxTransaction,
     event: Event<OrderPlaced>,
 ) -> Result<(), HandlerError> {
-    insert_effect(tx, event.order_id, event.total_cents).await?;
-    Ok(())
-}
-
-async fn insert_effect(
-    conn: &impl ConnectionTrait,
-    order_id: i64,
-    total_cents: i64,
-) -> Result<(), outbox::sea_orm::DbErr> {
-    conn.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "INSERT INTO bench_effect (order_id, consumer, total_cents) VALUES ($1, $2, $3)",
-        [order_id.into(), CONSUMER.into(), total_cents.into()],
-    ))
-    .await?;
+    insert_effect(tx, CONSUMER, event.order_id, event.total_cents).await?;
     Ok(())
 }
 
@@ -51,7 +39,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
         let db = db.clone();
         async move {
             let tx = db.begin().await?;
-            insert_effect(&tx, id, 4_599).await?;
+            insert_effect(&tx, CONSUMER, id, 4_599).await?;
             tx.commit().await?;
             Ok(())
         }

@@ -324,6 +324,53 @@ impl OrderPlaced {
     }
 }
 
+/// The business row of every scenario: the order itself.
+pub(crate) async fn insert_order(
+    conn: &impl ConnectionTrait,
+    event: &OrderPlaced,
+) -> Result<(), BoxError> {
+    conn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO bench_order (id, customer, total_cents) VALUES ($1, $2, $3)",
+        [
+            event.order_id.into(),
+            event.customer.clone().into(),
+            event.total_cents.into(),
+        ],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// A consumer's effect of an order: one row, whose primary key makes a second effect fail.
+pub(crate) async fn insert_effect(
+    conn: &impl ConnectionTrait,
+    consumer: &str,
+    order_id: i64,
+    total_cents: i64,
+) -> Result<(), outbox::sea_orm::DbErr> {
+    conn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "INSERT INTO bench_effect (order_id, consumer, total_cents) VALUES ($1, $2, $3)",
+        [order_id.into(), consumer.into(), total_cents.into()],
+    ))
+    .await?;
+    Ok(())
+}
+
+/// An order and its event, committed through `OutboxTransaction`; when the commit returned.
+pub(crate) async fn place_order(
+    db: &DatabaseConnection,
+    outbox: &Outbox,
+    event: &OrderPlaced,
+) -> Result<Instant, BoxError> {
+    let tx = outbox.begin(db).await?;
+    insert_order(&tx, event).await?;
+    tx.enqueue(event)?;
+    let _ = tx.commit().await?;
+    Ok(Instant::now())
+}
+
 /// Order ids unique across scenarios and runs of one process.
 pub(crate) fn next_ids(n: u64) -> i64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
