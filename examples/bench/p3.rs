@@ -11,9 +11,7 @@ use std::{
 use futures::StreamExt;
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
-use outbox::sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
-};
+use outbox::sea_orm::{DatabaseConnection, TransactionTrait};
 use outbox::transport::nats::async_nats::{self, jetstream::consumer::pull};
 
 use crate::report::{Measure, Spec, Target, m, spec};

@@ -9,7 +9,7 @@ use std::{
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Relay, RelayConfig};
-use outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use outbox::sea_orm::TransactionTrait;
 
 use crate::report::{Measure, Spec, Target, m, spec};
 use crate::support::{
