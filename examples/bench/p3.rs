@@ -140,26 +140,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                 let db = db.clone();
                 let jetstream = jetstream.clone();
                 let subject = subject.clone();
-                async move {
-                    let event = OrderPlaced::sample(id, CUSTOMERS);
-                    let tx = db.begin().await?;
-                    insert_order(&tx, &event).await?;
-                    tx.commit().await?;
-                    let committed = Instant::now();
-                    let event_id = uuid::Uuid::now_v7().to_string();
-                    let body = serde_json::to_vec(&serde_json::json!({
-                        "specversion": "1.0", "id": event_id, "type": "bench.order_placed",
-                        "source": "bench-p3", "subject": event.customer, "aggregatetype": "order",
-                        "datacontenttype": "application/json", "data": event,
-                    }))?;
-                    let mut headers = async_nats::HeaderMap::new();
-                    headers.insert("Nats-Msg-Id", event_id.as_str());
-                    jetstream
-                        .publish_with_headers(subject, headers, body.into())
-                        .await?
-                        .await?;
-                    Ok(committed)
-                }
+                async move { commit_then_publish(&db, &jetstream, subject, id, true).await }
             })
             .await?;
             handled = wait_handled(committed.len(), || {
@@ -254,16 +235,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                 let db = db.clone();
                 let jetstream = jetstream.clone();
                 let subject = subject.clone();
-                async move {
-                    let event = OrderPlaced::sample(id, CUSTOMERS);
-                    let tx = db.begin().await?;
-                    insert_order(&tx, &event).await?;
-                    tx.commit().await?;
-                    let committed = Instant::now();
-                    let body = serde_json::to_vec(&event)?;
-                    jetstream.publish(subject, body.into()).await?.await?;
-                    Ok(committed)
-                }
+                async move { commit_then_publish(&db, &jetstream, subject, id, false).await }
             })
             .await?;
             handled = wait_handled(committed.len(), || {
@@ -294,6 +266,43 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
         .collect();
     latencies.sort_unstable();
     Ok(latencies)
+}
+
+/// The hand-written producer: commit the order, then publish it and wait for JetStream's ack,
+/// as a bare event or (`envelope`) as a CloudEvents envelope with a message id that the SDK's
+/// consumer takes; when the commit returned.
+async fn commit_then_publish(
+    db: &DatabaseConnection,
+    jetstream: &async_nats::jetstream::Context,
+    subject: String,
+    id: i64,
+    envelope: bool,
+) -> Result<Instant, BoxError> {
+    let event = OrderPlaced::sample(id, CUSTOMERS);
+    let tx = db.begin().await?;
+    insert_order(&tx, &event).await?;
+    tx.commit().await?;
+    let committed = Instant::now();
+    if envelope {
+        let event_id = uuid::Uuid::now_v7().to_string();
+        let body = serde_json::to_vec(&serde_json::json!({
+            "specversion": "1.0", "id": event_id, "type": "bench.order_placed",
+            "source": "bench-p3", "subject": event.customer, "aggregatetype": "order",
+            "datacontenttype": "application/json", "data": event,
+        }))?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", event_id.as_str());
+        jetstream
+            .publish_with_headers(subject, headers, body.into())
+            .await?
+            .await?;
+    } else {
+        jetstream
+            .publish(subject, serde_json::to_vec(&event)?.into())
+            .await?
+            .await?;
+    }
+    Ok(committed)
 }
 
 /// Open-loop load: start `op` at `rate` per second for `window`, each in its own task (at most

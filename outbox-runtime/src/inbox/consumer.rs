@@ -279,9 +279,17 @@ impl Consumer {
         }
     }
 
+    /// The handler registered for the envelope's type and schema version, if any.
+    fn registration(&self, envelope: &Envelope) -> Option<&'static HandlerRegistration> {
+        let version = envelope.schema_version.unwrap_or(1);
+        self.handlers
+            .get(&(envelope.event_type.as_str(), version))
+            .copied()
+    }
+
     fn handler(&self, envelope: &Envelope) -> Result<&'static HandlerRegistration, String> {
         let version = envelope.schema_version.unwrap_or(1);
-        if let Some(reg) = self.handlers.get(&(envelope.event_type.as_str(), version)) {
+        if let Some(reg) = self.registration(envelope) {
             return Ok(reg);
         }
         let versions: Vec<u32> = self
@@ -549,14 +557,24 @@ impl Consumer {
         }
     }
 
+    /// The transaction a handler's first attempt at a delivered message runs in.
+    fn first_attempt(&self, tx: crate::OutboxTransaction, envelope: &Envelope) -> InboxTransaction {
+        InboxTransaction::new(
+            tx,
+            HandlerContext {
+                consumer: self.name,
+                message_id: envelope.id.clone(),
+                attempt: 1,
+            },
+        )
+    }
+
     /// Whether a handler of this consumer runs the message inline.
     fn inline(&self, decoded: &Result<Envelope, String>) -> bool {
         self.mode == HandlerMode::Inline
-            && decoded.as_ref().is_ok_and(|envelope| {
-                let version = envelope.schema_version.unwrap_or(1);
-                self.handlers
-                    .contains_key(&(envelope.event_type.as_str(), version))
-            })
+            && decoded
+                .as_ref()
+                .is_ok_and(|envelope| self.registration(envelope).is_some())
     }
 
     /// Record and handle several deliveries in one transaction, then ack them all. If the
@@ -642,14 +660,7 @@ impl Consumer {
                 continue;
             }
             let mark = tx.mark();
-            let itx = InboxTransaction::new(
-                tx,
-                HandlerContext {
-                    consumer: self.name,
-                    message_id: envelope.id.clone(),
-                    attempt: 1,
-                },
-            );
+            let itx = self.first_attempt(tx, envelope);
             let result = self.run_handler(reg, &itx, envelope, 1).await;
             tx = itx.into_inner();
             let error = match result {
@@ -776,14 +787,7 @@ impl Consumer {
             tx.rollback().await.map_err(into_db_err)?;
             return self.recorded_already(&row).await;
         }
-        let itx = InboxTransaction::new(
-            tx,
-            HandlerContext {
-                consumer: self.name,
-                message_id: envelope.id.clone(),
-                attempt: 1,
-            },
-        );
+        let itx = self.first_attempt(tx, envelope);
         let result = self.run_handler(reg, &itx, envelope, 1).await;
         if result.is_ok() {
             failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
