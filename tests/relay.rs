@@ -430,6 +430,56 @@ async fn commit_wakes_the_relay_before_the_poll_interval(t: TestDb) {
     );
 }
 
+/// A relay claims the next batch while the last one is being published. An event committed
+/// behind an aggregate whose earlier event is still in flight cannot be taken by that claim; the
+/// relay looks again once the round in flight settles, instead of waiting for its poll.
+async fn event_behind_a_round_in_flight_is_not_left_to_the_poll(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    transport.delay_confirms(Duration::from_millis(400));
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(RelayConfig {
+            poll_interval: Duration::from_secs(60),
+            // Only the in-process wake-up: no NOTIFY arriving late to look again.
+            listen: false,
+            ..config(100)
+        })
+        .with_outbox(&outbox)
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the first, empty round is over
+    let line = |cart: &str, seq: u32| LineAdded {
+        cart: cart.into(),
+        seq,
+    };
+    let commit = |events: Vec<LineAdded>| {
+        let outbox = outbox.clone();
+        let db = t.db.clone();
+        async move {
+            let tx = outbox.begin(&db).await.unwrap();
+            for e in &events {
+                tx.enqueue(e).unwrap();
+            }
+            let _ = tx.commit().await.unwrap();
+        }
+    };
+    let started = Instant::now();
+    commit(vec![line("a", 0)]).await;
+    // a/0 is claimed and waits for its confirm; a/1 and b/0 arrive meanwhile.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    commit(vec![line("a", 1), line("b", 0)]).await;
+    let got = transport.wait_for(3, Duration::from_secs(20)).await;
+    let elapsed = started.elapsed();
+    relay.shutdown().await.unwrap();
+    assert_eq!(got, 3, "every event published");
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "not left to the 60 s poll ({elapsed:?})"
+    );
+    assert_eq!(status_counts(&t.db).await.get("SENT"), Some(&3));
+    let order = log_order(&transport.messages());
+    assert_eq!(order["a"], vec![0, 1], "a/0 before a/1");
+}
+
 async fn shutdown_during_backlog_loses_nothing(t: TestDb) {
     let outbox = Outbox::new("carts");
     let total = produce(&t, &outbox, 40, 25, 200).await;
@@ -502,6 +552,7 @@ backend_tests! {
     lease_dead => expired_leases_end_dead;
     lost_confirm => lost_confirm_is_republished_and_deduplicated;
     wakeup => commit_wakes_the_relay_before_the_poll_interval;
+    behind_in_flight => event_behind_a_round_in_flight_is_not_left_to_the_poll;
     shutdown => shutdown_during_backlog_loses_nothing;
     unordered => unordered_mode_publishes_in_one_wave;
 }

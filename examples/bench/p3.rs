@@ -76,14 +76,31 @@ impl Mode {
 
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let mut out = Vec::new();
-    for rate in ctx.sizes.p3_rates {
-        for mode in [
-            Mode::Raw,
-            Mode::Wake,
-            Mode::Poll,
-            Mode::RelayOnly,
-            Mode::ConsumerOnly,
-        ] {
+    // `BENCH_P3_MODES=relay,raw` and `BENCH_P3_RATES=1000` narrow a run down while looking into
+    // one figure.
+    let modes: Vec<Mode> = [
+        Mode::Raw,
+        Mode::Wake,
+        Mode::Poll,
+        Mode::RelayOnly,
+        Mode::ConsumerOnly,
+    ]
+    .into_iter()
+    .filter(|mode| {
+        std::env::var("BENCH_P3_MODES")
+            .map_or(true, |list| list.split(',').any(|m| m.trim() == mode.key()))
+    })
+    .collect();
+    let rates: Vec<u64> = match std::env::var("BENCH_P3_RATES") {
+        Ok(list) => list
+            .split(',')
+            .map(|r| r.trim().parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("BENCH_P3_RATES: {e}"))?,
+        Err(_) => ctx.sizes.p3_rates.to_vec(),
+    };
+    for rate in rates {
+        for &mode in &modes {
             let latencies = measure(ctx, mode, rate).await?;
             let key = format!("p3.{}.r{rate}", mode.key());
             out.push(m(format!("{key}.p50"), ms(quantile(&latencies, 0.5)), "ms"));

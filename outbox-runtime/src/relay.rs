@@ -390,53 +390,77 @@ impl Relay {
 
         // The broker failed the last publishes and none has been confirmed since.
         let mut publishing_failed = false;
+        // The last claim, being published and settled while the next one is claimed.
+        let mut in_flight: Option<InFlight<'_>> = None;
+        // Claim at once instead of waiting for a wake-up: at start, after a full claim (a
+        // backlog remains), after an error, and after a claim that ran beside a round in
+        // flight (it could not take the events queued behind that round's aggregates).
+        let mut look_now = true;
         while !shutdown.is_cancelled() {
-            let full = match self.round(&shutdown).await {
-                Ok(Round {
-                    report,
-                    publish_error,
-                }) => {
-                    match publish_error {
-                        Some(e) => {
-                            publishing_failed = true;
-                            health.failure(&format!("no publish confirmed: {e}"));
+            if !look_now {
+                let finished = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = async {
+                        match wake.as_mut() {
+                            Some(w) => w.woken().await,
+                            None => std::future::pending().await,
                         }
-                        // Rounds with nothing due while failed events wait for their retry
-                        // leave the relay unhealthy; a confirmed publish makes it healthy.
-                        None if !publishing_failed || report.sent > 0 => {
-                            publishing_failed = false;
-                            health.success();
+                    } => None,
+                    _ = hint.notified() => None,
+                    _ = tokio::time::sleep(self.config.poll_interval) => None,
+                    round = async {
+                        match in_flight.as_mut() {
+                            Some(round) => round.await,
+                            None => std::future::pending().await,
                         }
-                        None => {}
-                    }
-                    report.claimed + report.dead >= self.config.batch_size
-                }
-                Err(e) => {
-                    health.failure(&e.to_string());
-                    crate::metrics::relay_error();
-                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(relay = %self.config.relay_id, error = %e, "outbox relay round failed; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(self.config.error_delay) => {}
+                    } => Some(round),
+                };
+                if let Some(round) = finished {
+                    // Finishing a round is no reason to look again: wait on.
+                    in_flight = None;
+                    if !self.account(round, health, &mut publishing_failed) {
+                        self.pause(&shutdown).await;
+                        look_now = true;
                     }
                     continue;
                 }
+            }
+            let overlapped = in_flight.is_some();
+            let (claimed, previous) = match in_flight.take() {
+                Some(previous) => {
+                    let (claimed, previous) = tokio::join!(self.claim_step(), previous);
+                    (claimed, Some(previous))
+                }
+                None => (self.claim_step().await, None),
             };
-            if full {
-                continue; // a backlog remains: no sleeping
+            let mut failed =
+                previous.is_some_and(|round| !self.account(round, health, &mut publishing_failed));
+            look_now = overlapped;
+            match claimed {
+                Ok(Claimed::Done(round)) => {
+                    look_now |= round.report.claimed + round.report.dead >= self.config.batch_size;
+                    failed |= !self.account(Ok(round), health, &mut publishing_failed);
+                }
+                Ok(Claimed::Publish {
+                    transport,
+                    claim,
+                    report,
+                }) => {
+                    look_now |= report.claimed + report.dead >= self.config.batch_size;
+                    in_flight = Some(Box::pin(
+                        self.publish_step(transport, claim, report, &shutdown),
+                    ));
+                }
+                Err(e) => failed |= !self.account(Err(e), health, &mut publishing_failed),
             }
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = async {
-                    match wake.as_mut() {
-                        Some(w) => w.woken().await,
-                        None => std::future::pending().await,
-                    }
-                } => {}
-                _ = hint.notified() => {}
-                _ = tokio::time::sleep(self.config.poll_interval) => {}
+            if failed {
+                self.pause(&shutdown).await;
+                look_now = true;
             }
+        }
+        if let Some(round) = in_flight.take() {
+            // Shutting down: what was not published yet is handed back.
+            self.account(round.await, health, &mut publishing_failed);
         }
         if let Some(listener) = listener {
             listener.abort();
@@ -444,6 +468,52 @@ impl Relay {
         }
         tracing::info!(relay = %self.config.relay_id, "outbox relay stopped");
         Ok(())
+    }
+
+    /// Report a round's outcome to the loop's health; `false` when it failed on the database,
+    /// and the loop should pause before the next claim.
+    fn account(
+        &self,
+        round: Result<Round, RelayError>,
+        health: &LoopHealth,
+        publishing_failed: &mut bool,
+    ) -> bool {
+        match round {
+            Ok(Round {
+                report,
+                publish_error,
+            }) => {
+                match publish_error {
+                    Some(e) => {
+                        *publishing_failed = true;
+                        health.failure(&format!("no publish confirmed: {e}"));
+                    }
+                    // Rounds with nothing due while failed events wait for their retry leave
+                    // the relay unhealthy; a confirmed publish makes it healthy.
+                    None if !*publishing_failed || report.sent > 0 => {
+                        *publishing_failed = false;
+                        health.success();
+                    }
+                    None => {}
+                }
+                true
+            }
+            Err(e) => {
+                health.failure(&e.to_string());
+                crate::metrics::relay_error();
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(relay = %self.config.relay_id, error = %e, "outbox relay round failed; retrying");
+                false
+            }
+        }
+    }
+
+    /// Wait `error_delay` after a failed round, or until shutdown.
+    async fn pause(&self, shutdown: &CancellationToken) {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(self.config.error_delay) => {}
+        }
     }
 
     /// Start [`run`](Self::run) on the tokio runtime; the handle stops and joins it.
@@ -520,7 +590,20 @@ impl Relay {
         None
     }
 
+    /// One round, claim then publish and settle.
     async fn round(&self, shutdown: &CancellationToken) -> Result<Round, RelayError> {
+        match self.claim_step().await? {
+            Claimed::Done(round) => Ok(round),
+            Claimed::Publish {
+                transport,
+                claim,
+                report,
+            } => self.publish_step(transport, claim, report, shutdown).await,
+        }
+    }
+
+    /// Claim a batch; for the database-local sink, the whole round.
+    async fn claim_step(&self) -> Result<Claimed<'_>, RelayError> {
         let now = Utc::now();
         let lease = chrono::Duration::from_std(self.config.lease)
             .unwrap_or_else(|_| chrono::Duration::seconds(30));
@@ -549,7 +632,7 @@ impl Relay {
                 ..RoundReport::default()
             };
             self.stats.add(&report);
-            return Ok(report.into());
+            return Ok(Claimed::Done(report.into()));
         }
         let Sink::Broker(transport) = &self.sink else {
             unreachable!("local sink handled above");
@@ -558,7 +641,7 @@ impl Relay {
         let claim = with_transient_retries(|| store::relay::claim(&self.db, &params))
             .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
             .await?;
-        let mut report = RoundReport {
+        let report = RoundReport {
             claimed: claim.events.len(),
             dead: claim.dead.len() + claim.unreadable,
             ..RoundReport::default()
@@ -572,10 +655,25 @@ impl Relay {
         }
         if claim.events.is_empty() {
             self.stats.add(&report);
-            return Ok(report.into());
+            return Ok(Claimed::Done(report.into()));
         }
+        Ok(Claimed::Publish {
+            transport: transport.as_ref(),
+            claim,
+            report,
+        })
+    }
+
+    /// Publish a claimed batch and write the outcome back.
+    async fn publish_step(
+        &self,
+        transport: &dyn Transport,
+        claim: Claim,
+        mut report: RoundReport,
+        shutdown: &CancellationToken,
+    ) -> Result<Round, RelayError> {
         failpoint!(error crate::failpoints::RELAY_AFTER_CLAIM);
-        let (settlement, publish_error) = self.publish(transport.as_ref(), &claim, shutdown).await;
+        let (settlement, publish_error) = self.publish(transport, &claim, shutdown).await;
         failpoint!(error crate::failpoints::RELAY_AFTER_PUBLISH);
         let settled = self.settle(&claim, &settlement).await?;
 
@@ -777,6 +875,21 @@ impl Relay {
         }
         (settlement, transient_error)
     }
+}
+
+/// A claimed batch being published and settled.
+type InFlight<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Round, RelayError>> + Send + 'a>>;
+
+/// What a claim led to.
+enum Claimed<'a> {
+    /// The round is over: nothing claimed, or the database-local sink moved the batch.
+    Done(Round),
+    /// Events to publish.
+    Publish {
+        transport: &'a dyn Transport,
+        claim: Claim,
+        report: RoundReport,
+    },
 }
 
 /// What a round did, and why nothing was confirmed when a publish failed.

@@ -635,19 +635,63 @@ impl Consumer {
         }
         let mut done = Vec::with_capacity(items.len());
         let mut seen_before = Vec::new();
+        let aggregate_of = |envelope: &Envelope| match (&envelope.aggregate_type, &envelope.subject)
+        {
+            (Some(t), Some(id)) if self.ordering => Some((t.clone(), id.clone())),
+            _ => None,
+        };
         let mut tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
+        // The whole batch recorded by one statement where the database says which rows were
+        // duplicates (the message behind a blocked aggregate as PENDING, the rest as DONE); on
+        // MySQL, one insert per message below.
+        let up_front: Vec<(NewInboxRow<'_>, InitialState)> = items
+            .iter()
+            .map(|(delivery, envelope, _)| {
+                let blocked = aggregate_of(envelope).is_some_and(|a| blocked.contains(&a));
+                let state = if blocked {
+                    InitialState::Pending
+                } else {
+                    InitialState::Done
+                };
+                (inbox_row(self.name, envelope, &delivery.body), state)
+            })
+            .collect();
+        let recorded = store::inbox::insert_many(&tx, &up_front, Utc::now()).await?;
         for (i, (delivery, envelope, reg)) in items.into_iter().enumerate() {
             let row = inbox_row(self.name, envelope, &delivery.body);
-            let aggregate = match (&envelope.aggregate_type, &envelope.subject) {
-                (Some(t), Some(id)) if self.ordering => Some((t.clone(), id.clone())),
-                _ => None,
-            };
+            let aggregate = aggregate_of(envelope);
+            // Some(inserted) when recorded up front.
+            let fresh = recorded.as_ref().map(|inserted| inserted[i]);
             if aggregate.as_ref().is_some_and(|a| blocked.contains(a)) {
-                if store::inbox::insert(&tx, &row, &InitialState::Pending, Utc::now()).await? {
+                let stored = match fresh {
+                    Some(true) => {
+                        if matches!(up_front[i].1, InitialState::Done) {
+                            // An earlier message of its aggregate failed in this batch.
+                            store::inbox::restate(
+                                &tx,
+                                self.name,
+                                &envelope.id,
+                                &InitialState::Pending,
+                                Utc::now(),
+                            )
+                            .await?;
+                        }
+                        true
+                    }
+                    Some(false) => false,
+                    None => {
+                        store::inbox::insert(&tx, &row, &InitialState::Pending, Utc::now()).await?
+                    }
+                };
+                if stored {
                     done.push(Done::Stored);
                 } else {
                     seen_before.push(row);
                 }
+                continue;
+            }
+            if fresh == Some(false) {
+                seen_before.push(row);
                 continue;
             }
             // A savepoint per handler, never released: RELEASE would cost a round trip per
@@ -655,7 +699,9 @@ impl Consumer {
             let savepoint = format!("outbox_inbox_{i}");
             tx.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
                 .await?;
-            if !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await? {
+            if fresh.is_none()
+                && !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await?
+            {
                 seen_before.push(row);
                 continue;
             }
@@ -679,7 +725,14 @@ impl Consumer {
             };
             let state = self.failure_state(Some(reg), &error, 1);
             failpoint!(error crate::failpoints::INBOX_STORE_RETRY);
-            if store::inbox::insert(&tx, &row, &state, Utc::now()).await? {
+            let stored = if fresh.is_some() {
+                // Recorded before the savepoint: still there, as DONE.
+                store::inbox::restate(&tx, self.name, &envelope.id, &state, Utc::now()).await?;
+                true
+            } else {
+                store::inbox::insert(&tx, &row, &state, Utc::now()).await?
+            };
+            if stored {
                 done.push(Done::Failed(envelope.id.clone(), state));
             } else {
                 seen_before.push(row);

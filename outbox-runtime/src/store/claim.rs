@@ -19,6 +19,8 @@ pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction
             sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
             ..TransactionOptions::default()
         },
+        // Both settings in one round trip below.
+        DbBackend::Postgres => TransactionOptions::default(),
         _ => TransactionOptions {
             isolation_level: Some(IsolationLevel::ReadCommitted),
             ..TransactionOptions::default()
@@ -26,8 +28,10 @@ pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction
     };
     let txn = db.begin_with_options(options).await?;
     if backend == DbBackend::Postgres {
-        txn.execute_unprepared("SET LOCAL synchronous_commit = off")
-            .await?;
+        txn.execute_unprepared(
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off",
+        )
+        .await?;
     }
     Ok(txn)
 }
@@ -155,20 +159,39 @@ pub(crate) async fn select_claimable(
     let backend = dialect.backend();
     let limit = limit.max(1);
     let window = window_size(limit);
-    let bound = if ordering {
-        window_bound(txn, queue, window).await?
-    } else {
-        None
+    // On PostgreSQL and SQLite the heads query computes the window's bound itself and returns
+    // it with every row (one round trip less per claim); MySQL asks first.
+    let (mut bound, bound_inline) = match (ordering, backend) {
+        (false, _) => (None, false),
+        (true, DbBackend::MySql) => (window_bound(txn, queue, window).await?, false),
+        (true, _) => (None, true),
     };
     let mut rows = Vec::new();
     for row in txn
-        .query_all_raw(heads_query(dialect, queue, now, limit, ordering, bound))
+        .query_all_raw(heads_query(
+            dialect,
+            queue,
+            now,
+            limit,
+            ordering,
+            HeadsBound {
+                known: bound,
+                inline_window: bound_inline.then_some(window),
+            },
+        ))
         .await?
     {
         rows.push(Candidate {
             id: row.try_get("", "id")?,
             row,
         });
+    }
+    if bound_inline {
+        bound = match rows.first() {
+            Some(c) => c.row.try_get::<Option<i64>>("", "window_bound")?,
+            // No head in the window: whether it is full decides whether to look beyond it.
+            None => window_bound(txn, queue, window).await?,
+        };
     }
     if let Some(bound) = bound
         && rows.len() < limit
@@ -191,6 +214,11 @@ pub(crate) async fn select_claimable(
         rows.sort_by_key(|c| c.id);
     }
     if !ordering || rows.is_empty() || rows.len() >= limit {
+        return Ok(rows);
+    }
+    // The heads query says which heads have a later unfinished row; the beyond-window query
+    // does not, so its heads count as having one.
+    if !rows.iter().any(|c| has_next(&c.row)) {
         return Ok(rows);
     }
 
@@ -266,6 +294,34 @@ pub(crate) async fn select_claimable(
     Ok(rows)
 }
 
+/// Whether a candidate may have a run behind it: the heads query's `has_next` column; `true`
+/// when the row does not carry it.
+fn has_next(row: &QueryResult) -> bool {
+    if let Ok(flag) = row.try_get::<i64>("", "has_next") {
+        return flag != 0;
+    }
+    if let Ok(flag) = row.try_get::<i32>("", "has_next") {
+        return flag != 0;
+    }
+    true
+}
+
+/// `, CASE WHEN EXISTS (a later unfinished row of this row's aggregate) THEN 1 ELSE 0 END AS
+/// has_next`: whether the runs step has anything to look for behind this head.
+fn push_has_next(sql: &mut Sql, queue: &Queue<'_>) {
+    let unfinished = (queue.unfinished)(sql.dialect.backend(), "e.");
+    let scope = match queue.scope {
+        Some((column, _)) => format!(" AND e.{column} = o.{column}"),
+        None => String::new(),
+    };
+    sql.push(&format!(
+        ", CASE WHEN EXISTS (SELECT 1 FROM {} e WHERE e.aggregate_type = o.aggregate_type \
+         AND e.aggregate_id = o.aggregate_id{scope} AND e.id > o.id AND {unfinished}) \
+         THEN 1 ELSE 0 END AS has_next",
+        queue.table
+    ));
+}
+
 /// "No earlier row of this row's aggregate is unfinished."
 fn push_no_unfinished_predecessor(sql: &mut Sql, queue: &Queue<'_>) {
     let unfinished = (queue.unfinished)(sql.dialect.backend(), "e.");
@@ -327,9 +383,17 @@ async fn window_bound(
     queue: &Queue<'_>,
     window: usize,
 ) -> Result<Option<i64>, DbErr> {
-    let dialect = Dialect::of(txn);
-    let backend = dialect.backend();
-    let mut sql = Sql::new(dialect);
+    let mut sql = Sql::new(Dialect::of(txn));
+    push_window_bound(&mut sql, queue, window);
+    match txn.query_one_raw(sql.build()).await? {
+        Some(row) => Ok(Some(row.try_get("", "id")?)),
+        None => Ok(None),
+    }
+}
+
+/// The query of [`window_bound`], also used as a scalar subquery.
+fn push_window_bound(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+    let backend = sql.dialect.backend();
     if backend == DbBackend::MySql {
         sql.push("SELECT id FROM (");
         for (i, status) in UNFINISHED_STATUSES.into_iter().enumerate() {
@@ -341,7 +405,7 @@ async fn window_bound(
                 queue.table,
                 (queue.unfinished)(backend, "")
             ));
-            push_scope_of(&mut sql, queue, "");
+            push_scope_of(sql, queue, "");
             sql.push(&format!(" ORDER BY id LIMIT {window})"));
         }
         sql.push(") w");
@@ -351,13 +415,17 @@ async fn window_bound(
             queue.table,
             (queue.unfinished)(backend, "")
         ));
-        push_scope_of(&mut sql, queue, "");
+        push_scope_of(sql, queue, "");
     }
     sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
-    match txn.query_one_raw(sql.build()).await? {
-        Some(row) => Ok(Some(row.try_get("", "id")?)),
-        None => Ok(None),
-    }
+}
+
+/// The heads query's upper bound on ids: one already known, or the window's, computed inside
+/// the query and returned with each row as `window_bound`.
+#[derive(Clone, Copy)]
+struct HeadsBound {
+    known: Option<i64>,
+    inline_window: Option<usize>,
 }
 
 /// The first claimable rows in id order; with ordering, only those with no unfinished
@@ -369,7 +437,7 @@ fn heads_query(
     now: DateTime<Utc>,
     limit: usize,
     ordering: bool,
-    bound: Option<i64>,
+    bound: HeadsBound,
 ) -> Statement {
     let mut sql = Sql::new(dialect);
     let columns = prefixed_columns(queue.columns, "o");
@@ -386,15 +454,19 @@ fn heads_query(
             if i > 0 {
                 sql.push(" UNION ALL ");
             }
+            sql.push(&format!("(SELECT {columns}"));
+            if ordering {
+                push_has_next(&mut sql, queue);
+            }
             sql.push(&format!(
-                "(SELECT {columns} FROM {} o WHERE o.status = '{status}'",
+                " FROM {} o WHERE o.status = '{status}'",
                 queue.table
             ));
             push_scope(&mut sql, queue);
             if let Some(due) = due {
                 sql.push(" AND ").push(due).bind(now.clone());
             }
-            if let Some(bound) = bound {
+            if let Some(bound) = bound.known {
                 sql.push(" AND o.id <= ").bind(bound.into());
             }
             if ordering {
@@ -407,14 +479,32 @@ fn heads_query(
         sql.push(&format!(" ORDER BY id LIMIT {limit}"));
         return sql.build();
     }
+    if let Some(window) = bound.inline_window {
+        sql.push("WITH w AS (");
+        push_window_bound(&mut sql, queue, window);
+        sql.push(") ");
+    }
+    sql.push(&format!("SELECT {columns}"));
+    if ordering {
+        push_has_next(&mut sql, queue);
+    }
+    if bound.inline_window.is_some() {
+        sql.push(", (SELECT id FROM w) AS window_bound");
+    }
     sql.push(&format!(
-        "SELECT {columns} FROM {} o WHERE {}",
+        " FROM {} o WHERE {}",
         queue.table,
         (queue.unfinished)(dialect.backend(), "o.")
     ));
     push_scope(&mut sql, queue);
-    if let Some(bound) = bound {
+    if let Some(bound) = bound.known {
         sql.push(" AND o.id <= ").bind(bound.into());
+    }
+    if bound.inline_window.is_some() {
+        sql.push(&format!(
+            " AND o.id <= COALESCE((SELECT id FROM w), {})",
+            i64::MAX
+        ));
     }
     // From the first unfinished row: otherwise the planner may walk the primary key from the
     // table's first row through every finished row (their number only grows until retention).

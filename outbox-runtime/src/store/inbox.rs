@@ -91,15 +91,16 @@ fn truncate(s: &str, max_chars: usize) -> String {
     }
 }
 
-/// Record a delivery unless `(consumer, message_id)` is already there. Returns whether it was
-/// inserted (`false`: a duplicate).
-pub async fn insert<C: ConnectionTrait>(
-    conn: &C,
-    row: &NewInboxRow<'_>,
-    state: &InitialState,
-    now: DateTime<Utc>,
-) -> Result<bool, DbErr> {
-    let dialect = Dialect::of(conn);
+/// The columns a state sets.
+struct StateColumns<'a> {
+    status: &'static str,
+    attempts: u32,
+    next_attempt_at: Option<DateTime<Utc>>,
+    error: Option<&'a str>,
+    processed_at: Option<DateTime<Utc>>,
+}
+
+fn state_columns(state: &InitialState, now: DateTime<Utc>) -> StateColumns<'_> {
     let (status, attempts, next_attempt_at, error, processed_at) = match state {
         InitialState::Done => (inbox_status::DONE, 1, None, None, Some(now)),
         InitialState::Pending => (inbox_status::PENDING, 0, None, None, None),
@@ -122,6 +123,28 @@ pub async fn insert<C: ConnectionTrait>(
             None,
         ),
     };
+    StateColumns {
+        status,
+        attempts,
+        next_attempt_at,
+        error,
+        processed_at,
+    }
+}
+
+fn timestamp_or_null(dialect: Dialect, t: Option<DateTime<Utc>>) -> Value {
+    t.map(|t| dialect.timestamp(t))
+        .unwrap_or_else(|| null_timestamp(dialect.backend()))
+}
+
+/// `INSERT` of `rows` that skips the `(consumer, message_id)` already recorded, optionally
+/// `RETURNING` the message ids it inserted (PostgreSQL and SQLite).
+fn insert_statement(
+    dialect: Dialect,
+    rows: &[(&NewInboxRow<'_>, &InitialState)],
+    now: DateTime<Utc>,
+    returning: bool,
+) -> sea_orm::Statement {
     let backend = dialect.backend();
     let mut sql = Sql::new(dialect);
     sql.push(match backend {
@@ -132,41 +155,129 @@ pub async fn insert<C: ConnectionTrait>(
     .push(INBOX_TABLE)
     .push(
         " (consumer, message_id, event_type, source, aggregate_type, aggregate_id, aggregate_version, \
-         schema_version, payload, status, attempts, next_attempt_at, last_error, received_at, processed_at) VALUES (",
+         schema_version, payload, status, attempts, next_attempt_at, last_error, received_at, processed_at) VALUES ",
     );
-    let values: Vec<Value> = vec![
-        row.consumer.to_owned().into(),
-        truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
-        row.event_type.map(|s| truncate(s, 255)).into(),
-        row.source.map(|s| truncate(s, 255)).into(),
-        row.aggregate_type.map(|s| truncate(s, 128)).into(),
-        row.aggregate_id.map(|s| truncate(s, 255)).into(),
-        row.aggregate_version.into(),
-        row.schema_version.map(i64::from).into(),
-        row.payload.to_vec().into(),
-        status.to_owned().into(),
-        i64::from(attempts).into(),
-        next_attempt_at
-            .map(|t| dialect.timestamp(t))
-            .unwrap_or_else(|| null_timestamp(backend)),
-        error.map(|e| truncate(e, 4000)).into(),
-        dialect.timestamp(now),
-        processed_at
-            .map(|t| dialect.timestamp(t))
-            .unwrap_or_else(|| null_timestamp(backend)),
-    ];
-    for (i, value) in values.into_iter().enumerate() {
-        if i > 0 {
+    for (n, (row, state)) in rows.iter().enumerate() {
+        let StateColumns {
+            status,
+            attempts,
+            next_attempt_at,
+            error,
+            processed_at,
+        } = state_columns(state, now);
+        let values: [Value; 15] = [
+            row.consumer.to_owned().into(),
+            truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
+            row.event_type.map(|s| truncate(s, 255)).into(),
+            row.source.map(|s| truncate(s, 255)).into(),
+            row.aggregate_type.map(|s| truncate(s, 128)).into(),
+            row.aggregate_id.map(|s| truncate(s, 255)).into(),
+            row.aggregate_version.into(),
+            row.schema_version.map(i64::from).into(),
+            row.payload.to_vec().into(),
+            status.to_owned().into(),
+            i64::from(attempts).into(),
+            timestamp_or_null(dialect, next_attempt_at),
+            error.map(|e| truncate(e, 4000)).into(),
+            dialect.timestamp(now),
+            timestamp_or_null(dialect, processed_at),
+        ];
+        if n > 0 {
             sql.push(", ");
         }
-        sql.bind(value);
+        sql.bind_list(values);
     }
-    sql.push(")");
     if backend != DbBackend::MySql {
         sql.push(" ON CONFLICT (consumer, message_id) DO NOTHING");
+        if returning {
+            sql.push(" RETURNING message_id");
+        }
     }
-    let result = conn.execute_raw(sql.build()).await?;
-    Ok(result.rows_affected() == 1)
+    sql.build()
+}
+
+/// Record a delivery unless `(consumer, message_id)` is already there. Returns whether it was
+/// inserted (`false`: a duplicate).
+pub async fn insert<C: ConnectionTrait>(
+    conn: &C,
+    row: &NewInboxRow<'_>,
+    state: &InitialState,
+    now: DateTime<Utc>,
+) -> Result<bool, DbErr> {
+    let statement = insert_statement(Dialect::of(conn), &[(row, state)], now, false);
+    Ok(conn.execute_raw(statement).await?.rows_affected() == 1)
+}
+
+/// Rows one multi-row insert takes at most (15 parameters each).
+const INSERT_CHUNK: usize = 64;
+
+/// Record several deliveries with one statement per [`INSERT_CHUNK`] rows (PostgreSQL and
+/// SQLite; `None` on MySQL, whose multi-row `INSERT IGNORE` does not say which rows it skipped:
+/// use [`insert`] per row there). For each row, whether it was inserted; of two rows with the
+/// same message id, only the first.
+pub async fn insert_many<C: ConnectionTrait>(
+    conn: &C,
+    rows: &[(NewInboxRow<'_>, InitialState)],
+    now: DateTime<Utc>,
+) -> Result<Option<Vec<bool>>, DbErr> {
+    let dialect = Dialect::of(conn);
+    if dialect.backend() == DbBackend::MySql {
+        return Ok(None);
+    }
+    let mut inserted = Vec::with_capacity(rows.len());
+    for chunk in rows.chunks(INSERT_CHUNK) {
+        let pairs: Vec<(&NewInboxRow<'_>, &InitialState)> =
+            chunk.iter().map(|(row, state)| (row, state)).collect();
+        let mut returned: std::collections::HashSet<String> = std::collections::HashSet::new();
+        for row in conn
+            .query_all_raw(insert_statement(dialect, &pairs, now, true))
+            .await?
+        {
+            returned.insert(row.try_get("", "message_id")?);
+        }
+        for (row, _) in chunk {
+            // `remove`: a second row with the same id in the batch was the one skipped.
+            inserted.push(returned.remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS)));
+        }
+    }
+    Ok(Some(inserted))
+}
+
+/// Put a message recorded in this transaction (by [`insert`] or [`insert_many`]) into `state`:
+/// a batch recorded it as DONE before its handler failed or before an earlier message of its
+/// aggregate did.
+pub async fn restate<C: ConnectionTrait>(
+    conn: &C,
+    consumer: &str,
+    message_id: &str,
+    state: &InitialState,
+    now: DateTime<Utc>,
+) -> Result<(), DbErr> {
+    let dialect = Dialect::of(conn);
+    let StateColumns {
+        status,
+        attempts,
+        next_attempt_at,
+        error,
+        processed_at,
+    } = state_columns(state, now);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
+        .bind(status.to_owned().into())
+        .push(", attempts = ")
+        .bind(i64::from(attempts).into())
+        .push(", next_attempt_at = ")
+        .bind(timestamp_or_null(dialect, next_attempt_at))
+        .push(", last_error = ")
+        .bind(error.map(|e| truncate(e, 4000)).into())
+        .push(", processed_at = ")
+        .bind(timestamp_or_null(dialect, processed_at))
+        .push(" WHERE consumer = ")
+        .bind(consumer.to_owned().into())
+        .push(" AND message_id = ")
+        .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
+    conn.execute_raw(sql.build()).await?;
+    Ok(())
 }
 
 /// The status and payload recorded for `(consumer, message_id)`, if any: what a delivery that
