@@ -294,7 +294,7 @@ async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
 /// each step in its own transaction without waiting for the WAL flush; when nothing is left,
 /// look again 1 ms later. No ordering, no retries, no leases taken over. Returns how many it
 /// published once `stop` is set and the table is drained.
-async fn raw_relay(
+pub(crate) async fn raw_relay(
     db: DatabaseConnection,
     jetstream: async_nats::jetstream::Context,
     subject: String,

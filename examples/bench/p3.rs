@@ -4,7 +4,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -60,6 +63,9 @@ enum Mode {
     RelayOnly,
     /// The hand-written producer publishing CloudEvents, the SDK's consumer: the inbox's share.
     ConsumerOnly,
+    /// The SDK's producer, a hand-written relay polling every millisecond, the hand-written
+    /// consumer: what any outbox relay costs, the baseline of `RelayOnly`.
+    RawRelay,
 }
 
 impl Mode {
@@ -70,6 +76,7 @@ impl Mode {
             Mode::Raw => "raw",
             Mode::RelayOnly => "relay",
             Mode::ConsumerOnly => "consumer",
+            Mode::RawRelay => "rawrelay",
         }
     }
 }
@@ -84,6 +91,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
         Mode::Poll,
         Mode::RelayOnly,
         Mode::ConsumerOnly,
+        Mode::RawRelay,
     ]
     .into_iter()
     .filter(|mode| {
@@ -195,6 +203,33 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
             consumer.abort();
             runtime.shutdown().await;
         }
+        Mode::RawRelay => {
+            let seen: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
+            let consumer = raw_consumer(ctx, &transport, seen.clone()).await?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let relay = tokio::spawn(crate::p2::raw_relay(
+                ctx.db.clone(),
+                async_nats::jetstream::new(ctx.nats.clone()),
+                transport.subject("bench.order_placed"),
+                stop.clone(),
+            ));
+            // No wake-up: the hand-written relay polls.
+            let producer = Outbox::builder("bench-p3").notify_channel(None).build();
+            let db = ctx.db.clone();
+            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
+                let db = db.clone();
+                let producer = producer.clone();
+                async move { place_order(&db, &producer, &OrderPlaced::sample(id, CUSTOMERS)).await }
+            })
+            .await?;
+            handled = wait_handled(committed.len(), || {
+                seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            })
+            .await?;
+            stop.store(true, Ordering::Relaxed);
+            relay.await??;
+            consumer.abort();
+        }
         Mode::Wake | Mode::Poll => {
             let relay = if mode == Mode::Wake {
                 RelayConfig::default()
@@ -202,6 +237,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                 RelayConfig {
                     listen: false,
                     poll_interval: POLL,
+                    linger: None,
                     ..RelayConfig::default()
                 }
             };
@@ -473,6 +509,17 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
                 .against(
                     format!("hand-written pipeline {label}"),
                     format!("p3.raw.r{rate}.{q}"),
+                ),
+            );
+            specs.push(
+                spec(
+                    "P3",
+                    format!("… SDK relay (vs hand-written relay) {label}, {rate}/s"),
+                    format!("p3.relay.r{rate}.{q}"),
+                )
+                .against(
+                    format!("hand-written relay polling 1 ms {label}"),
+                    format!("p3.rawrelay.r{rate}.{q}"),
                 ),
             );
             specs.push(

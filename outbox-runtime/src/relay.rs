@@ -15,7 +15,14 @@
 //! commit order for an aggregate as long as transactions that change it serialize on it (update
 //! its row), as aggregates do.
 //!
-//! **Wake-up.** A relay sleeps only when it found less than a full batch, and wakes on the first
+//! **Pipelining.** While one batch is published and settled, the relay already claims the next
+//! one, so a backlog drains at the pace of the slower of the two, not of their sum. The claims
+//! cannot overlap: the batch in flight is PROCESSING, which holds its aggregates back from the
+//! next claim. After a claim that ran beside a batch in flight, the relay looks again once that
+//! batch is settled, for the events queued behind it.
+//!
+//! **Wake-up.** A relay claims again at once after a full batch, looks again after
+//! [`RelayConfig::linger`] after a claim that found events, and otherwise sleeps until the first
 //! of: a commit through its [`Outbox`] handle in this process, a PostgreSQL `NOTIFY` from another
 //! process, the poll interval, or shutdown.
 //!
@@ -105,6 +112,12 @@ pub struct RelayConfig {
     pub lease: Duration,
     /// Sleep between rounds when idle and not woken. Default 1 s.
     pub poll_interval: Duration,
+    /// After a claim that found events (but not a full batch), look again after this long
+    /// instead of waiting for a wake-up: while events flow, their latency does not depend on
+    /// how wake-ups are coalesced. Lingering stops at the first claim that finds nothing, so it
+    /// costs at most one empty claim per claim that found events. `None`: wait for a wake-up or
+    /// the poll. Default 1 ms.
+    pub linger: Option<Duration>,
     /// Failed attempts (including expired leases) before an event is DEAD. Default 12.
     pub max_attempts: u32,
     /// Retry delays.
@@ -124,6 +137,7 @@ impl Default for RelayConfig {
             batch_size: 500,
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
+            linger: Some(Duration::from_millis(1)),
             max_attempts: 12,
             backoff: Backoff::default(),
             ordering: true,
@@ -396,8 +410,14 @@ impl Relay {
         // backlog remains), after an error, and after a claim that ran beside a round in
         // flight (it could not take the events queued behind that round's aggregates).
         let mut look_now = true;
+        // The last claim found events: look again after `linger`.
+        let mut lingering = false;
         while !shutdown.is_cancelled() {
             if !look_now {
+                let sleep = match self.config.linger {
+                    Some(linger) if lingering => linger,
+                    _ => self.config.poll_interval,
+                };
                 let finished = tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = async {
@@ -407,7 +427,7 @@ impl Relay {
                         }
                     } => None,
                     _ = hint.notified() => None,
-                    _ = tokio::time::sleep(self.config.poll_interval) => None,
+                    _ = tokio::time::sleep(sleep) => None,
                     round = async {
                         match in_flight.as_mut() {
                             Some(round) => round.await,
@@ -436,9 +456,11 @@ impl Relay {
             let mut failed =
                 previous.is_some_and(|round| !self.account(round, health, &mut publishing_failed));
             look_now = overlapped;
+            lingering = false;
             match claimed {
                 Ok(Claimed::Done(round)) => {
                     look_now |= round.report.claimed + round.report.dead >= self.config.batch_size;
+                    lingering = round.report.claimed > 0;
                     failed |= !self.account(Ok(round), health, &mut publishing_failed);
                 }
                 Ok(Claimed::Publish {
@@ -447,6 +469,7 @@ impl Relay {
                     report,
                 }) => {
                     look_now |= report.claimed + report.dead >= self.config.batch_size;
+                    lingering = true;
                     in_flight = Some(Box::pin(
                         self.publish_step(transport, claim, report, &shutdown),
                     ));
