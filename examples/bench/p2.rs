@@ -52,6 +52,29 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let rate = raw_publish(ctx, n).await?;
     out.push(m("p2.raw_publish", rate, "msg/s"));
 
+    // The hand-written relay draining the same backlog: claim, publish, mark.
+    ctx.reset().await?;
+    pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
+    let transport = ctx.transport("bench_p2rawrelay").await?;
+    let t = Instant::now();
+    let published = raw_relay(
+        ctx.db.clone(),
+        async_nats::jetstream::new(ctx.nats.clone()),
+        transport.subject("bench.order_placed"),
+        Arc::new(AtomicBool::new(true)),
+    )
+    .await?;
+    let elapsed = t.elapsed();
+    let stored = stream_len(ctx, transport.stream_name()).await?;
+    ctx.drop_stream(&transport).await;
+    if published != n || stored != n {
+        return Err(format!(
+            "the hand-written relay published {published} of {n} (stream holds {stored})"
+        )
+        .into());
+    }
+    out.push(m("p2.raw_relay", n as f64 / elapsed.as_secs_f64(), "ev/s"));
+
     for relays in RELAYS {
         ctx.reset().await?;
         pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
@@ -364,6 +387,11 @@ pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {
         spec("P2", "raw claim+mark, 1 worker", "p2.raw_claim_mark.w1"),
         spec("P2", "raw claim+mark, 4 workers", "p2.raw_claim_mark.w4"),
         spec("P2", "raw pipelined publish", "p2.raw_publish"),
+        spec(
+            "P2",
+            "hand-written relay (claim, publish, mark)",
+            "p2.raw_relay",
+        ),
     ];
     for relays in RELAYS {
         let s = if relays == 1 { "" } else { "s" };
@@ -375,6 +403,14 @@ pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {
             )
             .against("raw claim+mark, 1 worker", "p2.raw_claim_mark.w1")
             .target(Target::RatioAtLeast(0.75)),
+        );
+        specs.push(
+            spec(
+                "P2",
+                format!("SDK {relays} relay{s} (vs hand-written relay)"),
+                format!("p2.relay.r{relays}"),
+            )
+            .against("hand-written relay (claim, publish, mark)", "p2.raw_relay"),
         );
         specs.push(
             spec(

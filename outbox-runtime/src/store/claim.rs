@@ -142,12 +142,13 @@ fn aggregate_of(row: &QueryResult) -> Result<(Option<String>, Option<String>), D
 /// ("heads", locked with `SKIP LOCKED` so claimers never wait on each other), plus the PENDING
 /// rows right behind each head while there is room, so one claimer owns an aggregate's run.
 ///
-/// Heads are looked for in a window: the first [`window_size`] unfinished rows of the queue. A
-/// backlog concentrated in a few aggregates then costs one window, not a walk over every unsent
-/// row, and the runs behind the heads fill the batch. When the window is full and holds fewer
-/// heads than `limit` (say a DEAD event with a long tail of its aggregate fills it), the heads
-/// of the aggregates that start after the window are found by a loose index scan over the
-/// aggregate index, so that they do not starve behind it.
+/// Heads are looked for in a window: the first [`window_size`] unfinished rows of the queue that
+/// are not in flight (PROCESSING rows are passed over). A backlog concentrated in a few
+/// aggregates then costs one window, not a walk over every unsent row, and the runs behind the
+/// heads fill the batch. When the window is full and holds fewer heads than `limit` (say a DEAD
+/// event with a long tail of its aggregate fills it), the heads of the aggregates that start
+/// after the window are found by a loose index scan over the aggregate index, so that they do
+/// not starve behind it.
 pub(crate) async fn select_claimable(
     txn: &DatabaseTransaction,
     queue: &Queue<'_>,
@@ -365,19 +366,24 @@ pub(crate) fn prefixed_columns(columns: &str, alias: &str) -> String {
         .join(", ")
 }
 
-/// How many unfinished rows, from the front of the queue, the heads query looks at: enough that
-/// a backlog spread over many aggregates fills a batch with heads from the window alone.
+/// How many unfinished rows that are not in flight, from the front of the queue, the heads query
+/// looks at: enough that a backlog spread over many aggregates fills a batch with heads from the
+/// window alone.
 fn window_size(limit: usize) -> usize {
     (8 * limit).max(1024)
 }
 
-/// The statuses of an unfinished row of either table. MySQL has no partial indexes: its claim
-/// queries read one `(status, id)` range per status instead.
-const UNFINISHED_STATUSES: [&str; 4] = ["PENDING", "PROCESSING", "RETRY", "DEAD"];
+/// The statuses the window counts: unfinished, but not PROCESSING. The batches that other
+/// claims (other relays or workers, or the same relay's previous batch) are still publishing
+/// would otherwise fill the window with rows that cannot be heads, and every claim would fall
+/// back to the scan beyond it. MySQL has no partial indexes: its window reads one `(status, id)`
+/// range per status.
+const WINDOW_STATUSES: [&str; 3] = ["PENDING", "RETRY", "DEAD"];
 
-/// The id of the `window`-th unfinished row of the queue, in id order; `None` when the queue
-/// holds fewer (the heads query then reads all of them anyway). Served by the unsent/unfinished
-/// partial index on PostgreSQL and SQLite, by one `(status, id)` range per status on MySQL.
+/// The id of the `window`-th unfinished row of the queue that is not PROCESSING, in id order;
+/// `None` when the queue holds fewer (the heads query then reads all of them anyway). Served by
+/// the unsent/unfinished partial index on PostgreSQL and SQLite, by one `(status, id)` range per
+/// status on MySQL.
 async fn window_bound(
     txn: &DatabaseTransaction,
     queue: &Queue<'_>,
@@ -396,7 +402,7 @@ fn push_window_bound(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
     let backend = sql.dialect.backend();
     if backend == DbBackend::MySql {
         sql.push("SELECT id FROM (");
-        for (i, status) in UNFINISHED_STATUSES.into_iter().enumerate() {
+        for (i, status) in WINDOW_STATUSES.into_iter().enumerate() {
             if i > 0 {
                 sql.push(" UNION ALL ");
             }
@@ -411,7 +417,7 @@ fn push_window_bound(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
         sql.push(") w");
     } else {
         sql.push(&format!(
-            "SELECT id FROM {} WHERE {}",
+            "SELECT id FROM {} WHERE {} AND status <> 'PROCESSING'",
             queue.table,
             (queue.unfinished)(backend, "")
         ));
