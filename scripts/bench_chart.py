@@ -4,9 +4,10 @@
     python3 scripts/bench_chart.py target/bench/report.json docs/benchmarks
 
 Writes p3-latency.png (the distribution of commit -> handler committed, per offered load, with
-wake-ups, polling only and the hand-written pipeline) and p2-throughput.png (events per second
-per relay count against the raw claim+mark loop and raw publishing). A chart whose figures are
-missing from the report is skipped with a message.
+wake-ups, polling only, the hand-written pipeline, and the SDK relay and a hand-written relay
+each with a hand-written consumer) and p2-throughput.png (events per second per relay count
+against the raw claim+mark loop, raw publishing and a hand-written relay). A chart whose figures
+are missing from the report is skipped with a message.
 """
 
 import json
@@ -43,6 +44,8 @@ def p3_chart(report, out):
         "raw": ("hand-written pipeline", "tab:gray", "--"),
         "wake": ("SDK, wake-ups", "tab:blue", "-"),
         "poll": ("SDK, polling only", "tab:orange", ":"),
+        "relay": ("SDK relay, hand-written consumer", "tab:purple", "-."),
+        "rawrelay": ("hand-written relay (polls every 1 ms), hand-written consumer", "tab:brown", "--"),
     }
     for ax, rate in zip(axes[0], rates):
         for mode, (label, color, style) in styles.items():
@@ -83,6 +86,7 @@ def p2_chart(report, out):
         ("p2.raw_claim_mark.w1", "raw claim+mark, 1 worker (no publish)", "tab:gray", "--"),
         ("p2.raw_claim_mark.w4", "raw claim+mark, 4 workers (no publish)", "tab:gray", ":"),
         ("p2.raw_publish", "raw pipelined publish (no database)", "tab:green", "-."),
+        ("p2.raw_relay", "hand-written relay: claim, publish, mark", "tab:purple", "-"),
         ("p6.sqlxmq.drain", "sqlxmq drain", "tab:red", "-"),
     ]:
         value = median(report, key)

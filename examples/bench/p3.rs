@@ -189,17 +189,8 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                 .start()
                 .await?;
             let producer = Outbox::new("bench-p3");
-            let db = ctx.db.clone();
-            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
-                let db = db.clone();
-                let producer = producer.clone();
-                async move { place_order(&db, &producer, &OrderPlaced::sample(id, CUSTOMERS)).await }
-            })
-            .await?;
-            handled = wait_handled(committed.len(), || {
-                seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            })
-            .await?;
+            committed = offer_orders(ctx, &producer, rate, warm_up).await?;
+            handled = wait_seen(committed.len(), &seen).await?;
             consumer.abort();
             runtime.shutdown().await;
         }
@@ -215,17 +206,8 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
             ));
             // No wake-up: the hand-written relay polls.
             let producer = Outbox::builder("bench-p3").notify_channel(None).build();
-            let db = ctx.db.clone();
-            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
-                let db = db.clone();
-                let producer = producer.clone();
-                async move { place_order(&db, &producer, &OrderPlaced::sample(id, CUSTOMERS)).await }
-            })
-            .await?;
-            handled = wait_handled(committed.len(), || {
-                seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            })
-            .await?;
+            committed = offer_orders(ctx, &producer, rate, warm_up).await?;
+            handled = wait_seen(committed.len(), &seen).await?;
             stop.store(true, Ordering::Relaxed);
             relay.await??;
             consumer.abort();
@@ -256,13 +238,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
             } else {
                 Outbox::builder("bench-p3").notify_channel(None).build()
             };
-            let db = ctx.db.clone();
-            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
-                let db = db.clone();
-                let producer = producer.clone();
-                async move { place_order(&db, &producer, &OrderPlaced::sample(id, CUSTOMERS)).await }
-            })
-            .await?;
+            committed = offer_orders(ctx, &producer, rate, warm_up).await?;
             handled = wait_handled(committed.len(), || {
                 HANDLED
                     .lock()
@@ -291,10 +267,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                 async move { commit_then_publish(&db, &jetstream, subject, id, false).await }
             })
             .await?;
-            handled = wait_handled(committed.len(), || {
-                seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            })
-            .await?;
+            handled = wait_seen(committed.len(), &seen).await?;
             consumer.abort();
         }
     }
@@ -356,6 +329,31 @@ async fn commit_then_publish(
             .await?;
     }
     Ok(committed)
+}
+
+/// Orders placed through the SDK's `producer` at `rate` per second (see [`offer`]).
+async fn offer_orders(
+    ctx: &Ctx,
+    producer: &Outbox,
+    rate: u64,
+    warm_up: Duration,
+) -> Result<Vec<(i64, Instant)>, BoxError> {
+    let db = ctx.db.clone();
+    let producer = producer.clone();
+    offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
+        let db = db.clone();
+        let producer = producer.clone();
+        async move { place_order(&db, &producer, &OrderPlaced::sample(id, CUSTOMERS)).await }
+    })
+    .await
+}
+
+/// [`wait_handled`] for what the hand-written consumer saw.
+async fn wait_seen(
+    n: usize,
+    seen: &Arc<Mutex<Vec<(i64, Instant)>>>,
+) -> Result<HashMap<i64, Instant>, BoxError> {
+    wait_handled(n, || seen.lock().unwrap_or_else(|p| p.into_inner()).clone()).await
 }
 
 /// Open-loop load: start `op` at `rate` per second for `window`, each in its own task (at most

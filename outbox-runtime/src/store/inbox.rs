@@ -158,13 +158,7 @@ fn insert_statement(
          schema_version, payload, status, attempts, next_attempt_at, last_error, received_at, processed_at) VALUES ",
     );
     for (n, (row, state)) in rows.iter().enumerate() {
-        let StateColumns {
-            status,
-            attempts,
-            next_attempt_at,
-            error,
-            processed_at,
-        } = state_columns(state, now);
+        let state = state_columns(state, now);
         let values: [Value; 15] = [
             row.consumer.to_owned().into(),
             truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
@@ -175,12 +169,12 @@ fn insert_statement(
             row.aggregate_version.into(),
             row.schema_version.map(i64::from).into(),
             row.payload.to_vec().into(),
-            status.to_owned().into(),
-            i64::from(attempts).into(),
-            timestamp_or_null(dialect, next_attempt_at),
-            error.map(|e| truncate(e, 4000)).into(),
+            state.status.to_owned().into(),
+            i64::from(state.attempts).into(),
+            timestamp_or_null(dialect, state.next_attempt_at),
+            state.error.map(|e| truncate(e, 4000)).into(),
             dialect.timestamp(now),
-            timestamp_or_null(dialect, processed_at),
+            timestamp_or_null(dialect, state.processed_at),
         ];
         if n > 0 {
             sql.push(", ");
@@ -254,24 +248,18 @@ pub async fn restate<C: ConnectionTrait>(
     now: DateTime<Utc>,
 ) -> Result<(), DbErr> {
     let dialect = Dialect::of(conn);
-    let StateColumns {
-        status,
-        attempts,
-        next_attempt_at,
-        error,
-        processed_at,
-    } = state_columns(state, now);
+    let state = state_columns(state, now);
     let mut sql = Sql::new(dialect);
     sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
-        .bind(status.to_owned().into())
+        .bind(state.status.to_owned().into())
         .push(", attempts = ")
-        .bind(i64::from(attempts).into())
+        .bind(i64::from(state.attempts).into())
         .push(", next_attempt_at = ")
-        .bind(timestamp_or_null(dialect, next_attempt_at))
+        .bind(timestamp_or_null(dialect, state.next_attempt_at))
         .push(", last_error = ")
-        .bind(error.map(|e| truncate(e, 4000)).into())
+        .bind(state.error.map(|e| truncate(e, 4000)).into())
         .push(", processed_at = ")
-        .bind(timestamp_or_null(dialect, processed_at))
+        .bind(timestamp_or_null(dialect, state.processed_at))
         .push(" WHERE consumer = ")
         .bind(consumer.to_owned().into())
         .push(" AND message_id = ")
