@@ -62,7 +62,7 @@ def p3_chart(report, out):
         ax.set_ylabel("percentile")
         ax.set_title(f"P3 latency at {rate} events/s offered")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     path = os.path.join(out, "p3-latency.png")
     fig.savefig(path, dpi=110)

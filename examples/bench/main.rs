@@ -11,13 +11,18 @@
 //! - P1 producer overhead: an order insert alone, written by hand with its outbox rows, and
 //!   through `OutboxTransaction` (1 and 10 events, wake-up on and off), at 1 and 16 clients.
 //! - P2 relay throughput PostgreSQL → JetStream with 1, 2 and 4 relays, against a raw claim+mark
-//!   loop and raw pipelined publishing; and what a running relay costs 16 producing clients.
+//!   loop, raw pipelined publishing and a hand-written relay; and what a running relay (the SDK's
+//!   or the hand-written one) costs 16 producing clients.
 //! - P3 end-to-end latency, commit → handler committed, at 1k/s and 5k/s, wake-ups on and
-//!   polling only, against a hand-written pipeline (commit, publish, consume, commit).
+//!   polling only, against a hand-written pipeline (commit, publish, consume, commit), and the
+//!   relay's share against a hand-written relay.
 //! - P4 inbox throughput against raw commits of the same effect row at the same concurrency.
 //! - P5 claim latency and relay throughput with 10k and 10M SENT rows in the table, and the
 //!   runtime's memory with a 1M-event backlog.
 //! - P6 peer: sqlxmq spawning and completing trivial jobs on the same database.
+//!
+//! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`1000,5000`)
+//! narrow P3 down to some modes and offered loads.
 //!
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/outbox_bench`, created if
 //! missing) and `NATS_URL` (default `nats://127.0.0.1:4222`). The table is printed and written

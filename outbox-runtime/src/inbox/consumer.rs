@@ -12,7 +12,9 @@
 //! **Batches.** Deliveries that have already arrived in a lane (up to
 //! [`InboxConfig::commit_batch`]) are recorded and handled in one transaction, each handler in a
 //! savepoint of its own: a failing handler rolls back only its savepoint, and its message is
-//! stored as RETRY (or DEAD) in the same commit. One commit for several messages is what lets a
+//! stored as RETRY (or DEAD) in the same commit. On PostgreSQL and SQLite one multi-row insert
+//! records the whole batch before the first handler runs (and says which messages were
+//! duplicates); on MySQL each message is recorded inside its savepoint. One commit for several messages is what lets a
 //! consumer handle more messages per second than the database commits transactions. The acks
 //! follow the commit. If the batch cannot be recorded, each of its deliveries goes the single way
 //! above, and finds what a commit that did happen recorded.
