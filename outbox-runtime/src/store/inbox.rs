@@ -205,7 +205,7 @@ pub async fn insert<C: ConnectionTrait>(
 /// Rows one multi-row insert takes at most (15 parameters each).
 const INSERT_CHUNK: usize = 64;
 
-/// Record several deliveries with one statement per [`INSERT_CHUNK`] rows (PostgreSQL and
+/// Record several deliveries with one statement per 64 rows (PostgreSQL and
 /// SQLite; `None` on MySQL, whose multi-row `INSERT IGNORE` does not say which rows it skipped:
 /// use [`insert`] per row there). For each row, whether it was inserted; of two rows with the
 /// same message id, only the first.
