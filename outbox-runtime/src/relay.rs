@@ -806,15 +806,19 @@ impl Relay {
                 }
                 break;
             }
-            let mut messages = Vec::with_capacity(wave.len());
+            // The events being published and their messages, index for index.
+            let mut published: Vec<&ClaimedEvent> = Vec::with_capacity(wave.len());
+            let mut outgoing: Vec<OutgoingMessage> = Vec::with_capacity(wave.len());
             let mut failed_early = Vec::new();
             for event in &wave {
-                match outgoing(event) {
-                    Ok(message) => messages.push((*event, message)),
+                match self::outgoing(event) {
+                    Ok(message) => {
+                        published.push(*event);
+                        outgoing.push(message);
+                    }
                     Err(reason) => failed_early.push((*event, reason)),
                 }
             }
-            let outgoing: Vec<OutgoingMessage> = messages.iter().map(|(_, m)| m.clone()).collect();
             let results = if outgoing.is_empty() {
                 Vec::new()
             } else {
@@ -831,10 +835,10 @@ impl Relay {
                 );
                 transport.publish(&outgoing).instrument(span).await
             };
-            let mut outcomes: Vec<(&ClaimedEvent, Result<(), PublishError>)> = messages
+            let mut outcomes: Vec<(&ClaimedEvent, Result<(), PublishError>)> = published
                 .iter()
                 .enumerate()
-                .map(|(i, (event, _))| {
+                .map(|(i, event)| {
                     let result = results.get(i).cloned().unwrap_or_else(|| {
                         Err(PublishError::Rejected(
                             "transport returned fewer results than messages".into(),
