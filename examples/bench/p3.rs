@@ -158,25 +158,8 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                 .expect_consumers([CONSUMER])
                 .start()
                 .await?;
-            let db = ctx.db.clone();
-            let jetstream = async_nats::jetstream::new(ctx.nats.clone());
-            let subject = transport.subject("bench.order_placed");
-            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
-                let db = db.clone();
-                let jetstream = jetstream.clone();
-                let subject = subject.clone();
-                async move { commit_then_publish(&db, &jetstream, subject, id, true).await }
-            })
-            .await?;
-            handled = wait_handled(committed.len(), || {
-                HANDLED
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .copied()
-                    .collect()
-            })
-            .await?;
+            committed = offer_published(ctx, &transport, rate, warm_up, true).await?;
+            handled = wait_seen(committed.len(), &HANDLED).await?;
             runtime.shutdown().await;
         }
         Mode::RelayOnly => {
@@ -239,15 +222,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
                 Outbox::builder("bench-p3").notify_channel(None).build()
             };
             committed = offer_orders(ctx, &producer, rate, warm_up).await?;
-            handled = wait_handled(committed.len(), || {
-                HANDLED
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .copied()
-                    .collect()
-            })
-            .await?;
+            handled = wait_seen(committed.len(), &HANDLED).await?;
             let report = runtime.shutdown().await;
             let stats = report.consumer(CONSUMER);
             if stats.dead > 0 || stats.handled as usize != committed.len() {
@@ -257,16 +232,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
         Mode::Raw => {
             let seen: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
             let consumer = raw_consumer(ctx, &transport, seen.clone()).await?;
-            let db = ctx.db.clone();
-            let jetstream = async_nats::jetstream::new(ctx.nats.clone());
-            let subject = transport.subject("bench.order_placed");
-            committed = offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
-                let db = db.clone();
-                let jetstream = jetstream.clone();
-                let subject = subject.clone();
-                async move { commit_then_publish(&db, &jetstream, subject, id, false).await }
-            })
-            .await?;
+            committed = offer_published(ctx, &transport, rate, warm_up, false).await?;
             handled = wait_seen(committed.len(), &seen).await?;
             consumer.abort();
         }
@@ -348,10 +314,31 @@ async fn offer_orders(
     .await
 }
 
-/// [`wait_handled`] for what the hand-written consumer saw.
+/// Orders committed then published by hand ([`commit_then_publish`]) at `rate` per second.
+async fn offer_published(
+    ctx: &Ctx,
+    transport: &outbox::transport::nats::NatsTransport,
+    rate: u64,
+    warm_up: Duration,
+    envelope: bool,
+) -> Result<Vec<(i64, Instant)>, BoxError> {
+    let db = ctx.db.clone();
+    let jetstream = async_nats::jetstream::new(ctx.nats.clone());
+    let subject = transport.subject("bench.order_placed");
+    offer(rate, warm_up + ctx.sizes.p3_window, move |id| {
+        let db = db.clone();
+        let jetstream = jetstream.clone();
+        let subject = subject.clone();
+        async move { commit_then_publish(&db, &jetstream, subject, id, envelope).await }
+    })
+    .await
+}
+
+/// [`wait_handled`] for what a consumer recorded in `seen` (the hand-written consumer's list,
+/// or [`HANDLED`] for the SDK's).
 async fn wait_seen(
     n: usize,
-    seen: &Arc<Mutex<Vec<(i64, Instant)>>>,
+    seen: &Mutex<Vec<(i64, Instant)>>,
 ) -> Result<HashMap<i64, Instant>, BoxError> {
     wait_handled(n, || seen.lock().unwrap_or_else(|p| p.into_inner()).clone()).await
 }

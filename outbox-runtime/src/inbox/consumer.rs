@@ -14,9 +14,9 @@
 //! savepoint of its own: a failing handler rolls back only its savepoint, and its message is
 //! stored as RETRY (or DEAD) in the same commit. On PostgreSQL and SQLite one multi-row insert
 //! records the whole batch before the first handler runs (and says which messages were
-//! duplicates); on MySQL each message is recorded inside its savepoint. One commit for several messages is what lets a
-//! consumer handle more messages per second than the database commits transactions. The acks
-//! follow the commit. If the batch cannot be recorded, each of its deliveries goes the single way
+//! duplicates); on MySQL each message is recorded inside its savepoint. One commit for several
+//! messages is what lets a consumer handle more messages per second than the database commits
+//! transactions. The acks follow the commit. If the batch cannot be recorded, each of its deliveries goes the single way
 //! above, and finds what a commit that did happen recorded.
 //!
 //! **Duplicates and conflicts.** When `(consumer, message_id)` is already recorded, the stored
@@ -659,15 +659,16 @@ impl Consumer {
             })
             .collect();
         let recorded = store::inbox::insert_many(&tx, &up_front, Utc::now()).await?;
-        for (i, (delivery, envelope, reg)) in items.into_iter().enumerate() {
-            let row = inbox_row(self.name, envelope, &delivery.body);
+        for (i, (_, envelope, reg)) in items.into_iter().enumerate() {
+            let (row, recorded_as) = &up_front[i];
+            let row = row.clone();
             let aggregate = aggregate_of(envelope);
             // Some(inserted) when recorded up front.
             let fresh = recorded.as_ref().map(|inserted| inserted[i]);
             if aggregate.as_ref().is_some_and(|a| blocked.contains(a)) {
                 let stored = match fresh {
                     Some(true) => {
-                        if matches!(up_front[i].1, InitialState::Done) {
+                        if matches!(recorded_as, InitialState::Done) {
                             // An earlier message of its aggregate failed in this batch.
                             store::inbox::restate(
                                 &tx,

@@ -162,10 +162,13 @@ pub(crate) async fn select_claimable(
     let window = window_size(limit);
     // On PostgreSQL and SQLite the heads query computes the window's bound itself and returns
     // it with every row (one round trip less per claim); MySQL asks first.
-    let (mut bound, bound_inline) = match (ordering, backend) {
-        (false, _) => (None, false),
-        (true, DbBackend::MySql) => (window_bound(txn, queue, window).await?, false),
-        (true, _) => (None, true),
+    let heads_bound = match (ordering, backend) {
+        (false, _) => HeadsBound::Unbounded,
+        (true, DbBackend::MySql) => match window_bound(txn, queue, window).await? {
+            Some(bound) => HeadsBound::At(bound),
+            None => HeadsBound::Unbounded,
+        },
+        (true, _) => HeadsBound::Window(window),
     };
     let mut rows = Vec::new();
     for row in txn
@@ -175,10 +178,7 @@ pub(crate) async fn select_claimable(
             now,
             limit,
             ordering,
-            HeadsBound {
-                known: bound,
-                inline_window: bound_inline.then_some(window),
-            },
+            heads_bound,
         ))
         .await?
     {
@@ -187,13 +187,15 @@ pub(crate) async fn select_claimable(
             row,
         });
     }
-    if bound_inline {
-        bound = match rows.first() {
+    let bound = match heads_bound {
+        HeadsBound::Unbounded => None,
+        HeadsBound::At(bound) => Some(bound),
+        HeadsBound::Window(_) => match rows.first() {
             Some(c) => c.row.try_get::<Option<i64>>("", "window_bound")?,
             // No head in the window: whether it is full decides whether to look beyond it.
             None => window_bound(txn, queue, window).await?,
-        };
-    }
+        },
+    };
     if let Some(bound) = bound
         && rows.len() < limit
     {
@@ -310,31 +312,31 @@ fn has_next(row: &QueryResult) -> bool {
 /// `, CASE WHEN EXISTS (a later unfinished row of this row's aggregate) THEN 1 ELSE 0 END AS
 /// has_next`: whether the runs step has anything to look for behind this head.
 fn push_has_next(sql: &mut Sql, queue: &Queue<'_>) {
-    let unfinished = (queue.unfinished)(sql.dialect.backend(), "e.");
-    let scope = match queue.scope {
-        Some((column, _)) => format!(" AND e.{column} = o.{column}"),
-        None => String::new(),
-    };
+    let later = unfinished_in_aggregate(sql.dialect.backend(), queue, ">");
     sql.push(&format!(
-        ", CASE WHEN EXISTS (SELECT 1 FROM {} e WHERE e.aggregate_type = o.aggregate_type \
-         AND e.aggregate_id = o.aggregate_id{scope} AND e.id > o.id AND {unfinished}) \
-         THEN 1 ELSE 0 END AS has_next",
-        queue.table
+        ", CASE WHEN EXISTS ({later}) THEN 1 ELSE 0 END AS has_next"
     ));
 }
 
 /// "No earlier row of this row's aggregate is unfinished."
 fn push_no_unfinished_predecessor(sql: &mut Sql, queue: &Queue<'_>) {
-    let unfinished = (queue.unfinished)(sql.dialect.backend(), "e.");
+    let earlier = unfinished_in_aggregate(sql.dialect.backend(), queue, "<");
+    sql.push(&format!(" AND NOT EXISTS ({earlier})"));
+}
+
+/// The unfinished rows `e` of row `o`'s aggregate (and scope) whose id is `order` (`<`, `>`)
+/// its id.
+fn unfinished_in_aggregate(backend: DbBackend, queue: &Queue<'_>, order: &str) -> String {
+    let unfinished = (queue.unfinished)(backend, "e.");
     let scope = match queue.scope {
         Some((column, _)) => format!(" AND e.{column} = o.{column}"),
         None => String::new(),
     };
-    sql.push(&format!(
-        " AND NOT EXISTS (SELECT 1 FROM {} e WHERE e.aggregate_type = o.aggregate_type \
-         AND e.aggregate_id = o.aggregate_id{scope} AND e.id < o.id AND {unfinished})",
+    format!(
+        "SELECT 1 FROM {} e WHERE e.aggregate_type = o.aggregate_type \
+         AND e.aggregate_id = o.aggregate_id{scope} AND e.id {order} o.id AND {unfinished}",
         queue.table
-    ));
+    )
 }
 
 /// ` AND {alias}{scope column} = ?` (`alias` with its dot, or empty), when the queue has a scope.
@@ -426,12 +428,16 @@ fn push_window_bound(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
     sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
 }
 
-/// The heads query's upper bound on ids: one already known, or the window's, computed inside
-/// the query and returned with each row as `window_bound`.
+/// The heads query's upper bound on ids.
 #[derive(Clone, Copy)]
-struct HeadsBound {
-    known: Option<i64>,
-    inline_window: Option<usize>,
+enum HeadsBound {
+    /// None: without ordering, or with fewer unfinished rows than the window holds.
+    Unbounded,
+    /// Already known (MySQL asks for it first).
+    At(i64),
+    /// The bound of a window of this size, computed inside the query and returned with each
+    /// row as `window_bound`.
+    Window(usize),
 }
 
 /// The first claimable rows in id order; with ordering, only those with no unfinished
@@ -472,7 +478,7 @@ fn heads_query(
             if let Some(due) = due {
                 sql.push(" AND ").push(due).bind(now.clone());
             }
-            if let Some(bound) = bound.known {
+            if let HeadsBound::At(bound) = bound {
                 sql.push(" AND o.id <= ").bind(bound.into());
             }
             if ordering {
@@ -485,7 +491,7 @@ fn heads_query(
         sql.push(&format!(" ORDER BY id LIMIT {limit}"));
         return sql.build();
     }
-    if let Some(window) = bound.inline_window {
+    if let HeadsBound::Window(window) = bound {
         sql.push("WITH w AS (");
         push_window_bound(&mut sql, queue, window);
         sql.push(") ");
@@ -494,7 +500,7 @@ fn heads_query(
     if ordering {
         push_has_next(&mut sql, queue);
     }
-    if bound.inline_window.is_some() {
+    if let HeadsBound::Window(_) = bound {
         sql.push(", (SELECT id FROM w) AS window_bound");
     }
     sql.push(&format!(
@@ -503,10 +509,10 @@ fn heads_query(
         (queue.unfinished)(dialect.backend(), "o.")
     ));
     push_scope(&mut sql, queue);
-    if let Some(bound) = bound.known {
+    if let HeadsBound::At(bound) = bound {
         sql.push(" AND o.id <= ").bind(bound.into());
     }
-    if bound.inline_window.is_some() {
+    if let HeadsBound::Window(_) = bound {
         sql.push(&format!(
             " AND o.id <= COALESCE((SELECT id FROM w), {})",
             i64::MAX
