@@ -624,6 +624,10 @@ async fn batched_deliveries_isolate_each_handler(t: TestDb) {
         "flaky/2 and sqlfail/2 waited behind their retries"
     );
     assert_eq!(stats.dead, 0);
+    assert_eq!(
+        stats.batch_reruns, 1,
+        "flaky/1 sent the batch through one run with savepoints, where sqlfail/1 failed"
+    );
 
     let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
     for e in effects(&t.db).await {
@@ -655,8 +659,81 @@ async fn batched_deliveries_isolate_each_handler(t: TestDb) {
     }
 }
 
+/// A batch whose handlers all succeed commits in its first run, without savepoints. A failing
+/// handler sends its batch through a second run with a savepoint per handler, which records its
+/// failure without running it again and commits the other handlers' work once.
+async fn batches_take_savepoints_only_after_a_failure(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let mut config = inbox_config();
+    config.concurrency = 1;
+    config.commit_batch = 32;
+    let runtime = Runtime::builder(t.db.clone())
+        .transport(transport.clone())
+        .without_relay()
+        .consumers(["t-batch"])
+        .inbox_config(config)
+        .start()
+        .await
+        .unwrap();
+    let cart = |name: &str| format!("{}-{name}", t.name);
+    let gated = |batch: Vec<OutgoingMessage>, gate: &str| {
+        let transport = transport.clone();
+        let gate = message(&cart(gate), 0);
+        async move {
+            assert!(transport.publish(&[gate]).await[0].is_ok());
+            tokio::time::sleep(Duration::from_millis(100)).await; // the gate is being handled
+            assert!(transport.publish(&batch).await.iter().all(Result::is_ok));
+        }
+    };
+    let clean: Vec<_> = (1..=6).map(|seq| message(&cart("clean"), seq)).collect();
+    gated(clean, "gate").await;
+    wait_until("the clean batch handled", || async {
+        runtime.consumer_stats("t-batch").unwrap().handled == 7
+    })
+    .await;
+    let stats = runtime.consumer_stats("t-batch").unwrap();
+    assert_eq!(stats.batch_reruns, 0, "a batch without failures runs once");
+
+    fail_times(&cart("once"), 1);
+    let mixed = vec![
+        message(&cart("before"), 1),
+        message(&cart("once"), 1),
+        message(&cart("after"), 1),
+    ];
+    gated(mixed, "gate2").await;
+    wait_until("the mixed batch handled", || async {
+        runtime.consumer_stats("t-batch").unwrap().handled == 11
+    })
+    .await;
+    let stats = runtime.shutdown().await.consumer("t-batch");
+    assert_eq!(
+        stats.retried, 1,
+        "the failed handler was recorded for retry, not run again at once"
+    );
+    assert_eq!(
+        stats.batch_reruns, 1,
+        "the failure sent its batch through a run with savepoints"
+    );
+    let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in effects(&t.db).await {
+        per_cart.entry(e.cart).or_default().push(e.seq);
+    }
+    assert_eq!(per_cart[&cart("clean")], [1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        per_cart[&cart("before")],
+        [1],
+        "run in both passes, committed once"
+    );
+    assert_eq!(per_cart[&cart("after")], [1]);
+    assert_eq!(per_cart[&cart("once")], [1], "handled on its retry");
+    let rows = inbox_rows(&t.db, "t-batch").await;
+    assert_eq!(rows.len(), 11);
+    assert!(rows.iter().all(|r| r.1 == "DONE"), "{rows:?}");
+}
+
 backend_tests! {
     batched => batched_deliveries_isolate_each_handler;
+    batch_savepoints => batches_take_savepoints_only_after_a_failure;
     version_guard => version_guard_drops_stale_events;
     five_deliveries => same_message_five_times_one_effect;
     lost_ack => lost_ack_is_redelivered_and_suppressed;

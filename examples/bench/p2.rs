@@ -30,7 +30,6 @@ const IN_FLIGHT: usize = 512;
 
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let n = ctx.sizes.p2_events;
-    let limit = Duration::from_secs(600);
     let mut out = Vec::new();
 
     for workers in RAW_WORKERS {
@@ -76,56 +75,64 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     out.push(m("p2.raw_relay", n as f64 / elapsed.as_secs_f64(), "ev/s"));
 
     for relays in RELAYS {
-        ctx.reset().await?;
-        pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
-        let transport = Arc::new(ctx.transport("bench_p2").await?);
-        let t = Instant::now();
-        let handles: Vec<_> = (0..relays)
-            .map(|_| {
-                Relay::new(ctx.db.clone(), transport.clone())
-                    .with_config(RelayConfig {
-                        batch_size: BATCH,
-                        listen: false,
-                        ..RelayConfig::default()
-                    })
-                    .spawn()
-            })
-            .collect();
-        // Counted from the relays' own statistics: polling the table would load the database
-        // being measured.
-        loop {
-            let sent: u64 = handles.iter().map(|h| h.stats().sent).sum();
-            if sent >= n {
-                break;
-            }
-            if t.elapsed() > limit {
-                return Err(format!("{relays} relay(s) sent {sent} of {n} in {limit:?}").into());
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let elapsed = t.elapsed();
-        wait_drained(&ctx.db, Instant::now(), Duration::from_secs(30)).await?;
-        let mut published = 0;
-        for handle in handles {
-            published += handle.shutdown().await?.sent;
-        }
-        let stream_messages = stream_len(ctx, transport.stream_name()).await?;
-        ctx.drop_stream(&transport).await;
-        if published < n || stream_messages != n {
-            return Err(format!(
-                "{relays} relay(s) published {published} (stream holds {stream_messages}) of {n}"
-            )
-            .into());
-        }
-        out.push(m(
-            format!("p2.relay.r{relays}"),
-            n as f64 / elapsed.as_secs_f64(),
-            "ev/s",
-        ));
+        let rate = sdk_relays(ctx, relays, true).await?;
+        out.push(m(format!("p2.relay.r{relays}"), rate, "ev/s"));
     }
+    // What per-aggregate order costs one relay: the same drain with ordering off.
+    let rate = sdk_relays(ctx, 1, false).await?;
+    out.push(m("p2.relay_unordered.r1", rate, "ev/s"));
 
     out.extend(producers_beside_relay(ctx).await?);
     Ok(out)
+}
+
+/// `relays` SDK relays draining the pre-enqueued backlog to JetStream, confirmed: events/s.
+async fn sdk_relays(ctx: &Ctx, relays: usize, ordering: bool) -> Result<f64, BoxError> {
+    let n = ctx.sizes.p2_events;
+    let limit = Duration::from_secs(600);
+    ctx.reset().await?;
+    pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
+    let transport = Arc::new(ctx.transport("bench_p2").await?);
+    let t = Instant::now();
+    let handles: Vec<_> = (0..relays)
+        .map(|_| {
+            Relay::new(ctx.db.clone(), transport.clone())
+                .with_config(RelayConfig {
+                    batch_size: BATCH,
+                    listen: false,
+                    ordering,
+                    ..RelayConfig::default()
+                })
+                .spawn()
+        })
+        .collect();
+    // Counted from the relays' own statistics: polling the table would load the database
+    // being measured.
+    loop {
+        let sent: u64 = handles.iter().map(|h| h.stats().sent).sum();
+        if sent >= n {
+            break;
+        }
+        if t.elapsed() > limit {
+            return Err(format!("{relays} relay(s) sent {sent} of {n} in {limit:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = t.elapsed();
+    wait_drained(&ctx.db, Instant::now(), Duration::from_secs(30)).await?;
+    let mut published = 0;
+    for handle in handles {
+        published += handle.shutdown().await?.sent;
+    }
+    let stream_messages = stream_len(ctx, transport.stream_name()).await?;
+    ctx.drop_stream(&transport).await;
+    if published < n || stream_messages != n {
+        return Err(format!(
+            "{relays} relay(s) published {published} (stream holds {stream_messages}) of {n}"
+        )
+        .into());
+    }
+    Ok(n as f64 / elapsed.as_secs_f64())
 }
 
 /// Claim 500 PENDING rows (`SKIP LOCKED`), then mark them SENT, each in its own transaction
@@ -421,6 +428,18 @@ pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {
             .against("raw pipelined publish", "p2.raw_publish"),
         );
     }
+    specs.push(
+        spec("P2", "SDK 1 relay, ordering off", "p2.relay_unordered.r1")
+            .against("raw claim+mark, 1 worker", "p2.raw_claim_mark.w1"),
+    );
+    specs.push(
+        spec(
+            "P2",
+            "SDK 1 relay, ordering off (vs hand-written relay)",
+            "p2.relay_unordered.r1",
+        )
+        .against("hand-written relay (claim, publish, mark)", "p2.raw_relay"),
+    );
     specs.push(
         spec("P2", "SDK 1 relay (vs sqlxmq drain)", "p2.relay.r1")
             .against("sqlxmq drain", "p6.sqlxmq.drain")

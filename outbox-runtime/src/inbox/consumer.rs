@@ -10,14 +10,17 @@
 //! acked. If even storing fails, the delivery is nacked and the broker redelivers it.
 //!
 //! **Batches.** Deliveries that have already arrived in a lane (up to
-//! [`InboxConfig::commit_batch`]) are recorded and handled in one transaction, each handler in a
-//! savepoint of its own: a failing handler rolls back only its savepoint, and its message is
-//! stored as RETRY (or DEAD) in the same commit. On PostgreSQL and SQLite one multi-row insert
-//! records the whole batch before the first handler runs (and says which messages were
-//! duplicates); on MySQL each message is recorded inside its savepoint. One commit for several
-//! messages is what lets a consumer handle more messages per second than the database commits
-//! transactions. The acks follow the commit. If the batch cannot be recorded, each of its deliveries goes the single way
-//! above, and finds what a commit that did happen recorded.
+//! [`InboxConfig::commit_batch`]) are recorded and handled in one transaction, each handler
+//! isolated as if in a savepoint of its own: a failing handler rolls back only its own work, and
+//! its message is stored as RETRY (or DEAD) in the same commit. The batch first runs without
+//! savepoints (a round trip per message saved); when a handler fails there, the transaction rolls
+//! back and the batch runs again with a savepoint per handler, the failed handler's failure
+//! recorded without running it again. On PostgreSQL and SQLite one multi-row insert records the
+//! whole batch before the first handler runs (and says which messages were duplicates); on MySQL
+//! each message is recorded before its handler. One commit for several messages is what lets a
+//! consumer handle more messages per second than the database commits transactions. The acks
+//! follow the commit. If the batch cannot be recorded, each of its deliveries goes the single
+//! way above, and finds what a commit that did happen recorded.
 //!
 //! **Duplicates and conflicts.** When `(consumer, message_id)` is already recorded, the stored
 //! payload is compared with the delivered bytes: the same bytes are a duplicate (acked and
@@ -43,7 +46,7 @@ use std::{
     panic::AssertUnwindSafe,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU32, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -91,9 +94,10 @@ pub struct InboxConfig {
     /// Broker subscription settings.
     pub subscribe: SubscribeOptions,
     /// Deliveries waiting in one lane that are recorded and handled in one transaction, each
-    /// handler in a savepoint of its own (a failing handler rolls back only its savepoint and
-    /// its message is stored for retry in the same commit). Default 32; 1 commits each delivery
-    /// on its own. A batch never waits for more deliveries: it takes what has arrived.
+    /// handler isolated as in a savepoint of its own (a failing handler rolls back only its own
+    /// work and its message is stored for retry in the same commit; handlers before it in the
+    /// batch may run a second time, in the transaction that commits). Default 32; 1 commits each
+    /// delivery on its own. A batch never waits for more deliveries: it takes what has arrived.
     pub commit_batch: usize,
 }
 
@@ -119,6 +123,9 @@ const RECORD_RETRY_FIRST: Duration = Duration::from_millis(50);
 const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
 /// Attempts to record a delivery when the error is neither a lost connection nor a deadlock.
 const RECORD_ATTEMPTS_ON_OTHER_ERRORS: u32 = 3;
+/// Batches that take a savepoint per handler from the start after a batch whose pass without
+/// savepoints met a failing handler.
+const CAREFUL_BATCHES: u32 = 8;
 
 /// Counters of one consumer since start.
 #[derive(Debug, Default)]
@@ -131,6 +138,7 @@ pub struct ConsumerStats {
     stale: AtomicU64,
     conflicts: AtomicU64,
     unrecorded: AtomicU64,
+    batch_reruns: AtomicU64,
 }
 
 /// A snapshot of a consumer's counters.
@@ -155,6 +163,9 @@ pub struct ConsumerStatsSnapshot {
     /// deadlock); the delivery was tried again in its lane, so later messages of its aggregate
     /// kept waiting behind it.
     pub unrecorded: u64,
+    /// Batches whose run without savepoints met a failing handler, rolled back and ran again
+    /// with a savepoint per handler (see [`InboxConfig::commit_batch`]).
+    pub batch_reruns: u64,
 }
 
 impl ConsumerStats {
@@ -169,6 +180,7 @@ impl ConsumerStats {
             stale: self.stale.load(Ordering::Relaxed),
             conflicts: self.conflicts.load(Ordering::Relaxed),
             unrecorded: self.unrecorded.load(Ordering::Relaxed),
+            batch_reruns: self.batch_reruns.load(Ordering::Relaxed),
         }
     }
 }
@@ -200,6 +212,8 @@ pub(crate) struct Consumer {
     pub(crate) wake: Arc<Notify>,
     pub(crate) stats: Arc<ConsumerStats>,
     worker_id: String,
+    /// Batches still to run with savepoints from the start ([`Self::process_batch`]).
+    careful: AtomicU32,
 }
 
 impl fmt::Debug for Consumer {
@@ -278,6 +292,7 @@ impl Consumer {
             wake,
             stats: Arc::default(),
             worker_id,
+            careful: AtomicU32::new(0),
         }
     }
 
@@ -609,6 +624,13 @@ impl Consumer {
     /// One transaction for a run of inline messages: each handler in its own savepoint, a
     /// failure stored as RETRY or DEAD in place of its rolled-back savepoint, messages behind an
     /// unfinished one of their aggregate stored PENDING. Counted once committed.
+    ///
+    /// A savepoint costs a round trip per message, and most batches never roll one back: the
+    /// batch first runs without savepoints. If a handler fails there, the whole transaction rolls
+    /// back and the batch runs again with a savepoint per handler; the failed handler is not run
+    /// a second time (its failure is recorded as it was), those before it run again in the new
+    /// transaction. After such a batch the next [`CAREFUL_BATCHES`] take savepoints from the
+    /// start, so a run of failures (a downstream outage) costs no work twice.
     async fn process_batch(&self, run: &[Decoded]) -> Result<(), sea_orm::DbErr> {
         let mut items = Vec::with_capacity(run.len());
         for (delivery, decoded) in run {
@@ -620,7 +642,7 @@ impl Consumer {
             let reg = self.handler(envelope).map_err(sea_orm::DbErr::Custom)?;
             items.push((delivery, envelope, reg));
         }
-        let mut blocked = if self.ordering {
+        let blocked = if self.ordering {
             let aggregates: Vec<(&str, &str)> = items
                 .iter()
                 .filter_map(|(_, e, _)| Some((e.aggregate_type.as_deref()?, e.subject.as_deref()?)))
@@ -629,7 +651,39 @@ impl Consumer {
         } else {
             Default::default()
         };
+        let careful = self
+            .careful
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        let failed = if careful {
+            None
+        } else {
+            match self.handle_batch(&items, blocked.clone(), None).await? {
+                None => return Ok(()),
+                Some(failed) => {
+                    self.careful.store(CAREFUL_BATCHES, Ordering::Relaxed);
+                    self.stats.batch_reruns.fetch_add(1, Ordering::Relaxed);
+                    Some(failed)
+                }
+            }
+        };
+        // With savepoints the pass never stops early.
+        self.handle_batch(&items, blocked, Some(failed)).await?;
+        Ok(())
+    }
 
+    /// One pass of [`Self::process_batch`], `None` once committed. `careful` is `None` for the
+    /// pass without savepoints, which stops at the first failing handler, rolls everything back
+    /// and returns its index and error; with savepoints it holds that failure (if any), recorded
+    /// without running the handler again.
+    async fn handle_batch(
+        &self,
+        items: &[(&Delivery, &Envelope, &'static HandlerRegistration)],
+        mut blocked: std::collections::HashSet<(String, String)>,
+        careful: Option<Option<(usize, HandlerError)>>,
+    ) -> Result<Option<(usize, HandlerError)>, sea_orm::DbErr> {
+        let savepoints = careful.is_some();
+        let mut failed_before = careful.flatten();
         enum Done {
             Handled,
             Stored,
@@ -659,7 +713,7 @@ impl Consumer {
             })
             .collect();
         let recorded = store::inbox::insert_many(&tx, &up_front, Utc::now()).await?;
-        for (i, (_, envelope, reg)) in items.into_iter().enumerate() {
+        for (i, &(_, envelope, reg)) in items.iter().enumerate() {
             let (row, recorded_as) = &up_front[i];
             let row = row.clone();
             let aggregate = aggregate_of(envelope);
@@ -697,33 +751,46 @@ impl Consumer {
                 seen_before.push(row);
                 continue;
             }
-            // A savepoint per handler, never released: RELEASE would cost a round trip per
-            // message, and the stack stays as deep as the batch is long.
-            let savepoint = format!("outbox_inbox_{i}");
-            tx.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
-                .await?;
-            if fresh.is_none()
-                && !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await?
-            {
-                seen_before.push(row);
-                continue;
-            }
-            let mark = tx.mark();
-            let itx = self.first_attempt(tx, envelope);
-            let result = self.run_handler(reg, &itx, envelope, 1).await;
-            tx = itx.into_inner();
-            let error = match result {
-                Ok(()) => {
-                    failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
-                    done.push(Done::Handled);
-                    continue;
-                }
-                Err(error) => {
-                    // Its writes, events and after-commit callbacks go; the batch's stay.
-                    tx.execute_unprepared(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
-                        .await?;
-                    tx.rewind(mark);
-                    error
+            let error = match failed_before.take_if(|(at, _)| *at == i) {
+                // Failed in the pass without savepoints: recorded as it failed, not run again.
+                Some((_, error)) => error,
+                None => {
+                    // A savepoint per handler, never released: RELEASE would cost a round trip
+                    // per message, and the stack stays as deep as the batch is long.
+                    let savepoint = format!("outbox_inbox_{i}");
+                    if savepoints {
+                        tx.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
+                            .await?;
+                    }
+                    if fresh.is_none()
+                        && !store::inbox::insert(&tx, &row, &InitialState::Done, Utc::now()).await?
+                    {
+                        seen_before.push(row);
+                        continue;
+                    }
+                    let mark = tx.mark();
+                    let itx = self.first_attempt(tx, envelope);
+                    let result = self.run_handler(reg, &itx, envelope, 1).await;
+                    tx = itx.into_inner();
+                    match result {
+                        Ok(()) => {
+                            failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
+                            done.push(Done::Handled);
+                            continue;
+                        }
+                        Err(error) if !savepoints => {
+                            // Everything goes; the batch runs again with savepoints.
+                            tx.rollback().await.map_err(into_db_err)?;
+                            return Ok(Some((i, error)));
+                        }
+                        Err(error) => {
+                            // Its writes, events and after-commit callbacks go; the batch's stay.
+                            tx.execute_unprepared(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+                                .await?;
+                            tx.rewind(mark);
+                            error
+                        }
+                    }
                 }
             };
             let state = self.failure_state(Some(reg), &error, 1);
@@ -767,7 +834,7 @@ impl Consumer {
         for row in seen_before {
             self.recorded_already(&row).await?;
         }
-        Ok(())
+        Ok(None)
     }
 
     async fn process_delivery(
