@@ -804,6 +804,7 @@ impl Transport for NatsTransport {
             stream: self.inner.stream_name.clone(),
             client_filter,
             messages,
+            client: self.inner.client.clone(),
         }))
     }
 
@@ -917,6 +918,8 @@ struct NatsSubscription {
     /// Subjects to hand out when the consumer filters on the whole namespace.
     client_filter: Option<HashSet<String>>,
     messages: pull::Stream,
+    /// Acks go out on this connection.
+    client: Client,
 }
 
 impl fmt::Debug for NatsSubscription {
@@ -981,24 +984,35 @@ impl Subscription for NatsSubscription {
                 message.subject.to_string(),
                 message_id,
                 delivery_count,
-                Box::new(NatsAcker { acker }),
+                Box::new(NatsAcker {
+                    acker,
+                    client: self.client.clone(),
+                }),
             )));
         }
     }
 }
 
-/// Settles a delivery with a double ack: the call returns once the server confirmed it.
+/// Settles a delivery. An ack returns once it is written to the connection, not once the
+/// server answered: a double ack would cost a round trip per message, and an ack lost on the way
+/// only means a redelivery after `ack_wait`, which the inbox takes as a duplicate. The acks of a
+/// batch settled together share one write. A nack waits for the server's answer.
 struct NatsAcker {
     acker: jetstream::message::Acker,
+    client: Client,
 }
 
 #[async_trait::async_trait]
 impl super::Acker for NatsAcker {
     async fn ack(&self) -> Result<(), TransportError> {
         self.acker
-            .double_ack()
+            .ack()
             .await
-            .map_err(|err| TransportError::new(TRANSPORT, format!("ack failed: {err}")))
+            .map_err(|err| TransportError::new(TRANSPORT, format!("ack failed: {err}")))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|err| TransportError::new(TRANSPORT, format!("ack not written: {err}")))
     }
 
     async fn nack(&self, delay: Option<Duration>) -> Result<(), TransportError> {
