@@ -642,15 +642,6 @@ impl Consumer {
             let reg = self.handler(envelope).map_err(sea_orm::DbErr::Custom)?;
             items.push((delivery, envelope, reg));
         }
-        let blocked = if self.ordering {
-            let aggregates: Vec<(&str, &str)> = items
-                .iter()
-                .filter_map(|(_, e, _)| Some((e.aggregate_type.as_deref()?, e.subject.as_deref()?)))
-                .collect();
-            store::inbox::unfinished_aggregates(&self.db, self.name, &aggregates).await?
-        } else {
-            Default::default()
-        };
         let careful = self
             .careful
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
@@ -658,7 +649,7 @@ impl Consumer {
         let failed = if careful {
             None
         } else {
-            match self.handle_batch(&items, blocked.clone(), None).await? {
+            match self.handle_batch(&items, None).await? {
                 None => return Ok(()),
                 Some(failed) => {
                     self.careful.store(CAREFUL_BATCHES, Ordering::Relaxed);
@@ -668,7 +659,7 @@ impl Consumer {
             }
         };
         // With savepoints the pass never stops early.
-        self.handle_batch(&items, blocked, Some(failed)).await?;
+        self.handle_batch(&items, Some(failed)).await?;
         Ok(())
     }
 
@@ -679,7 +670,6 @@ impl Consumer {
     async fn handle_batch(
         &self,
         items: &[(&Delivery, &Envelope, &'static HandlerRegistration)],
-        mut blocked: std::collections::HashSet<(String, String)>,
         careful: Option<Option<(usize, HandlerError)>>,
     ) -> Result<Option<(usize, HandlerError)>, sea_orm::DbErr> {
         let savepoints = careful.is_some();
@@ -697,6 +687,17 @@ impl Consumer {
             _ => None,
         };
         let mut tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
+        // Aggregates with an unfinished message recorded before this batch: asked on the
+        // transaction's own connection.
+        let mut blocked = if self.ordering {
+            let aggregates: Vec<(&str, &str)> = items
+                .iter()
+                .filter_map(|(_, e, _)| Some((e.aggregate_type.as_deref()?, e.subject.as_deref()?)))
+                .collect();
+            store::inbox::unfinished_aggregates(&tx, self.name, &aggregates).await?
+        } else {
+            Default::default()
+        };
         // The whole batch recorded by one statement where the database says which rows were
         // duplicates (the message behind a blocked aggregate as PENDING, the rest as DONE); on
         // MySQL, one insert per message below.
@@ -974,7 +975,10 @@ impl Consumer {
         let mut workers = Vec::with_capacity(lanes);
         let batch = self.config.commit_batch.max(1);
         for _ in 0..lanes {
-            let (tx, mut rx) = mpsc::channel::<Decoded>(batch.max(32));
+            // Room for every delivery the broker may hand out at once: a busy lane never holds
+            // the dispatcher (and the other lanes) up; memory stays bounded by `max_in_flight`.
+            let (tx, mut rx) =
+                mpsc::channel::<Decoded>(self.config.subscribe.max_in_flight.max(batch));
             senders.push(tx);
             let consumer = self.clone();
             let shutdown = shutdown.clone();
