@@ -67,9 +67,14 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     wait_drained(&ctx.db, Instant::now(), Duration::from_secs(300)).await?;
     relay.shutdown().await?;
 
-    // The hand-written batched inbox on the same stream (its own JetStream consumer).
-    let raw_batched = raw_batched_inbox(ctx, &transport, n).await?;
+    // The hand-written batched inbox on the same stream (its own JetStream consumer each),
+    // recording a bare message id, then the row the SDK records.
+    let raw_batched = raw_batched_inbox(ctx, &transport, n, Rows::Bare).await?;
     ctx.db.execute_unprepared("TRUNCATE bench_effect").await?;
+    let raw_batched_rows = raw_batched_inbox(ctx, &transport, n, Rows::Sdk).await?;
+    ctx.db
+        .execute_unprepared("TRUNCATE inbox_event, bench_effect")
+        .await?;
 
     let runtime = Runtime::builder(ctx.db.clone())
         .source("bench-p4")
@@ -107,6 +112,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     Ok(vec![
         m("p4.raw_commits", raw.per_sec(), "tx/s"),
         m("p4.raw_batched", raw_batched, "ev/s"),
+        m("p4.raw_batched_rows", raw_batched_rows, "ev/s"),
         m("p4.sdk.handled", n as f64 / elapsed.as_secs_f64(), "ev/s"),
     ])
 }
@@ -114,12 +120,27 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
 /// Messages a hand-written batch takes at most, as the SDK's `commit_batch`.
 const RAW_BATCH: usize = 32;
 
+/// What the hand-written inbox records per message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// The message id and payload in a table of its own (one index).
+    Bare,
+    /// The row the SDK records in `inbox_event` for a handled message (same columns, same
+    /// indexes), under another consumer name.
+    Sdk,
+}
+
 /// The hand-written batched inbox: `CONCURRENCY` workers each take the messages that have
-/// arrived for them (up to [`RAW_BATCH`]) and, in one transaction, record their ids in a
-/// dedup table with one multi-row insert that returns the new ones, insert each new message's
-/// effect, commit, then ack them. No ordering, retries, savepoints or dead letters: what
-/// batching alone reaches on this machine. Handled events/s over the `n` messages on the stream.
-async fn raw_batched_inbox(ctx: &Ctx, transport: &NatsTransport, n: u64) -> Result<f64, BoxError> {
+/// arrived for them (up to [`RAW_BATCH`]) and, in one transaction, record them with one
+/// multi-row insert that returns the new ones, insert each new message's effect, commit, then
+/// ack them. No ordering, retries, savepoints or dead letters: what batching alone reaches on
+/// this machine. Handled events/s over the `n` messages on the stream.
+async fn raw_batched_inbox(
+    ctx: &Ctx,
+    transport: &NatsTransport,
+    n: u64,
+    rows: Rows,
+) -> Result<f64, BoxError> {
     ctx.db
         .execute_unprepared(
             "CREATE TABLE IF NOT EXISTS bench_raw_inbox (message_id TEXT PRIMARY KEY, \
@@ -131,7 +152,7 @@ async fn raw_batched_inbox(ctx: &Ctx, transport: &NatsTransport, n: u64) -> Resu
     let stream = jetstream.get_stream(transport.stream_name()).await?;
     let consumer = stream
         .create_consumer(async_nats::jetstream::consumer::pull::Config {
-            durable_name: Some("bench-p4-raw".into()),
+            durable_name: Some(format!("bench-p4-raw-{rows:?}").to_lowercase()),
             ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
             max_ack_pending: 256,
             ..Default::default()
@@ -155,7 +176,7 @@ async fn raw_batched_inbox(ctx: &Ctx, transport: &NatsTransport, n: u64) -> Resu
         workers.push(tokio::spawn(async move {
             let mut batch = Vec::with_capacity(RAW_BATCH);
             while rx.recv_many(&mut batch, RAW_BATCH).await > 0 {
-                raw_batch(&db, &batch).await?;
+                raw_batch(&db, &batch, rows).await?;
                 let acks = batch
                     .iter()
                     .map(|m: &async_nats::jetstream::Message| m.ack());
@@ -192,22 +213,60 @@ async fn raw_batched_inbox(ctx: &Ctx, transport: &NatsTransport, n: u64) -> Resu
 async fn raw_batch(
     db: &DatabaseConnection,
     batch: &[async_nats::jetstream::Message],
+    rows: Rows,
 ) -> Result<(), BoxError> {
     let mut decoded = Vec::with_capacity(batch.len());
     for message in batch {
         let envelope = Envelope::from_json(&message.payload)?;
         let event: OrderPlaced = envelope.data_as()?;
-        decoded.push((envelope.id, event, &message.payload));
+        decoded.push((envelope, event, &message.payload));
     }
-    let mut sql = String::from("INSERT INTO bench_raw_inbox (message_id, payload) VALUES ");
-    let mut values = Vec::with_capacity(decoded.len() * 2);
-    for (i, (id, _, payload)) in decoded.iter().enumerate() {
+    let mut sql = String::from(match rows {
+        Rows::Bare => "INSERT INTO bench_raw_inbox (message_id, payload) VALUES ",
+        Rows::Sdk => {
+            "INSERT INTO inbox_event (consumer, message_id, event_type, source, aggregate_type, \
+             aggregate_id, aggregate_version, schema_version, payload, status, attempts, \
+             received_at, processed_at) VALUES "
+        }
+    });
+    let mut values: Vec<outbox::sea_orm::Value> = Vec::with_capacity(decoded.len() * 9);
+    for (i, (envelope, _, payload)) in decoded.iter().enumerate() {
         if i > 0 {
             sql.push_str(", ");
         }
-        sql.push_str(&format!("(${}, ${})", 2 * i + 1, 2 * i + 2));
-        values.push(id.clone().into());
-        values.push(payload.to_vec().into());
+        match rows {
+            Rows::Bare => {
+                sql.push_str(&format!("(${}, ${})", values.len() + 1, values.len() + 2));
+                values.push(envelope.id.clone().into());
+                values.push(payload.to_vec().into());
+            }
+            Rows::Sdk => {
+                let at = values.len();
+                sql.push_str(&format!(
+                    "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, 'DONE', 0, now(), now())",
+                    at + 1,
+                    at + 2,
+                    at + 3,
+                    at + 4,
+                    at + 5,
+                    at + 6,
+                    at + 7,
+                    at + 8,
+                    at + 9
+                ));
+                values.extend([
+                    "bench-p4-raw".into(),
+                    envelope.id.clone().into(),
+                    envelope.event_type.clone().into(),
+                    envelope.source.clone().into(),
+                    envelope.aggregate_type.clone().into(),
+                    envelope.subject.clone().into(),
+                    envelope.aggregate_version.into(),
+                    envelope.schema_version.map(i64::from).into(),
+                    payload.to_vec().into(),
+                ]);
+            }
+        }
     }
     sql.push_str(" ON CONFLICT DO NOTHING RETURNING message_id");
     let tx = db.begin().await?;
@@ -221,8 +280,8 @@ async fn raw_batch(
         .iter()
         .map(|row| row.try_get::<String>("", "message_id"))
         .collect::<Result<_, _>>()?;
-    for (id, event, _) in &decoded {
-        if fresh.contains(id) {
+    for (envelope, event, _) in &decoded {
+        if fresh.contains(&envelope.id) {
             insert_effect(&tx, CONSUMER, event.order_id, event.total_cents).await?;
         }
     }
@@ -239,9 +298,24 @@ pub(crate) fn specs() -> Vec<Spec> {
             "p4.raw_batched",
         )
         .against("raw effect commits, 8 clients", "p4.raw_commits"),
+        spec(
+            "P4",
+            "hand-written batched inbox, SDK's rows",
+            "p4.raw_batched_rows",
+        )
+        .against("raw effect commits, 8 clients", "p4.raw_commits"),
         spec("P4", "SDK inbox handled, concurrency 8", "p4.sdk.handled")
             .against("raw effect commits, 8 clients", "p4.raw_commits")
             .target(Target::RatioAtLeast(1.5)),
+        spec(
+            "P4",
+            "SDK inbox handled (vs hand-written, SDK's rows)",
+            "p4.sdk.handled",
+        )
+        .against(
+            "hand-written batched inbox, SDK's rows",
+            "p4.raw_batched_rows",
+        ),
         spec(
             "P4",
             "SDK inbox handled (vs hand-written batched inbox)",
