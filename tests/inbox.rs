@@ -361,10 +361,7 @@ async fn per_aggregate_order_under_keyed_concurrency(t: TestDb) {
     })
     .await;
     runtime.shutdown().await;
-    let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
-    for e in effects(&t.db).await {
-        per_cart.entry(e.cart).or_default().push(e.seq);
-    }
+    let per_cart = effects_per_cart(&t.db).await;
     assert_eq!(per_cart.len(), 20);
     for (cart, seqs) in per_cart {
         assert_eq!(
@@ -576,29 +573,48 @@ async fn version_guard_drops_stale_events(t: TestDb) {
     );
 }
 
-/// Deliveries that arrive together in a lane commit in one transaction, each handler in its own
-/// savepoint: a failing handler (even one whose SQL failed) rolls back only its own work, its
-/// message is stored for retry in the same commit, later messages of its aggregate wait behind it,
-/// a duplicate in the batch is suppressed, and everything else commits once.
-async fn batched_deliveries_isolate_each_handler(t: TestDb) {
-    let transport = MemoryTransport::new();
+/// A runtime whose `t-batch` consumer has one lane and batches of up to 32.
+async fn batch_runtime(t: &TestDb, transport: &MemoryTransport) -> Runtime {
     let mut config = inbox_config();
     config.concurrency = 1;
     config.commit_batch = 32;
-    let runtime = Runtime::builder(t.db.clone())
+    Runtime::builder(t.db.clone())
         .transport(transport.clone())
         .without_relay()
         .consumers(["t-batch"])
         .inbox_config(config)
         .start()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Publish a gate message (its handler holds the only lane for a while), then `batch`: the
+/// batch arrives while the lane is busy and is taken in one go.
+async fn publish_behind_gate(transport: &MemoryTransport, gate: &str, batch: &[OutgoingMessage]) {
+    assert!(transport.publish(&[message(gate, 0)]).await[0].is_ok());
+    tokio::time::sleep(Duration::from_millis(100)).await; // the gate is being handled
+    assert!(transport.publish(batch).await.iter().all(Result::is_ok));
+}
+
+/// The effects' sequence numbers per cart, in the order they were applied.
+async fn effects_per_cart(db: &sea_orm::DatabaseConnection) -> HashMap<String, Vec<i64>> {
+    let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
+    for e in effects(db).await {
+        per_cart.entry(e.cart).or_default().push(e.seq);
+    }
+    per_cart
+}
+
+/// Deliveries that arrive together in a lane commit in one transaction, each handler in its own
+/// savepoint: a failing handler (even one whose SQL failed) rolls back only its own work, its
+/// message is stored for retry in the same commit, later messages of its aggregate wait behind it,
+/// a duplicate in the batch is suppressed, and everything else commits once.
+async fn batched_deliveries_isolate_each_handler(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = batch_runtime(&t, &transport).await;
     let cart = |name: &str| format!("{}-{name}", t.name);
     fail_times(&cart("flaky"), 1);
     fail_times(&cart("sqlfail"), 1);
-    let gate = message(&cart("gate"), 0);
-    assert!(transport.publish(&[gate]).await[0].is_ok());
-    tokio::time::sleep(Duration::from_millis(100)).await; // the gate is being handled
     let a1 = message(&cart("steady"), 1);
     let batch = vec![
         a1.clone(),
@@ -610,7 +626,7 @@ async fn batched_deliveries_isolate_each_handler(t: TestDb) {
         message(&cart("sqlfail"), 2),
         message(&cart("steady"), 3),
     ];
-    assert!(transport.publish(&batch).await.iter().all(Result::is_ok));
+    publish_behind_gate(&transport, &cart("gate"), &batch).await;
     wait_until("8 messages handled", || async {
         runtime.consumer_stats("t-batch").unwrap().handled == 8
     })
@@ -629,10 +645,7 @@ async fn batched_deliveries_isolate_each_handler(t: TestDb) {
         "flaky/1 sent the batch through one run with savepoints, where sqlfail/1 failed"
     );
 
-    let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
-    for e in effects(&t.db).await {
-        per_cart.entry(e.cart).or_default().push(e.seq);
-    }
+    let per_cart = effects_per_cart(&t.db).await;
     assert_eq!(per_cart[&cart("steady")], [1, 2, 3]);
     assert_eq!(
         per_cart[&cart("flaky")],
@@ -664,29 +677,10 @@ async fn batched_deliveries_isolate_each_handler(t: TestDb) {
 /// failure without running it again and commits the other handlers' work once.
 async fn batches_take_savepoints_only_after_a_failure(t: TestDb) {
     let transport = MemoryTransport::new();
-    let mut config = inbox_config();
-    config.concurrency = 1;
-    config.commit_batch = 32;
-    let runtime = Runtime::builder(t.db.clone())
-        .transport(transport.clone())
-        .without_relay()
-        .consumers(["t-batch"])
-        .inbox_config(config)
-        .start()
-        .await
-        .unwrap();
+    let runtime = batch_runtime(&t, &transport).await;
     let cart = |name: &str| format!("{}-{name}", t.name);
-    let gated = |batch: Vec<OutgoingMessage>, gate: &str| {
-        let transport = transport.clone();
-        let gate = message(&cart(gate), 0);
-        async move {
-            assert!(transport.publish(&[gate]).await[0].is_ok());
-            tokio::time::sleep(Duration::from_millis(100)).await; // the gate is being handled
-            assert!(transport.publish(&batch).await.iter().all(Result::is_ok));
-        }
-    };
     let clean: Vec<_> = (1..=6).map(|seq| message(&cart("clean"), seq)).collect();
-    gated(clean, "gate").await;
+    publish_behind_gate(&transport, &cart("gate"), &clean).await;
     wait_until("the clean batch handled", || async {
         runtime.consumer_stats("t-batch").unwrap().handled == 7
     })
@@ -700,7 +694,7 @@ async fn batches_take_savepoints_only_after_a_failure(t: TestDb) {
         message(&cart("once"), 1),
         message(&cart("after"), 1),
     ];
-    gated(mixed, "gate2").await;
+    publish_behind_gate(&transport, &cart("gate2"), &mixed).await;
     wait_until("the mixed batch handled", || async {
         runtime.consumer_stats("t-batch").unwrap().handled == 11
     })
@@ -714,10 +708,7 @@ async fn batches_take_savepoints_only_after_a_failure(t: TestDb) {
         stats.batch_reruns, 1,
         "the failure sent its batch through a run with savepoints"
     );
-    let mut per_cart: HashMap<String, Vec<i64>> = HashMap::new();
-    for e in effects(&t.db).await {
-        per_cart.entry(e.cart).or_default().push(e.seq);
-    }
+    let per_cart = effects_per_cart(&t.db).await;
     assert_eq!(per_cart[&cart("clean")], [1, 2, 3, 4, 5, 6]);
     assert_eq!(
         per_cart[&cart("before")],
