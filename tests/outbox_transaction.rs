@@ -538,6 +538,47 @@ async fn after_commit_runs_only_once_committed(t: TestDb) {
     assert_eq!(count_orders(&t.db).await, 1);
 }
 
+/// The commit's INSERT checks for a conflict on `(event_type, dedup_key)` only when an event
+/// carries a deduplication key: without one nothing can conflict, and the plain INSERT is what a
+/// hand-written outbox sends. (MySQL keeps its clause, which covers every unique key.)
+async fn conflict_check_only_with_a_dedup_key(t: TestDb) {
+    let inserts = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut db = t.db.clone();
+    let seen = inserts.clone();
+    db.set_metric_callback(move |info| {
+        if info.statement.sql.starts_with("INSERT INTO outbox_event") {
+            seen.lock().unwrap().push(info.statement.sql.clone());
+        }
+    });
+    let outbox = Outbox::new("payments");
+    let tx = outbox.begin(&db).await.unwrap();
+    tx.enqueue(&placed(1)).unwrap();
+    let _ = tx.commit().await.unwrap();
+    let tx = outbox.begin(&db).await.unwrap();
+    tx.enqueue(&PaymentRequested {
+        order_id: 1,
+        request_key: Some("req-1".into()),
+    })
+    .unwrap();
+    let _ = tx.commit().await.unwrap();
+
+    let inserts = inserts.lock().unwrap().clone();
+    assert_eq!(inserts.len(), 2, "{inserts:?}");
+    let mysql = t.backend == Backend::MySql;
+    assert_eq!(
+        inserts[0].contains("ON CONFLICT") || inserts[0].contains("ON DUPLICATE KEY"),
+        mysql,
+        "no key: {}",
+        inserts[0]
+    );
+    assert!(
+        inserts[1].contains("ON CONFLICT") || inserts[1].contains("ON DUPLICATE KEY"),
+        "a key: {}",
+        inserts[1]
+    );
+    assert_eq!(outbox_rows(&t.db).await.len(), 2);
+}
+
 backend_tests! {
     after_commit => after_commit_runs_only_once_committed;
     commit_writes => commit_writes_rows_and_events;
@@ -548,6 +589,7 @@ backend_tests! {
     dedup => dedup_key_skips_duplicates_without_aborting;
     bad_events => bad_events_fail_at_enqueue_and_keep_the_transaction;
     small_batches => small_insert_batches_write_everything;
+    conflict_check => conflict_check_only_with_a_dedup_key;
 }
 
 /// The committed events are registered in the compile-time catalogue.

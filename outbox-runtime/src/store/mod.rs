@@ -307,8 +307,13 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
             values.push(event.headers.clone().into());
             values.push(dialect.timestamp(event.created_at));
         }
-        sql.push(' ');
-        sql.push_str(dialect.insert_conflict_clause());
+        // Without a deduplication key nothing can conflict on `(event_type, dedup_key)`: the plain
+        // INSERT spares PostgreSQL and SQLite the conflict check's speculative insertion. (MySQL's
+        // clause covers every unique key, so it stays.)
+        if dialect.backend() == DbBackend::MySql || chunk.iter().any(|e| e.dedup_key.is_some()) {
+            sql.push(' ');
+            sql.push_str(dialect.insert_conflict_clause());
+        }
         conn.execute_raw(dialect.statement(sql, values)).await?;
     }
 
