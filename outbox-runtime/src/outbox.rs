@@ -116,7 +116,10 @@ impl OutboxBuilder {
         let (wake, _) = watch::channel(0);
         let notify = self.notify_channel.and_then(|channel| {
             is_valid_channel(&channel).then(|| CrossProcessHint {
-                sql: format!("NOTIFY {channel}"),
+                // A NOTIFY commits a transaction of its own; it need not wait for the WAL flush
+                // (a hint lost in a crash costs a poll interval), so it does not queue behind the
+                // business transactions' flushes.
+                sql: format!("SET LOCAL synchronous_commit = off; NOTIFY {channel}"),
                 channel,
                 interval: self.notify_interval,
                 last: Mutex::new(None),
