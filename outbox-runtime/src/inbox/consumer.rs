@@ -230,6 +230,16 @@ impl fmt::Debug for Consumer {
 /// A broker delivery and its decoded envelope (or why it could not be decoded).
 pub(crate) type Decoded = (Delivery, Result<Envelope, String>);
 
+/// How a batch runs ([`Consumer::process_batch`]).
+enum Pass {
+    /// Without savepoints: stops at the first failing handler, rolls everything back and
+    /// returns its index and error.
+    Optimistic,
+    /// A savepoint per handler; the failure the optimistic pass met (if any) is recorded without
+    /// running that handler again.
+    Savepoints(Option<(usize, HandlerError)>),
+}
+
 /// Outcome of handling one message.
 enum Outcome {
     Done,
@@ -649,7 +659,7 @@ impl Consumer {
         let failed = if careful {
             None
         } else {
-            match self.handle_batch(&items, None).await? {
+            match self.handle_batch(&items, Pass::Optimistic).await? {
                 None => return Ok(()),
                 Some(failed) => {
                     self.careful.store(CAREFUL_BATCHES, Ordering::Relaxed);
@@ -659,21 +669,20 @@ impl Consumer {
             }
         };
         // With savepoints the pass never stops early.
-        self.handle_batch(&items, Some(failed)).await?;
+        self.handle_batch(&items, Pass::Savepoints(failed)).await?;
         Ok(())
     }
 
-    /// One pass of [`Self::process_batch`], `None` once committed. `careful` is `None` for the
-    /// pass without savepoints, which stops at the first failing handler, rolls everything back
-    /// and returns its index and error; with savepoints it holds that failure (if any), recorded
-    /// without running the handler again.
+    /// One pass of [`Self::process_batch`], `None` once committed; see [`Pass`].
     async fn handle_batch(
         &self,
         items: &[(&Delivery, &Envelope, &'static HandlerRegistration)],
-        careful: Option<Option<(usize, HandlerError)>>,
+        pass: Pass,
     ) -> Result<Option<(usize, HandlerError)>, sea_orm::DbErr> {
-        let savepoints = careful.is_some();
-        let mut failed_before = careful.flatten();
+        let (savepoints, mut failed_before) = match pass {
+            Pass::Optimistic => (false, None),
+            Pass::Savepoints(failed) => (true, failed),
+        };
         enum Done {
             Handled,
             Stored,
@@ -758,9 +767,8 @@ impl Consumer {
                 None => {
                     // A savepoint per handler, never released: RELEASE would cost a round trip
                     // per message, and the stack stays as deep as the batch is long.
-                    let savepoint = format!("outbox_inbox_{i}");
                     if savepoints {
-                        tx.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
+                        tx.execute_unprepared(&format!("SAVEPOINT outbox_inbox_{i}"))
                             .await?;
                     }
                     if fresh.is_none()
@@ -786,8 +794,10 @@ impl Consumer {
                         }
                         Err(error) => {
                             // Its writes, events and after-commit callbacks go; the batch's stay.
-                            tx.execute_unprepared(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
-                                .await?;
+                            tx.execute_unprepared(&format!(
+                                "ROLLBACK TO SAVEPOINT outbox_inbox_{i}"
+                            ))
+                            .await?;
                             tx.rewind(mark);
                             error
                         }
