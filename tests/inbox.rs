@@ -19,6 +19,7 @@ use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
+use outbox::store::inbox::{self as inbox_store, InitialState, NewInboxRow};
 use outbox::transport::{OutgoingMessage, Transport, memory::MemoryTransport};
 use serde::{Deserialize, Serialize};
 
@@ -722,7 +723,90 @@ async fn batches_take_savepoints_only_after_a_failure(t: TestDb) {
     assert!(rows.iter().all(|r| r.1 == "DONE"), "{rows:?}");
 }
 
+/// A batch whose aggregate has an unfinished message recorded before it (here waiting for its
+/// retry): the batch's messages of that aggregate are recorded PENDING by the statement that
+/// records the batch and are not handled; the others are. Once the earlier message is handled,
+/// they follow it in order.
+async fn batch_waits_behind_an_earlier_unfinished_message(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let runtime = batch_runtime(&t, &transport).await;
+    let cart = |name: &str| format!("{}-{name}", t.name);
+    let held = cart("held");
+    // held/1 failed before this batch and waits for a retry far ahead.
+    let first = message(&held, 1);
+    let first_id = first.event_id.to_string();
+    let row = NewInboxRow {
+        consumer: "t-batch",
+        message_id: &first_id,
+        event_type: Some("line.added"),
+        source: Some("tests"),
+        aggregate_type: Some("cart"),
+        aggregate_id: Some(&held),
+        aggregate_version: None,
+        schema_version: Some(1),
+        payload: &first.body,
+    };
+    let retry_later = |at| InitialState::Retry {
+        attempts: 1,
+        next_attempt_at: at,
+        error: "failed before the batch".into(),
+    };
+    let far = chrono::Utc::now() + chrono::Duration::hours(1);
+    assert!(
+        inbox_store::insert(&t.db, &row, &retry_later(far), chrono::Utc::now())
+            .await
+            .unwrap()
+    );
+
+    let batch = vec![
+        message(&held, 2),
+        message(&cart("free"), 1),
+        message(&held, 3),
+        message(&cart("free"), 2),
+    ];
+    publish_behind_gate(&transport, &cart("gate"), &batch).await;
+    wait_until("the batch recorded", || async {
+        let stats = runtime.consumer_stats("t-batch").unwrap();
+        stats.handled == 3 && stats.stored == 2
+    })
+    .await;
+    let per_cart = effects_per_cart(&t.db).await;
+    assert_eq!(per_cart[&cart("free")], [1, 2]);
+    assert!(!per_cart.contains_key(&held), "held/2 and held/3 waited");
+    let statuses: Vec<String> = inbox_rows(&t.db, "t-batch")
+        .await
+        .into_iter()
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(
+        statuses,
+        ["RETRY", "DONE", "PENDING", "DONE", "PENDING", "DONE"],
+        "held/1, gate, held/2, free/1, held/3, free/2 in arrival order"
+    );
+
+    // held/1 comes due: it is handled, then the two behind it, in order.
+    inbox_store::restate(
+        &t.db,
+        "t-batch",
+        &first_id,
+        &retry_later(chrono::Utc::now()),
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    wait_until("held/1..3 handled", || async {
+        runtime.consumer_stats("t-batch").unwrap().handled == 6
+    })
+    .await;
+    let stats = runtime.shutdown().await.consumer("t-batch");
+    assert_eq!((stats.dead, stats.duplicates), (0, 0));
+    assert_eq!(effects_per_cart(&t.db).await[&held], [1, 2, 3]);
+    let rows = inbox_rows(&t.db, "t-batch").await;
+    assert!(rows.iter().all(|r| r.1 == "DONE"), "{rows:?}");
+}
+
 backend_tests! {
+    batch_behind_unfinished => batch_waits_behind_an_earlier_unfinished_message;
     batched => batched_deliveries_isolate_each_handler;
     batch_savepoints => batches_take_savepoints_only_after_a_failure;
     version_guard => version_guard_drops_stale_events;

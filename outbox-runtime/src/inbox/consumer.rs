@@ -696,43 +696,30 @@ impl Consumer {
             _ => None,
         };
         let mut tx = self.outbox.begin(&self.db).await.map_err(into_db_err)?;
-        // Aggregates with an unfinished message recorded before this batch: asked on the
-        // transaction's own connection.
-        let mut blocked = if self.ordering {
-            let aggregates: Vec<(&str, &str)> = items
-                .iter()
-                .filter_map(|(_, e, _)| Some((e.aggregate_type.as_deref()?, e.subject.as_deref()?)))
-                .collect();
-            store::inbox::unfinished_aggregates(&tx, self.name, &aggregates).await?
-        } else {
-            Default::default()
-        };
-        // The whole batch recorded by one statement where the database says which rows were
-        // duplicates (the message behind a blocked aggregate as PENDING, the rest as DONE); on
+        // The whole batch recorded up front, in the transaction: a message behind an unfinished
+        // one of its aggregate (recorded before this batch) as PENDING, the rest as DONE; on
         // MySQL, one insert per message below.
-        let up_front: Vec<(NewInboxRow<'_>, InitialState)> = items
+        let rows: Vec<NewInboxRow<'_>> = items
             .iter()
-            .map(|(delivery, envelope, _)| {
-                let blocked = aggregate_of(envelope).is_some_and(|a| blocked.contains(&a));
-                let state = if blocked {
-                    InitialState::Pending
-                } else {
-                    InitialState::Done
-                };
-                (inbox_row(self.name, envelope, &delivery.body), state)
-            })
+            .map(|(delivery, envelope, _)| inbox_row(self.name, envelope, &delivery.body))
             .collect();
-        let recorded = store::inbox::insert_many(&tx, &up_front, Utc::now()).await?;
+        let store::inbox::RecordedBatch {
+            mut blocked,
+            inserted: recorded,
+        } = store::inbox::record_batch(&tx, &rows, self.ordering, Utc::now()).await?;
+        let recorded_pending: Vec<bool> = items
+            .iter()
+            .map(|(_, envelope, _)| aggregate_of(envelope).is_some_and(|a| blocked.contains(&a)))
+            .collect();
         for (i, &(_, envelope, reg)) in items.iter().enumerate() {
-            let (row, recorded_as) = &up_front[i];
-            let row = row.clone();
+            let row = rows[i].clone();
             let aggregate = aggregate_of(envelope);
             // Some(inserted) when recorded up front.
             let fresh = recorded.as_ref().map(|inserted| inserted[i]);
             if aggregate.as_ref().is_some_and(|a| blocked.contains(a)) {
                 let stored = match fresh {
                     Some(true) => {
-                        if matches!(recorded_as, InitialState::Done) {
+                        if !recorded_pending[i] {
                             // An earlier message of its aggregate failed in this batch.
                             store::inbox::restate(
                                 &tx,

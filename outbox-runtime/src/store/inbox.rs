@@ -237,6 +237,161 @@ pub async fn insert_many<C: ConnectionTrait>(
     Ok(Some(inserted))
 }
 
+/// What [`record_batch`] found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordedBatch {
+    /// The `(aggregate_type, aggregate_id)` of the batch that had an unfinished message
+    /// recorded before it: the batch's messages of these aggregates were recorded as PENDING.
+    pub blocked: std::collections::HashSet<(String, String)>,
+    /// For each row, whether it was inserted (`false`: a duplicate); `None` on MySQL, where
+    /// nothing was inserted and each row goes in with [`insert`].
+    pub inserted: Option<Vec<bool>>,
+}
+
+/// Record a batch of deliveries for one consumer: each row as DONE, or as PENDING when `ordered`
+/// and an unfinished message of its aggregate was recorded before the batch. The statement
+/// runs before the batch's handlers, in their transaction; a handler that fails then
+/// [`restate`]s its row.
+///
+/// On PostgreSQL this is one statement that looks the aggregates up and inserts, skipping
+/// duplicates, and returns what it inserted with the status it chose. On SQLite it is the
+/// aggregates' query, then [`insert_many`]; on MySQL only the aggregates' query.
+pub async fn record_batch<C: ConnectionTrait>(
+    conn: &C,
+    rows: &[NewInboxRow<'_>],
+    ordered: bool,
+    now: DateTime<Utc>,
+) -> Result<RecordedBatch, DbErr> {
+    let dialect = Dialect::of(conn);
+    fn aggregate_of<'a>(row: &NewInboxRow<'a>) -> Option<(&'a str, &'a str)> {
+        Some((row.aggregate_type?, row.aggregate_id?))
+    }
+    let any_aggregate = ordered && rows.iter().any(|row| aggregate_of(row).is_some());
+    if dialect.backend() == DbBackend::Postgres && any_aggregate && !rows.is_empty() {
+        let mut blocked = std::collections::HashSet::new();
+        let mut inserted = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(INSERT_CHUNK) {
+            let mut returned = std::collections::HashMap::new();
+            for row in conn
+                .query_all_raw(record_ordered_statement(dialect, chunk, now))
+                .await?
+            {
+                let message_id: String = row.try_get("", "message_id")?;
+                let status: String = row.try_get("", "status")?;
+                returned.insert(message_id, status == inbox_status::PENDING);
+            }
+            for row in chunk {
+                // `remove`: a second row with the same id in the batch was the one skipped.
+                let pending = returned.remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS));
+                if pending == Some(true)
+                    && let Some((aggregate_type, aggregate_id)) = aggregate_of(row)
+                {
+                    blocked.insert((aggregate_type.to_owned(), aggregate_id.to_owned()));
+                }
+                inserted.push(pending.is_some());
+            }
+        }
+        return Ok(RecordedBatch {
+            blocked,
+            inserted: Some(inserted),
+        });
+    }
+    let blocked = if any_aggregate {
+        let consumer = rows.first().map_or("", |row| row.consumer);
+        let aggregates: Vec<(&str, &str)> = rows.iter().filter_map(aggregate_of).collect();
+        unfinished_aggregates(conn, consumer, &aggregates).await?
+    } else {
+        Default::default()
+    };
+    let states: Vec<(NewInboxRow<'_>, InitialState)> = rows
+        .iter()
+        .map(|row| {
+            let waits = aggregate_of(row)
+                .is_some_and(|(t, id)| blocked.contains(&(t.to_owned(), id.to_owned())));
+            let state = if ordered && waits {
+                InitialState::Pending
+            } else {
+                InitialState::Done
+            };
+            (row.clone(), state)
+        })
+        .collect();
+    let inserted = insert_many(conn, &states, now).await?;
+    Ok(RecordedBatch { blocked, inserted })
+}
+
+/// PostgreSQL: the rows inserted as DONE, or as PENDING behind an unfinished message of their
+/// aggregate recorded before this statement (its snapshot does not see its own rows), in the
+/// order given, `RETURNING message_id, status`.
+fn record_ordered_statement(
+    dialect: Dialect,
+    rows: &[NewInboxRow<'_>],
+    now: DateTime<Utc>,
+) -> sea_orm::Statement {
+    let consumer = rows.first().map_or("", |row| row.consumer);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!(
+        "WITH blocked AS (SELECT DISTINCT aggregate_type, aggregate_id FROM {INBOX_TABLE} \
+         WHERE consumer = "
+    ))
+    .bind(consumer.to_owned().into())
+    .push(" AND ")
+    .push(&unfinished(DbBackend::Postgres, ""))
+    .push(" AND (");
+    let mut first = true;
+    for row in rows {
+        if let (Some(aggregate_type), Some(aggregate_id)) = (row.aggregate_type, row.aggregate_id) {
+            if !first {
+                sql.push(" OR ");
+            }
+            first = false;
+            sql.push("(aggregate_type = ")
+                .bind(truncate(aggregate_type, 128).into())
+                .push(" AND aggregate_id = ")
+                .bind(truncate(aggregate_id, 255).into())
+                .push(")");
+        }
+    }
+    sql.push(&format!(
+        ")) INSERT INTO {INBOX_TABLE} (consumer, message_id, event_type, source, aggregate_type, \
+         aggregate_id, aggregate_version, schema_version, payload, status, attempts, received_at, \
+         processed_at) SELECT v.consumer, v.message_id, v.event_type, v.source, \
+         v.aggregate_type, v.aggregate_id, v.aggregate_version, v.schema_version, v.payload, \
+         CASE WHEN b.aggregate_id IS NULL THEN '{done}' ELSE '{pending}' END, \
+         CASE WHEN b.aggregate_id IS NULL THEN 1 ELSE 0 END, v.received_at, \
+         CASE WHEN b.aggregate_id IS NULL THEN v.received_at END FROM (VALUES ",
+        done = inbox_status::DONE,
+        pending = inbox_status::PENDING,
+    ));
+    let received_at = dialect.timestamp(now);
+    for (n, row) in rows.iter().enumerate() {
+        if n > 0 {
+            sql.push(", ");
+        }
+        sql.bind_list([
+            row.consumer.to_owned().into(),
+            truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
+            row.event_type.map(|s| truncate(s, 255)).into(),
+            row.source.map(|s| truncate(s, 255)).into(),
+            row.aggregate_type.map(|s| truncate(s, 128)).into(),
+            row.aggregate_id.map(|s| truncate(s, 255)).into(),
+            row.aggregate_version.into(),
+            row.schema_version.map(i64::from).into(),
+            row.payload.to_vec().into(),
+            received_at.clone(),
+            (n as i64).into(),
+        ]);
+    }
+    sql.push(
+        ") AS v (consumer, message_id, event_type, source, aggregate_type, aggregate_id, \
+         aggregate_version, schema_version, payload, received_at, n) \
+         LEFT JOIN blocked b ON b.aggregate_type = v.aggregate_type \
+         AND b.aggregate_id = v.aggregate_id ORDER BY v.n \
+         ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id, status",
+    );
+    sql.build()
+}
+
 /// Put a message recorded in this transaction (by [`insert`] or [`insert_many`]) into `state`:
 /// a batch recorded it as DONE before its handler failed or before an earlier message of its
 /// aggregate did.
