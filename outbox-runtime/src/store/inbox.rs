@@ -137,6 +137,25 @@ fn timestamp_or_null(dialect: Dialect, t: Option<DateTime<Utc>>) -> Value {
         .unwrap_or_else(|| null_timestamp(dialect.backend()))
 }
 
+/// The columns that say what a row's message is.
+const ROW_COLUMNS: &str = "consumer, message_id, event_type, source, aggregate_type, aggregate_id, \
+                           aggregate_version, schema_version, payload";
+
+/// A row's values for [`ROW_COLUMNS`].
+fn row_values(row: &NewInboxRow<'_>) -> [Value; 9] {
+    [
+        row.consumer.to_owned().into(),
+        truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
+        row.event_type.map(|s| truncate(s, 255)).into(),
+        row.source.map(|s| truncate(s, 255)).into(),
+        row.aggregate_type.map(|s| truncate(s, 128)).into(),
+        row.aggregate_id.map(|s| truncate(s, 255)).into(),
+        row.aggregate_version.into(),
+        row.schema_version.map(i64::from).into(),
+        row.payload.to_vec().into(),
+    ]
+}
+
 /// `INSERT` of `rows` that skips the `(consumer, message_id)` already recorded, optionally
 /// `RETURNING` the message ids it inserted (PostgreSQL and SQLite).
 fn insert_statement(
@@ -153,29 +172,20 @@ fn insert_statement(
         _ => "INSERT INTO ",
     })
     .push(INBOX_TABLE)
-    .push(
-        " (consumer, message_id, event_type, source, aggregate_type, aggregate_id, aggregate_version, \
-         schema_version, payload, status, attempts, next_attempt_at, last_error, received_at, processed_at) VALUES ",
-    );
+    .push(&format!(
+        " ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, received_at, \
+         processed_at) VALUES "
+    ));
     for (n, (row, state)) in rows.iter().enumerate() {
         let state = state_columns(state, now);
-        let values: [Value; 15] = [
-            row.consumer.to_owned().into(),
-            truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
-            row.event_type.map(|s| truncate(s, 255)).into(),
-            row.source.map(|s| truncate(s, 255)).into(),
-            row.aggregate_type.map(|s| truncate(s, 128)).into(),
-            row.aggregate_id.map(|s| truncate(s, 255)).into(),
-            row.aggregate_version.into(),
-            row.schema_version.map(i64::from).into(),
-            row.payload.to_vec().into(),
+        let values = row_values(row).into_iter().chain([
             state.status.to_owned().into(),
             i64::from(state.attempts).into(),
             timestamp_or_null(dialect, state.next_attempt_at),
             state.error.map(|e| truncate(e, 4000)).into(),
             dialect.timestamp(now),
             timestamp_or_null(dialect, state.processed_at),
-        ];
+        ]);
         if n > 0 {
             sql.push(", ");
         }
@@ -353,13 +363,16 @@ fn record_ordered_statement(
         }
     }
     sql.push(&format!(
-        ")) INSERT INTO {INBOX_TABLE} (consumer, message_id, event_type, source, aggregate_type, \
-         aggregate_id, aggregate_version, schema_version, payload, status, attempts, received_at, \
-         processed_at) SELECT v.consumer, v.message_id, v.event_type, v.source, \
-         v.aggregate_type, v.aggregate_id, v.aggregate_version, v.schema_version, v.payload, \
+        ")) INSERT INTO {INBOX_TABLE} ({ROW_COLUMNS}, status, attempts, received_at, \
+         processed_at) SELECT {selected}, \
          CASE WHEN b.aggregate_id IS NULL THEN '{done}' ELSE '{pending}' END, \
          CASE WHEN b.aggregate_id IS NULL THEN 1 ELSE 0 END, v.received_at, \
          CASE WHEN b.aggregate_id IS NULL THEN v.received_at END FROM (VALUES ",
+        selected = ROW_COLUMNS
+            .split(", ")
+            .map(|column| format!("v.{column}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         done = inbox_status::DONE,
         pending = inbox_status::PENDING,
     ));
@@ -368,27 +381,18 @@ fn record_ordered_statement(
         if n > 0 {
             sql.push(", ");
         }
-        sql.bind_list([
-            row.consumer.to_owned().into(),
-            truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
-            row.event_type.map(|s| truncate(s, 255)).into(),
-            row.source.map(|s| truncate(s, 255)).into(),
-            row.aggregate_type.map(|s| truncate(s, 128)).into(),
-            row.aggregate_id.map(|s| truncate(s, 255)).into(),
-            row.aggregate_version.into(),
-            row.schema_version.map(i64::from).into(),
-            row.payload.to_vec().into(),
-            received_at.clone(),
-            (n as i64).into(),
-        ]);
+        sql.bind_list(
+            row_values(row)
+                .into_iter()
+                .chain([received_at.clone(), (n as i64).into()]),
+        );
     }
-    sql.push(
-        ") AS v (consumer, message_id, event_type, source, aggregate_type, aggregate_id, \
-         aggregate_version, schema_version, payload, received_at, n) \
+    sql.push(&format!(
+        ") AS v ({ROW_COLUMNS}, received_at, n) \
          LEFT JOIN blocked b ON b.aggregate_type = v.aggregate_type \
          AND b.aggregate_id = v.aggregate_id ORDER BY v.n \
-         ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id, status",
-    );
+         ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id, status"
+    ));
     sql.build()
 }
 
