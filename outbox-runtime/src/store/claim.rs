@@ -52,6 +52,11 @@ impl Sql {
         }
     }
 
+    /// The backend the SQL is for.
+    pub(crate) fn backend(&self) -> DbBackend {
+        self.dialect.backend()
+    }
+
     pub(crate) fn push(&mut self, sql: &str) -> &mut Self {
         self.text.push_str(sql);
         self

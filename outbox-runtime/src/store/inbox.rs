@@ -277,7 +277,7 @@ pub async fn record_batch<C: ConnectionTrait>(
         Some((row.aggregate_type?, row.aggregate_id?))
     }
     let any_aggregate = ordered && rows.iter().any(|row| aggregate_of(row).is_some());
-    if dialect.backend() == DbBackend::Postgres && any_aggregate && !rows.is_empty() {
+    if dialect.backend() == DbBackend::Postgres && any_aggregate {
         let mut blocked = std::collections::HashSet::new();
         let mut inserted = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(INSERT_CHUNK) {
@@ -316,9 +316,10 @@ pub async fn record_batch<C: ConnectionTrait>(
     let states: Vec<(NewInboxRow<'_>, InitialState)> = rows
         .iter()
         .map(|row| {
+            // `blocked` is empty unless `ordered`.
             let waits = aggregate_of(row)
                 .is_some_and(|(t, id)| blocked.contains(&(t.to_owned(), id.to_owned())));
-            let state = if ordered && waits {
+            let state = if waits {
                 InitialState::Pending
             } else {
                 InitialState::Done
@@ -340,30 +341,19 @@ fn record_ordered_statement(
 ) -> sea_orm::Statement {
     let consumer = rows.first().map_or("", |row| row.consumer);
     let mut sql = Sql::new(dialect);
+    sql.push("WITH blocked AS (");
+    push_unfinished_aggregates(
+        &mut sql,
+        consumer,
+        rows.iter().filter_map(|row| {
+            Some((
+                truncate(row.aggregate_type?, 128),
+                truncate(row.aggregate_id?, 255),
+            ))
+        }),
+    );
     sql.push(&format!(
-        "WITH blocked AS (SELECT DISTINCT aggregate_type, aggregate_id FROM {INBOX_TABLE} \
-         WHERE consumer = "
-    ))
-    .bind(consumer.to_owned().into())
-    .push(" AND ")
-    .push(&unfinished(DbBackend::Postgres, ""))
-    .push(" AND (");
-    let mut first = true;
-    for row in rows {
-        if let (Some(aggregate_type), Some(aggregate_id)) = (row.aggregate_type, row.aggregate_id) {
-            if !first {
-                sql.push(" OR ");
-            }
-            first = false;
-            sql.push("(aggregate_type = ")
-                .bind(truncate(aggregate_type, 128).into())
-                .push(" AND aggregate_id = ")
-                .bind(truncate(aggregate_id, 255).into())
-                .push(")");
-        }
-    }
-    sql.push(&format!(
-        ")) INSERT INTO {INBOX_TABLE} ({ROW_COLUMNS}, status, attempts, received_at, \
+        ") INSERT INTO {INBOX_TABLE} ({ROW_COLUMNS}, status, attempts, received_at, \
          processed_at) SELECT {selected}, \
          CASE WHEN b.aggregate_id IS NULL THEN '{done}' ELSE '{pending}' END, \
          CASE WHEN b.aggregate_id IS NULL THEN 1 ELSE 0 END, v.received_at, \
@@ -492,26 +482,14 @@ pub async fn unfinished_aggregates<C: ConnectionTrait>(
     if aggregates.is_empty() {
         return Ok(found);
     }
-    let dialect = Dialect::of(conn);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!(
-        "SELECT DISTINCT aggregate_type, aggregate_id FROM {INBOX_TABLE} WHERE consumer = "
-    ))
-    .bind(consumer.to_owned().into())
-    .push(" AND ")
-    .push(&unfinished(dialect.backend(), ""))
-    .push(" AND (");
-    for (i, (aggregate_type, aggregate_id)) in aggregates.iter().enumerate() {
-        if i > 0 {
-            sql.push(" OR ");
-        }
-        sql.push("(aggregate_type = ")
-            .bind((*aggregate_type).to_owned().into())
-            .push(" AND aggregate_id = ")
-            .bind((*aggregate_id).to_owned().into())
-            .push(")");
-    }
-    sql.push(")");
+    let mut sql = Sql::new(Dialect::of(conn));
+    push_unfinished_aggregates(
+        &mut sql,
+        consumer,
+        aggregates
+            .iter()
+            .map(|&(t, id)| (t.to_owned(), id.to_owned())),
+    );
     for row in conn.query_all_raw(sql.build()).await? {
         found.insert((
             row.try_get("", "aggregate_type")?,
@@ -519,6 +497,36 @@ pub async fn unfinished_aggregates<C: ConnectionTrait>(
         ));
     }
     Ok(found)
+}
+
+/// `SELECT DISTINCT aggregate_type, aggregate_id` of `consumer`'s unfinished messages of
+/// `aggregates` (type, id; none selects nothing).
+fn push_unfinished_aggregates(
+    sql: &mut Sql,
+    consumer: &str,
+    aggregates: impl Iterator<Item = (String, String)>,
+) {
+    let backend = sql.backend();
+    sql.push(&format!(
+        "SELECT DISTINCT aggregate_type, aggregate_id FROM {INBOX_TABLE} WHERE consumer = "
+    ))
+    .bind(consumer.to_owned().into())
+    .push(" AND ")
+    .push(&unfinished(backend, ""))
+    .push(" AND (");
+    let mut any = false;
+    for (aggregate_type, aggregate_id) in aggregates {
+        if any {
+            sql.push(" OR ");
+        }
+        any = true;
+        sql.push("(aggregate_type = ")
+            .bind(aggregate_type.into())
+            .push(" AND aggregate_id = ")
+            .bind(aggregate_id.into())
+            .push(")");
+    }
+    sql.push(if any { ")" } else { "1 = 0)" });
 }
 
 /// "This message holds its aggregate back": the partial indexes' predicate.

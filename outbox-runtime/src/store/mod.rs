@@ -230,12 +230,16 @@ impl Dialect {
         }
     }
 
-    /// Tail of the commit-time INSERT: skip a row whose `(event_type, dedup_key)` exists.
-    fn insert_conflict_clause(&self) -> &'static str {
+    /// Tail of the commit-time INSERT: skip a row whose `(event_type, dedup_key)` exists. Without
+    /// a deduplication key in the statement nothing can conflict there, and PostgreSQL and SQLite
+    /// are spared the conflict check's speculative insertion (`None`); MySQL's clause covers every
+    /// unique key, so it stays.
+    fn insert_conflict_clause(&self, any_dedup_key: bool) -> Option<&'static str> {
         match self.backend {
-            DbBackend::Postgres => postgres::INSERT_ON_CONFLICT,
-            DbBackend::MySql => mysql::INSERT_ON_CONFLICT,
-            _ => sqlite::INSERT_ON_CONFLICT,
+            DbBackend::MySql => Some(mysql::INSERT_ON_CONFLICT),
+            _ if !any_dedup_key => None,
+            DbBackend::Postgres => Some(postgres::INSERT_ON_CONFLICT),
+            _ => Some(sqlite::INSERT_ON_CONFLICT),
         }
     }
 
@@ -307,12 +311,11 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
             values.push(event.headers.clone().into());
             values.push(dialect.timestamp(event.created_at));
         }
-        // Without a deduplication key nothing can conflict on `(event_type, dedup_key)`: the plain
-        // INSERT spares PostgreSQL and SQLite the conflict check's speculative insertion. (MySQL's
-        // clause covers every unique key, so it stays.)
-        if dialect.backend() == DbBackend::MySql || chunk.iter().any(|e| e.dedup_key.is_some()) {
+        if let Some(clause) =
+            dialect.insert_conflict_clause(chunk.iter().any(|e| e.dedup_key.is_some()))
+        {
             sql.push(' ');
-            sql.push_str(dialect.insert_conflict_clause());
+            sql.push_str(clause);
         }
         conn.execute_raw(dialect.statement(sql, values)).await?;
     }
