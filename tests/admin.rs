@@ -16,8 +16,9 @@ use outbox::admin::{
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::retention::{self, RetentionError, RetentionPolicy};
-use outbox::store::inbox::{InitialState, NewInboxRow, insert};
-use outbox::store::relay::ClaimParams;
+use outbox::store::Failure;
+use outbox::store::claim::ClaimParams;
+use outbox::store::inbox::{InboxState as InitialState, NewInboxRow, insert};
 use outbox::transport::OutgoingMessage;
 use outbox::transport::memory::MemoryTransport;
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait, Value};
@@ -257,9 +258,11 @@ async fn fixture(t: &TestDb) -> Fixture {
         .cloned()
         .collect();
 
-    let dead = |error: &str| InitialState::Dead {
-        attempts: 4,
-        error: error.to_owned(),
+    let dead = |error: &str| {
+        InitialState::Failed(Failure::Dead {
+            attempts: 4,
+            error: error.to_owned(),
+        })
     };
     let json = br#"{"specversion":"1.0","id":"m","type":"line.added"}"#;
     let m1 = inbox_row(
@@ -324,11 +327,11 @@ async fn fixture(t: &TestDb) -> Fixture {
         "line.added",
         "cart-9",
         json,
-        InitialState::Retry {
+        InitialState::Failed(Failure::Retry {
             attempts: 1,
             next_attempt_at: Utc::now() + chrono::Duration::hours(1),
             error: "flaky".into(),
-        },
+        }),
         ago(2 * MIN),
     )
     .await;
@@ -713,7 +716,7 @@ async fn replay_moves_dead_letters_back_and_the_relay_publishes_them(t: TestDb) 
         &t.db,
         "inventory",
         &ClaimParams {
-            relay_id: "worker",
+            owner: "worker",
             batch_size: 10,
             locked_until: now + chrono::Duration::seconds(30),
             now,
@@ -1116,10 +1119,10 @@ async fn purge_deletes_old_rows_in_batches_and_keeps_the_rest(t: TestDb) {
         &t,
         "dead",
         2,
-        InitialState::Dead {
+        InitialState::Failed(Failure::Dead {
             attempts: 3,
             error: "x".into(),
-        },
+        }),
         ago(40 * DAY),
     )
     .await;
@@ -1231,7 +1234,8 @@ async fn only_one_instance_purges_at_a_time(t: TestDb) {
     };
     assert_eq!(report.outbox_deleted, 3_000);
     assert_eq!(count(&t, "SELECT COUNT(*) AS n FROM outbox_event").await, 0);
-    let (holder, until) = retention::lease_holder(&t.db).await.unwrap().unwrap();
+    let lease = retention::lease_holder(&t.db).await.unwrap().unwrap();
+    let (holder, until) = (lease.holder, lease.until);
     assert_eq!(holder, leader);
     assert!(until > Utc::now());
     let audit = admin::audit_log(&t.db, 5).await.unwrap();
@@ -1260,7 +1264,11 @@ async fn only_one_instance_purges_at_a_time(t: TestDb) {
             .is_some()
     );
     assert_eq!(
-        retention::lease_holder(&t.db).await.unwrap().unwrap().0,
+        retention::lease_holder(&t.db)
+            .await
+            .unwrap()
+            .unwrap()
+            .holder,
         follower
     );
     // A leader releasing at shutdown hands over at once.

@@ -15,8 +15,10 @@ use common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::sea_orm::{Statement, TransactionTrait};
-use outbox::store::inbox::{self as inbox_store, InitialState, NewInboxRow};
-use outbox::store::relay::{ClaimParams, ClaimedEvent, Settlement, claim, settle};
+use outbox::store::Failure;
+use outbox::store::claim::ClaimParams;
+use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow};
+use outbox::store::relay::{ClaimedEvent, Settlement, claim, settle};
 use outbox::transport::memory::MemoryTransport;
 
 /// More rows than the window the heads query reads for batches up to 128.
@@ -25,7 +27,7 @@ const PAST_THE_WINDOW: u32 = 1_100;
 fn params(relay_id: &str, batch_size: usize) -> ClaimParams<'_> {
     let now = Utc::now();
     ClaimParams {
-        relay_id,
+        owner: relay_id,
         batch_size,
         locked_until: now + chrono::Duration::seconds(60),
         now,
@@ -250,7 +252,7 @@ async fn inbox_rows_of(
     consumer: &str,
     cart: Option<&str>,
     seqs: std::ops::Range<u32>,
-    first: Option<InitialState>,
+    first: Option<InboxState>,
 ) {
     let tx = t.db.begin().await.unwrap();
     let start = seqs.start;
@@ -258,7 +260,7 @@ async fn inbox_rows_of(
         let id = format!("{}:{seq}", cart.unwrap_or("loose"));
         let state = match (&first, seq == start) {
             (Some(state), true) => state.clone(),
-            _ => InitialState::Pending,
+            _ => InboxState::Pending,
         };
         let row = NewInboxRow {
             consumer,
@@ -319,10 +321,10 @@ fn inbox_order(handled: &[String]) -> HashMap<String, Vec<u32>> {
 /// that aggregate; the others (and a message without an aggregate) behind it are handled in
 /// order; another consumer's rows count for nothing.
 async fn inbox_dead_head_with_a_tail_longer_than_the_window(t: TestDb) {
-    let dead = InitialState::Dead {
+    let dead = InboxState::Failed(Failure::Dead {
         attempts: 5,
         error: "poison".into(),
-    };
+    });
     inbox_rows_of(&t, "audit", Some("cart-9"), 0..3, None).await;
     inbox_rows_of(
         &t,

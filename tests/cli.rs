@@ -13,7 +13,8 @@ use common::carts::*;
 use common::*;
 use outbox::prelude::*;
 use outbox::relay::Relay;
-use outbox::store::inbox::{InitialState, NewInboxRow, insert};
+use outbox::store::Failure;
+use outbox::store::inbox::{InboxState, NewInboxRow, insert};
 use outbox::transport::OutgoingMessage;
 use outbox::transport::memory::MemoryTransport;
 use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
@@ -112,13 +113,13 @@ async fn fixture(t: &TestDb) -> (OutboxRow, Vec<OutboxRow>, i64, i64) {
     for (message_id, state, at) in [
         (
             "m-dead",
-            InitialState::Dead {
+            InboxState::Failed(Failure::Dead {
                 attempts: 5,
                 error: "stock service timeout".into(),
-            },
+            }),
             ago(1),
         ),
-        ("m-done", InitialState::Done, ago(72)),
+        ("m-done", InboxState::Done, ago(72)),
     ] {
         let row = NewInboxRow {
             consumer: "inventory",

@@ -19,7 +19,8 @@ use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
-use outbox::store::inbox::{self as inbox_store, InitialState, NewInboxRow};
+use outbox::store::Failure;
+use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow};
 use outbox::transport::{OutgoingMessage, Transport, memory::MemoryTransport};
 use serde::{Deserialize, Serialize};
 
@@ -746,10 +747,12 @@ async fn batch_waits_behind_an_earlier_unfinished_message(t: TestDb) {
         schema_version: Some(1),
         payload: &first.body,
     };
-    let retry_later = |at| InitialState::Retry {
-        attempts: 1,
-        next_attempt_at: at,
-        error: "failed before the batch".into(),
+    let retry_later = |at| {
+        InboxState::Failed(Failure::Retry {
+            attempts: 1,
+            next_attempt_at: at,
+            error: "failed before the batch".into(),
+        })
     };
     let far = chrono::Utc::now() + chrono::Duration::hours(1);
     assert!(

@@ -15,7 +15,8 @@ use common::carts::*;
 use common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
-use outbox::store::relay::{ClaimParams, Settlement, claim, settle};
+use outbox::store::claim::ClaimParams;
+use outbox::store::relay::{Settlement, claim, settle};
 use outbox::transport::OutgoingMessage;
 use outbox::transport::memory::{MemoryTransport, StoredMessage};
 
@@ -260,7 +261,7 @@ async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
     let a = claim(
         &t.db,
         &ClaimParams {
-            relay_id: "relay-a",
+            owner: "relay-a",
             batch_size: 10,
             locked_until: now - chrono::Duration::seconds(1),
             now,
@@ -276,7 +277,7 @@ async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
     let b = claim(
         &t.db,
         &ClaimParams {
-            relay_id: "relay-b",
+            owner: "relay-b",
             batch_size: 10,
             locked_until: now + chrono::Duration::seconds(30),
             now,
@@ -343,7 +344,7 @@ async fn expired_leases_end_dead(t: TestDb) {
     .unwrap();
     let _ = tx.commit().await.unwrap();
     let expired = |relay_id: &'static str| ClaimParams {
-        relay_id,
+        owner: relay_id,
         batch_size: 1,
         locked_until: Utc::now() - chrono::Duration::seconds(1),
         now: Utc::now(),

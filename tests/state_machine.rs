@@ -37,10 +37,11 @@ use outbox::sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
 };
 use outbox::store::Dialect;
-use outbox::store::inbox::{self as inbox_store, InboxClaim, InitialState, NewInboxRow};
-use outbox::store::relay::{
-    self as relay_store, Claim, ClaimParams, Failure, Settlement, move_to_inbox,
-};
+use outbox::store::Failure;
+use outbox::store::claim::ClaimParams;
+use outbox::store::inbox::{self as inbox_store, InboxClaim, InboxState, NewInboxRow};
+use outbox::store::local::move_to_inbox;
+use outbox::store::relay::{self as relay_store, Claim, FailedEvent, Settlement};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use serde::{Deserialize, Serialize};
@@ -581,7 +582,7 @@ impl OutboxModel {
 
     fn params<'a>(&self, relay_id: &'a str, batch: usize) -> ClaimParams<'a> {
         ClaimParams {
-            relay_id,
+            owner: relay_id,
             batch_size: batch,
             locked_until: self.now + chrono::Duration::seconds(LEASE_SECS),
             now: self.now,
@@ -756,13 +757,21 @@ impl OutboxModel {
                     failure => {
                         let attempts = event.attempts + 1;
                         let delay = backoff().delay(event.attempts);
-                        settlement.failed.push(Failure {
+                        let error = format!("{failure:?} failure");
+                        let failure =
+                            if failure == Outcome::Permanent || attempts >= self.max_attempts {
+                                Failure::Dead { attempts, error }
+                            } else {
+                                Failure::Retry {
+                                    attempts,
+                                    next_attempt_at: self.now
+                                        + chrono::Duration::from_std(delay).expect("delay fits"),
+                                    error,
+                                }
+                            };
+                        settlement.failed.push(FailedEvent {
                             id: event.id,
-                            attempts,
-                            dead: failure == Outcome::Permanent || attempts >= self.max_attempts,
-                            next_attempt_at: self.now
-                                + chrono::Duration::from_std(delay).expect("delay fits"),
-                            error: format!("{failure:?} failure"),
+                            failure,
                         });
                         for rest in run.by_ref() {
                             settlement.released.push(rest.id);
@@ -807,18 +816,20 @@ impl OutboxModel {
         }
         for f in settlement.failed.iter().filter(|f| owned(&f.id)) {
             let a = &after[&f.id];
-            prop_assert_eq!(&a.status, if f.dead { "DEAD" } else { "RETRY" });
-            prop_assert_eq!(a.attempts, i64::from(f.attempts));
-            prop_assert_eq!(a.next_attempt_at, Some(stored(f.next_attempt_at)));
-            if !f.dead {
+            let dead = f.failure.is_dead();
+            prop_assert_eq!(&a.status, if dead { "DEAD" } else { "RETRY" });
+            prop_assert_eq!(a.attempts, i64::from(f.failure.attempts()));
+            // A DEAD event is not due again: it has no `next_attempt_at`.
+            prop_assert_eq!(a.next_attempt_at, f.failure.next_attempt_at().map(stored));
+            if let Some(next_attempt_at) = f.failure.next_attempt_at() {
                 // Backoff: due no sooner than the base delay, no later than base plus jitter.
-                let base = backoff().base_delay(f.attempts - 1);
-                let due = (f.next_attempt_at - self.now).to_std().map_err(fail)?;
+                let base = backoff().base_delay(f.failure.attempts() - 1);
+                let due = (next_attempt_at - self.now).to_std().map_err(fail)?;
                 prop_assert!(due >= base && due <= base.mul_f64(1.2) + Duration::from_micros(1));
             }
             changed.insert(f.id);
             expected.1 += 1;
-            if f.dead {
+            if dead {
                 self.cov.dead += 1;
             } else {
                 self.cov.retried += 1;
@@ -1562,11 +1573,11 @@ impl InboxModel {
             .await
             .map_err(fail)?;
         let state = match arrival {
-            _ if behind => InitialState::Pending,
-            Arrival::Stored => InitialState::Pending,
+            _ if behind => InboxState::Pending,
+            Arrival::Stored => InboxState::Pending,
             Arrival::Inline(Outcome::Ok) => {
                 let tx = self.db.begin().await.map_err(fail)?;
-                let inserted = inbox_store::insert(&tx, &row, &InitialState::Done, self.now)
+                let inserted = inbox_store::insert(&tx, &row, &InboxState::Done, self.now)
                     .await
                     .map_err(fail)?;
                 if inserted {
@@ -1585,22 +1596,22 @@ impl InboxModel {
             .map_err(fail)
     }
 
-    fn failure_state(&mut self, failure: Outcome, attempts: u32) -> InitialState {
+    fn failure_state(&mut self, failure: Outcome, attempts: u32) -> InboxState {
         if failure == Outcome::Permanent || attempts >= self.max_attempts {
             self.cov.dead += 1;
-            InitialState::Dead {
+            InboxState::Failed(Failure::Dead {
                 attempts,
                 error: format!("{failure:?} failure"),
-            }
+            })
         } else {
             self.cov.retried += 1;
-            InitialState::Retry {
+            InboxState::Failed(Failure::Retry {
                 attempts,
                 next_attempt_at: self.now
                     + chrono::Duration::from_std(backoff().delay(attempts - 1))
                         .expect("delay fits"),
                 error: format!("{failure:?} failure"),
-            }
+            })
         }
     }
 
@@ -1612,7 +1623,7 @@ impl InboxModel {
         before: &BTreeMap<i64, InRow>,
     ) -> Result<InboxClaim, TestCaseError> {
         let params = ClaimParams {
-            relay_id: worker_id,
+            owner: worker_id,
             batch_size: batch,
             locked_until: self.now + chrono::Duration::seconds(LEASE_SECS),
             now: self.now,
@@ -1742,24 +1753,13 @@ impl InboxModel {
                     }
                     failure => {
                         let attempts = m.attempts + 1;
-                        let state = self.failure_state(failure, attempts);
-                        let (dead, next_attempt_at) = match state {
-                            InitialState::Retry {
-                                next_attempt_at, ..
-                            } => (false, next_attempt_at),
-                            _ => (true, self.now),
+                        let InboxState::Failed(failure) = self.failure_state(failure, attempts)
+                        else {
+                            unreachable!("a failure state")
                         };
-                        inbox_store::mark_failed(
-                            &self.db,
-                            m.id,
-                            claim.token,
-                            attempts,
-                            dead,
-                            next_attempt_at,
-                            &format!("{failure:?} failure"),
-                        )
-                        .await
-                        .map_err(fail)?
+                        inbox_store::mark_failed(&self.db, m.id, claim.token, &failure)
+                            .await
+                            .map_err(fail)?
                     }
                 };
                 let after = self.rows().await?;

@@ -19,7 +19,8 @@ use std::{
 use chrono::Utc;
 use outbox::relay::{Relay, RelayConfig, RelayStatsSnapshot};
 use outbox::sea_orm::{ConnectionTrait, DatabaseConnection};
-use outbox::store::relay::{ClaimParams, Settlement, claim, settle};
+use outbox::store::claim::ClaimParams;
+use outbox::store::relay::{Settlement, claim, settle};
 use outbox::transport::nats::NatsTransport;
 
 use crate::report::{Measure, Spec, Target, m, spec};
@@ -164,7 +165,7 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
     for _ in 0..claims {
         let now = Utc::now();
         let params = ClaimParams {
-            relay_id: "bench",
+            owner: "bench",
             batch_size: BATCH,
             locked_until: now + chrono::Duration::seconds(30),
             now,

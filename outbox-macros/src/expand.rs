@@ -1,7 +1,7 @@
 //! Code generation for `#[derive(DomainEvent)]`.
 //!
 //! Everything generated lives in one `const _: () = { ... };` and reaches the runtime only through
-//! `<crate>::__private`, so the user's crate needs no direct dependency on `serde`, `inventory`, ...
+//! `<crate>::__private01`, so the user's crate needs no direct dependency on `serde`, `inventory`, ...
 //! and shadowing `Option`, `String`, `u32`, ... in the user's module changes nothing.
 
 use crate::ast::{Event, Input};
@@ -37,7 +37,7 @@ fn impl_domain_event(event: &Event<'_>) -> TokenStream {
         dedup_key,
         aggregate_version,
     } = event;
-    let private = quote!(#krate::__private);
+    let private = quote!(#krate::__private01);
     let rust_type = LitStr::new(&ident.unraw().to_string(), ident.span());
 
     // Spanned on the struct's name: "the trait bound `OrderPlaced: Serialize` is not satisfied"
@@ -128,11 +128,11 @@ mod tests {
         };
         let out = expand(&node);
         assert!(
-            out.contains("impl renamed :: __private :: DomainEvent for OrderPlaced"),
+            out.contains("impl renamed :: __private01 :: DomainEvent for OrderPlaced"),
             "{out}"
         );
         assert!(
-            out.contains("renamed :: __private :: inventory :: submit !"),
+            out.contains("renamed :: __private01 :: inventory :: submit !"),
             "{out}"
         );
         assert!(out.contains("fn dedup_key"), "{out}");
@@ -150,7 +150,7 @@ mod tests {
         let out = expand(&node);
         assert!(out.contains("compile_error"), "{out}");
         assert!(
-            out.contains(":: outbox :: __private :: DomainEvent for OrderPlaced"),
+            out.contains(":: outbox :: __private01 :: DomainEvent for OrderPlaced"),
             "{out}"
         );
         assert!(!out.contains("submit"), "{out}");

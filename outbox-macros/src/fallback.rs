@@ -22,7 +22,7 @@ pub(crate) fn expand(node: &DeriveInput, error: syn::Error) -> TokenStream {
         return error;
     };
 
-    let private = quote!(#krate::__private);
+    let private = quote!(#krate::__private01);
     let ident = &node.ident;
     let (impl_generics, ty_generics, where_clause) = node.generics.split_for_impl();
     let predicates = where_clause

@@ -2,7 +2,7 @@
 //!
 //! Do not depend on this crate directly: use the `outbox` crate, which re-exports
 //! [`macro@DomainEvent`], [`macro@inbox_handler`] and everything their generated code needs
-//! (through the hidden `outbox::__private` module), so your crate needs no extra dependencies.
+//! (through the hidden `outbox::__private01` module), so your crate needs no extra dependencies.
 //!
 //! Layout of the derive: `attr` parses `#[event(...)]`, `ast` is the input model, `valid` checks
 //! it and collects every error, `expand` generates the impl, and `fallback` emits a stub impl next

@@ -1,4 +1,7 @@
 //! Errors at the SDK's public boundaries.
+//!
+//! Each message names its cause (the database's or serializer's error) itself, so an error
+//! printed on its own says everything; `source()` does not repeat it.
 
 use sea_orm::DbErr;
 
@@ -7,13 +10,12 @@ use sea_orm::DbErr;
 #[non_exhaustive]
 pub enum EnqueueError {
     /// The payload could not be serialized to JSON.
-    #[error("event `{event_type}` could not be serialized to JSON: {source}")]
+    #[error("event `{event_type}` could not be serialized to JSON: {error}")]
     Serialize {
         /// The event type.
         event_type: &'static str,
         /// serde_json's error.
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     /// The serialized payload is larger than the outbox accepts.
     #[error(
@@ -46,10 +48,26 @@ pub enum EnqueueError {
 pub enum OutboxError {
     /// The database refused a statement or the connection failed.
     #[error("database error: {0}")]
-    Database(#[from] DbErr),
+    Database(DbErr),
     /// The connection's backend is not compiled in or not supported.
     #[error("unsupported database backend: {0}")]
     UnsupportedBackend(String),
+}
+
+impl From<DbErr> for OutboxError {
+    fn from(error: DbErr) -> Self {
+        OutboxError::Database(error)
+    }
+}
+
+impl OutboxError {
+    /// The database's error, as the SDK's own statements report errors.
+    pub(crate) fn into_db_err(self) -> DbErr {
+        match self {
+            OutboxError::Database(e) => e,
+            other => DbErr::Custom(other.to_string()),
+        }
+    }
 }
 
 /// The error of [`Outbox::transaction`](crate::Outbox::transaction): either the closure's own

@@ -8,8 +8,14 @@
 //! - [`trace`]: the W3C trace context captured at enqueue;
 //! - [`outbox`](mod@outbox): the [`Outbox`] handle that begins transactions and wakes the relay;
 //! - [`transaction`]: [`OutboxTransaction`], which writes buffered events right before `COMMIT`;
-//! - [`store`]: the SQL the SDK runs, per backend (PostgreSQL, MySQL/MariaDB, SQLite);
+//! - `store` (internal; feature `test-util` exposes it to the SDK's own tests): the SQL the SDK
+//!   runs, with what differs per backend (PostgreSQL, MySQL/MariaDB, SQLite) in its dialect;
 //! - [`registry`]: start-up checks over everything the macros registered;
+//! - [`relay`]: moves committed events to a [`transport`]; [`inbox`]: handles each delivered
+//!   message effectively once; [`runtime`]: starts both from `main`;
+//! - [`admin`], [`retention`], [`metrics`]: operations.
+//!
+//! `docs/ARCHITECTURE.md` in the repository shows the layers and one event's path through them.
 //! - `failpoints` (feature `failpoints`): named places where fault-injection tests crash the SDK.
 
 /// A failpoint: `failpoint!(NAME)` honours `panic`, `sleep`, `pause`, …; `failpoint!(NAME, expr)`
@@ -36,6 +42,7 @@ pub mod error;
 pub mod event;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+pub(crate) mod health;
 pub mod inbox;
 pub mod metrics;
 pub mod outbox;
@@ -43,10 +50,17 @@ pub mod registry;
 pub mod relay;
 pub mod retention;
 pub mod runtime;
+/// The SQL layer. Internal: exposed with the `test-util` feature only, for the SDK's own tests
+/// and benchmarks, and not covered by semver.
+#[cfg(feature = "test-util")]
 pub mod store;
+#[cfg(not(feature = "test-util"))]
+#[allow(unreachable_pub, dead_code)]
+pub(crate) mod store;
 pub mod trace;
 pub mod transaction;
 pub mod transport;
+pub(crate) mod util;
 
 pub use envelope::{Envelope, EnvelopeError};
 pub use error::{EnqueueError, OutboxError, TransactionError};
@@ -63,7 +77,7 @@ pub use transaction::{CommitReport, Headers, OutboxTransaction, SkippedEvent};
 
 /// Items the macros' generated code uses. Not public API: no stability guarantees.
 #[doc(hidden)]
-pub mod __private {
+pub mod __private01 {
     pub use crate::envelope::Envelope;
     pub use crate::event::{AggregateVersionValue, DedupKeyValue, DomainEvent, EventRegistration};
     pub use crate::inbox::{

@@ -163,37 +163,21 @@ pub(crate) fn inbox_backlog(consumer: String, status: &'static str, count: i64) 
 /// unfinished inbox rows per consumer and status. Reads only unsent/unfinished rows, which the
 /// partial indexes keep small however many rows are SENT or DONE.
 pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
-    use sea_orm::{ConnectionTrait, Statement};
+    use crate::store::{InboxStatus, OutboxStatus, stats};
 
-    let dialect = crate::store::Dialect::of(db);
-    let backend = dialect.backend();
-    let unsent = match backend {
-        sea_orm::DbBackend::MySql => "status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')",
-        _ => "status <> 'SENT'",
-    };
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            backend,
-            format!(
-                "SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM outbox_event WHERE {unsent} GROUP BY status"
-            ),
-        ))
-        .await?;
     let now = chrono::Utc::now();
     let mut oldest: Option<chrono::DateTime<chrono::Utc>> = None;
     let mut seen = std::collections::HashMap::new();
-    for row in &rows {
-        let status: String = row.try_get("", "status")?;
-        let n: i64 = row.try_get("", "n")?;
-        seen.insert(status.clone(), n);
-        if status != "DEAD"
-            && let Some(t) = dialect.get_opt_timestamp(row, "oldest")?
+    for row in stats::outbox_backlog(db).await? {
+        seen.insert(row.status, row.count);
+        if row.status != OutboxStatus::Dead
+            && let Some(t) = row.oldest
         {
             oldest = Some(oldest.map_or(t, |o| o.min(t)));
         }
     }
-    for status in ["PENDING", "PROCESSING", "RETRY", "DEAD"] {
-        backlog(status, seen.get(status).copied().unwrap_or(0));
+    for status in OutboxStatus::UNSENT {
+        backlog(status.as_str(), seen.get(&status).copied().unwrap_or(0));
     }
     oldest_pending_age(
         oldest
@@ -201,26 +185,10 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
             .unwrap_or(Duration::ZERO),
     );
 
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            backend,
-            "SELECT consumer, status, COUNT(*) AS n FROM inbox_event \
-             WHERE status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD') GROUP BY consumer, status"
-                .to_owned(),
-        ))
-        .await?;
     let mut counts: std::collections::BTreeMap<(String, &'static str), i64> = Default::default();
-    for row in &rows {
-        let consumer: String = row.try_get("", "consumer")?;
-        let status: String = row.try_get("", "status")?;
-        let n: i64 = row.try_get("", "n")?;
-        let status = match status.as_str() {
-            "PENDING" => "PENDING",
-            "PROCESSING" => "PROCESSING",
-            "RETRY" => "RETRY",
-            _ => "DEAD",
-        };
-        counts.insert((consumer, status), n);
+    for row in stats::inbox_backlog(db).await? {
+        let status: InboxStatus = row.status;
+        *counts.entry((row.consumer, status.as_str())).or_default() += row.count;
     }
     // A consumer whose backlog emptied reports 0, not its last non-zero value.
     let mut reported = REPORTED_INBOX.lock().unwrap_or_else(|p| p.into_inner());

@@ -8,14 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, SqliteTransactionMode, TransactionOptions,
-    TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionOptions, TransactionTrait};
 use tokio::sync::watch;
 
 use crate::{
     error::{OutboxError, TransactionError},
+    store::Dialect,
     transaction::OutboxTransaction,
 };
 
@@ -116,10 +114,7 @@ impl OutboxBuilder {
         let (wake, _) = watch::channel(0);
         let notify = self.notify_channel.and_then(|channel| {
             is_valid_channel(&channel).then(|| CrossProcessHint {
-                // A NOTIFY commits a transaction of its own; it need not wait for the WAL flush
-                // (a hint lost in a crash costs a poll interval), so it does not queue behind the
-                // business transactions' flushes.
-                sql: format!("SET LOCAL synchronous_commit = off; NOTIFY {channel}"),
+                sql: crate::store::notify::notify_statement(&channel),
                 channel,
                 interval: self.notify_interval,
                 last: Mutex::new(None),
@@ -185,10 +180,11 @@ impl Outbox {
 
     /// Begin a transaction whose events are written right before it commits.
     pub async fn begin(&self, db: &DatabaseConnection) -> Result<OutboxTransaction, OutboxError> {
-        let mut options = TransactionOptions::default();
-        if db.get_database_backend() == DbBackend::Sqlite && self.inner.sqlite_immediate {
-            options.sqlite_transaction_mode = Some(SqliteTransactionMode::Immediate);
-        }
+        let options = if self.inner.sqlite_immediate {
+            Dialect::of(db).immediate_transaction()
+        } else {
+            TransactionOptions::default()
+        };
         self.begin_with_options(db, options).await
     }
 
@@ -250,7 +246,7 @@ impl Outbox {
     /// Tell local relays that events were committed, and (PostgreSQL) relays of other processes.
     pub(crate) fn committed(&self, db: &DatabaseConnection) {
         self.inner.wake.send_modify(|n| *n = n.wrapping_add(1));
-        if db.get_database_backend() == DbBackend::Postgres
+        if crate::store::notify::available(db)
             && let Some(hint) = &self.inner.notify
         {
             hint.request(db);

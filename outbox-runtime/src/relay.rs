@@ -45,60 +45,23 @@ use std::{
 
 use bytes::Bytes;
 use chrono::Utc;
-use sea_orm::{DatabaseConnection, DbBackend, DbErr};
+use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
+    health::LoopHealth,
     outbox::{Outbox, WakeReceiver},
-    runtime::health::LoopHealth,
     store::{
-        self,
-        relay::{Claim, ClaimParams, ClaimedEvent, Failure, Settlement},
+        self, Failure,
+        claim::ClaimParams,
+        relay::{Claim, ClaimedEvent, FailedEvent, Settlement},
     },
-    transport::{OutgoingMessage, PublishError, Transport, TransportError},
+    transport::{OutgoingMessage, PublishError, Transport, TransportError, local::LocalDelivery},
 };
 
-/// Exponential backoff with a cap and random jitter: `min(base · 2^attempt, cap) + jitter`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Backoff {
-    /// Delay after the first failure. Default 1 s.
-    pub base: Duration,
-    /// Largest delay before jitter. Default 300 s.
-    pub cap: Duration,
-    /// Up to this fraction of the delay is added at random, so retries of many events spread
-    /// out. Default 0.2.
-    pub jitter: f64,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(300),
-            jitter: 0.2,
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay before retry number `attempt` (0 for the first retry), without jitter.
-    pub fn base_delay(&self, attempt: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempt.min(31));
-        self.base.saturating_mul(factor).min(self.cap)
-    }
-
-    /// The delay before retry number `attempt`, with jitter.
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let delay = self.base_delay(attempt);
-        let jitter = self.jitter.clamp(0.0, 1.0);
-        // A cap near `Duration::MAX` saturates instead of panicking.
-        let extra = Duration::try_from_secs_f64(delay.as_secs_f64() * jitter * fastrand::f64())
-            .unwrap_or(Duration::MAX);
-        delay.saturating_add(extra)
-    }
-}
+pub use crate::util::backoff::Backoff;
 
 /// Relay settings. Every field has a production default (see each).
 #[derive(Debug, Clone)]
@@ -163,10 +126,16 @@ fn default_relay_id() -> String {
 pub enum RelayError {
     /// Claiming or settling failed.
     #[error("relay database error: {0}")]
-    Database(#[from] DbErr),
+    Database(DbErr),
     /// The transport could not be set up.
     #[error(transparent)]
     Transport(#[from] TransportError),
+}
+
+impl From<DbErr> for RelayError {
+    fn from(error: DbErr) -> Self {
+        RelayError::Database(error)
+    }
 }
 
 /// What one round did.
@@ -257,9 +226,6 @@ impl RelayStats {
     }
 }
 
-/// The database-local transport's routing: the consumers subscribed to an event type.
-pub type Routes = Arc<dyn Fn(&str) -> Vec<&'static str> + Send + Sync>;
-
 /// Where a relay delivers.
 #[derive(Clone)]
 enum Sink {
@@ -267,17 +233,14 @@ enum Sink {
     Broker(Arc<dyn Transport>),
     /// The database-local transport: move events into inbox rows of local consumers, then wake
     /// their workers.
-    Local {
-        routes: Routes,
-        delivered: Arc<Notify>,
-    },
+    Local(LocalDelivery),
 }
 
 impl Sink {
     fn name(&self) -> &'static str {
         match self {
             Sink::Broker(transport) => transport.name(),
-            Sink::Local { .. } => "database-local",
+            Sink::Local(_) => "database-local",
         }
     }
 }
@@ -317,10 +280,10 @@ impl Relay {
     /// A relay for the database-local transport: each round moves events into PENDING inbox rows
     /// of every consumer `routes` returns for the event type, and marks them SENT, in one
     /// transaction; then `delivered` is notified so the consumers' workers run.
-    pub fn local(db: DatabaseConnection, routes: Routes, delivered: Arc<Notify>) -> Self {
+    pub fn local(db: DatabaseConnection, delivery: LocalDelivery) -> Self {
         Relay {
             db,
-            sink: Sink::Local { routes, delivered },
+            sink: Sink::Local(delivery),
             config: RelayConfig::default(),
             outbox: None,
             stats: Arc::default(),
@@ -552,65 +515,23 @@ impl Relay {
         }
     }
 
-    #[cfg(feature = "postgres")]
+    /// The listener of other processes' commit notifications, where the dialect has them.
     fn spawn_listener(
         &self,
         hint: &Arc<Notify>,
         shutdown: &CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        if !self.config.listen || self.db.get_database_backend() != DbBackend::Postgres {
+        if !self.config.listen {
             return None;
         }
         let channel = self.outbox.as_ref()?.notify_channel()?.to_owned();
-        let pool = self.db.get_postgres_connection_pool().clone();
-        let hint = hint.clone();
-        let shutdown = shutdown.clone();
-        let relay_id = self.config.relay_id.clone();
-        Some(tokio::spawn(async move {
-            use sea_orm::sqlx::postgres::PgListener;
-            let mut delay = Duration::from_millis(100);
-            while !shutdown.is_cancelled() {
-                let mut listener = match PgListener::connect_with(&pool).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::debug!(relay = %relay_id, error = %e, "LISTEN connection failed");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                        continue;
-                    }
-                };
-                if let Err(e) = listener.listen(&channel).await {
-                    tracing::debug!(relay = %relay_id, error = %e, "LISTEN failed");
-                    tokio::time::sleep(delay).await;
-                    continue;
-                }
-                delay = Duration::from_millis(100);
-                // After (re)connecting, look once: a hint may have been missed meanwhile.
-                hint.notify_one();
-                loop {
-                    match listener.try_recv().await {
-                        Ok(Some(_)) => hint.notify_one(),
-                        Ok(None) => {
-                            hint.notify_one(); // reconnected: notifications may be lost
-                        }
-                        Err(e) => {
-                            tracing::debug!(relay = %relay_id, error = %e, "LISTEN connection lost");
-                            break;
-                        }
-                    }
-                }
-            }
-        }))
-    }
-
-    #[cfg(not(feature = "postgres"))]
-    fn spawn_listener(
-        &self,
-        _hint: &Arc<Notify>,
-        _shutdown: &CancellationToken,
-    ) -> Option<tokio::task::JoinHandle<()>> {
-        let _ = DbBackend::Postgres;
-        None
+        store::notify::spawn_listener(
+            &self.db,
+            channel,
+            hint.clone(),
+            shutdown.clone(),
+            self.config.relay_id.clone(),
+        )
     }
 
     /// One round, claim then publish and settle.
@@ -631,21 +552,15 @@ impl Relay {
         let lease = chrono::Duration::from_std(self.config.lease)
             .unwrap_or_else(|_| chrono::Duration::seconds(30));
         let params = ClaimParams {
-            relay_id: &self.config.relay_id,
+            owner: &self.config.relay_id,
             batch_size: self.config.batch_size,
             locked_until: now + lease,
             now,
             ordering: self.config.ordering,
             max_attempts: self.config.max_attempts,
         };
-        if let Sink::Local { routes, delivered } = &self.sink {
-            let moved = with_transient_retries(|| {
-                store::relay::move_to_inbox(&self.db, &params, routes.as_ref())
-            })
-            .await?;
-            if moved.inbox_rows > 0 {
-                delivered.notify_waiters();
-            }
+        if let Sink::Local(delivery) = &self.sink {
+            let moved = with_transient_retries(|| delivery.deliver(&self.db, &params)).await?;
             crate::metrics::relay_round("database-local", moved.events, 0, moved.dead, 0);
             let report = RoundReport {
                 claimed: moved.events,
@@ -701,8 +616,16 @@ impl Relay {
         let settled = self.settle(&claim, &settlement).await?;
 
         report.sent = settlement.sent.len();
-        report.retried = settlement.failed.iter().filter(|f| !f.dead).count();
-        report.dead += settlement.failed.iter().filter(|f| f.dead).count();
+        report.retried = settlement
+            .failed
+            .iter()
+            .filter(|f| !f.failure.is_dead())
+            .count();
+        report.dead += settlement
+            .failed
+            .iter()
+            .filter(|f| f.failure.is_dead())
+            .count();
         report.released = settlement.released.len();
         let expected =
             (settlement.sent.len() + settlement.failed.len() + settlement.released.len()) as u64;
@@ -862,9 +785,6 @@ impl Relay {
                         let attempts = event.attempts + 1;
                         let dead = error.is_permanent() || attempts >= self.config.max_attempts;
                         let delay = self.config.backoff.delay(event.attempts);
-                        let next_attempt_at = now
-                            + chrono::Duration::from_std(delay)
-                                .unwrap_or_else(|_| chrono::Duration::seconds(300));
                         if dead {
                             tracing::error!(
                                 event_id = %event.event_id, event_type = %event.event_type,
@@ -878,12 +798,23 @@ impl Relay {
                                 retry_in = ?delay, "outbox publish failed; will retry"
                             );
                         }
-                        settlement.failed.push(Failure {
+                        let failure = if dead {
+                            Failure::Dead {
+                                attempts,
+                                error: error.to_string(),
+                            }
+                        } else {
+                            Failure::Retry {
+                                attempts,
+                                next_attempt_at: now
+                                    + chrono::Duration::from_std(delay)
+                                        .unwrap_or_else(|_| chrono::Duration::seconds(300)),
+                                error: error.to_string(),
+                            }
+                        };
+                        settlement.failed.push(FailedEvent {
                             id: event.id,
-                            attempts,
-                            dead,
-                            next_attempt_at,
-                            error: error.to_string(),
+                            failure,
                         });
                         // The rest of this aggregate waits behind the failed event.
                         if self.config.ordering
@@ -997,48 +928,6 @@ impl RelayHandle {
             Ok(result) => result.map(|()| self.stats.snapshot()),
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => Ok(self.stats.snapshot()),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn backoff_saturates_with_an_absurd_cap() {
-        let backoff = Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::MAX,
-            jitter: 1.0,
-        };
-        assert!(backoff.delay(200) >= backoff.base_delay(200));
-        assert_eq!(backoff.base_delay(u32::MAX), Duration::from_secs(1 << 31));
-    }
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let b = Backoff {
-            base: Duration::from_secs(1),
-            cap: Duration::from_secs(300),
-            jitter: 0.0,
-        };
-        let delays: Vec<u64> = (0..12).map(|n| b.delay(n).as_secs()).collect();
-        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
-    }
-
-    proptest! {
-        #[test]
-        fn backoff_is_monotone_capped_and_jitter_bounded(
-            base_ms in 1u64..10_000, cap_ms in 1u64..1_000_000, jitter in 0.0f64..1.0, n in 0u32..80
-        ) {
-            let b = Backoff { base: Duration::from_millis(base_ms), cap: Duration::from_millis(cap_ms), jitter };
-            prop_assert!(b.base_delay(n) <= b.base_delay(n + 1));
-            prop_assert!(b.base_delay(n) <= b.cap);
-            let d = b.delay(n);
-            prop_assert!(d >= b.base_delay(n));
-            prop_assert!(d <= b.base_delay(n).mul_f64(1.0 + jitter) + Duration::from_nanos(1));
         }
     }
 }

@@ -48,8 +48,9 @@ use serde::Serialize;
 
 use crate::{
     admin::{ActionKind, Actor, AdminError, HumanDuration, db_error, secs},
-    relay::{Backoff, RelayConfig},
-    store::admin as sql,
+    relay::RelayConfig,
+    store::{admin as sql, lease, lease::LeaseHolder, retention as purge},
+    util::backoff::Backoff,
 };
 
 /// The name of the retention lease in `outbox_lease`.
@@ -242,7 +243,7 @@ pub async fn release_lease(
     db: &DatabaseConnection,
     instance_id: &str,
 ) -> Result<bool, RetentionError> {
-    Ok(sql::release_lease(
+    Ok(lease::release_lease(
         db,
         LEASE_NAME,
         instance_id,
@@ -253,10 +254,8 @@ pub async fn release_lease(
 }
 
 /// Who holds the retention lease, and until when (it may have lapsed).
-pub async fn lease_holder(
-    db: &DatabaseConnection,
-) -> Result<Option<(String, DateTime<Utc>)>, RetentionError> {
-    Ok(sql::lease_holder(db, LEASE_NAME)
+pub async fn lease_holder(db: &DatabaseConnection) -> Result<Option<LeaseHolder>, RetentionError> {
+    Ok(lease::lease_holder(db, LEASE_NAME)
         .await
         .map_err(db_error("reading the retention lease"))?)
 }
@@ -268,9 +267,11 @@ async fn renew(
 ) -> Result<bool, RetentionError> {
     let now = Utc::now();
     let until = now + chrono::Duration::from_std(policy.lease).unwrap_or(chrono::Duration::MAX);
-    Ok(sql::acquire_lease(db, LEASE_NAME, instance_id, now, until)
-        .await
-        .map_err(db_error("taking the retention lease"))?)
+    Ok(
+        lease::acquire_lease(db, LEASE_NAME, instance_id, now, until)
+            .await
+            .map_err(db_error("taking the retention lease"))?,
+    )
 }
 
 fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {
@@ -313,11 +314,11 @@ async fn run(
                 break 'tables;
             }
             let deleted = if outbox {
-                sql::purge_sent(db, report.sent_before, policy.batch_size)
+                purge::purge_sent(db, report.sent_before, policy.batch_size)
                     .await
                     .map_err(db_error("deleting sent outbox events"))?
             } else {
-                sql::purge_finished(db, report.done_before, policy.batch_size)
+                purge::purge_finished(db, report.done_before, policy.batch_size)
                     .await
                     .map_err(db_error("deleting processed inbox messages"))?
             };

@@ -13,8 +13,8 @@ use std::{
 
 use chrono::{DateTime, SubsecRound, Utc};
 use sea_orm::{
-    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    IsolationLevel, TransactionOptions, TransactionSession, TransactionTrait,
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, IsolationLevel,
+    TransactionOptions, TransactionSession, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -200,7 +200,7 @@ impl OutboxTransaction {
             reason,
         };
         let payload = serde_json::to_string(event)
-            .map_err(|source| EnqueueError::Serialize { event_type, source })?;
+            .map_err(|error| EnqueueError::Serialize { event_type, error })?;
         let limit = self.outbox.inner.max_payload_bytes;
         if payload.len() > limit {
             return Err(EnqueueError::PayloadTooLarge {
@@ -209,7 +209,7 @@ impl OutboxTransaction {
                 limit,
             });
         }
-        if self.txn.get_database_backend() == DbBackend::Postgres && has_escaped_nul(&payload) {
+        if store::Dialect::of(&self.txn).json_rejects_nul() && has_escaped_nul(&payload) {
             return Err(invalid(
                 "payload",
                 "a string holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
@@ -362,7 +362,7 @@ impl OutboxTransaction {
         }
 
         let outcome = if events.is_empty() {
-            if !after_commit.is_empty() && self.txn.get_database_backend() == DbBackend::Postgres {
+            if !after_commit.is_empty() && store::Dialect::of(&self.txn).commit_hides_abort() {
                 // PostgreSQL answers COMMIT of a transaction aborted by a failed statement with
                 // a rollback, not an error; the callbacks must not run for it. (With events,
                 // their INSERT surfaces the abort.)
@@ -438,13 +438,6 @@ fn has_escaped_nul(json: &str) -> bool {
     false
 }
 
-fn to_db_err(e: OutboxError) -> DbErr {
-    match e {
-        OutboxError::Database(e) => e,
-        other => DbErr::Custom(other.to_string()),
-    }
-}
-
 /// Implements SeaORM's `ConnectionTrait` for a wrapper by forwarding every call to one field.
 macro_rules! forward_connection_trait {
     ($ty:ty, $field:ident) => {
@@ -515,11 +508,13 @@ impl TransactionSession for OutboxTransaction {
         OutboxTransaction::commit(self)
             .await
             .map(drop)
-            .map_err(to_db_err)
+            .map_err(OutboxError::into_db_err)
     }
 
     async fn rollback(self) -> Result<(), DbErr> {
-        OutboxTransaction::rollback(self).await.map_err(to_db_err)
+        OutboxTransaction::rollback(self)
+            .await
+            .map_err(OutboxError::into_db_err)
     }
 }
 
@@ -530,7 +525,7 @@ impl TransactionTrait for OutboxTransaction {
     type Transaction = OutboxTransaction;
 
     async fn begin(&self) -> Result<OutboxTransaction, DbErr> {
-        self.savepoint().await.map_err(to_db_err)
+        self.savepoint().await.map_err(OutboxError::into_db_err)
     }
 
     async fn begin_with_config(
@@ -538,14 +533,14 @@ impl TransactionTrait for OutboxTransaction {
         _isolation_level: Option<IsolationLevel>,
         _access_mode: Option<AccessMode>,
     ) -> Result<OutboxTransaction, DbErr> {
-        self.savepoint().await.map_err(to_db_err)
+        self.savepoint().await.map_err(OutboxError::into_db_err)
     }
 
     async fn begin_with_options(
         &self,
         _options: TransactionOptions,
     ) -> Result<OutboxTransaction, DbErr> {
-        self.savepoint().await.map_err(to_db_err)
+        self.savepoint().await.map_err(OutboxError::into_db_err)
     }
 
     async fn transaction<F, T, E>(&self, callback: F) -> Result<T, sea_orm::TransactionError<E>>
@@ -560,7 +555,7 @@ impl TransactionTrait for OutboxTransaction {
         let savepoint = self
             .savepoint()
             .await
-            .map_err(|e| sea_orm::TransactionError::Connection(to_db_err(e)))?;
+            .map_err(|e| sea_orm::TransactionError::Connection(OutboxError::into_db_err(e)))?;
         match callback(&savepoint).await {
             Ok(value) => {
                 TransactionSession::commit(savepoint)

@@ -2,7 +2,7 @@
 //!
 //! The user's function is emitted as written (tests call it directly). Next to it, one
 //! `const _: () = { ... };` holds the wrapper the runtime calls, the compile-time checks and the
-//! registration; everything reaches the runtime through `<crate>::__private`, so shadowing
+//! registration; everything reaches the runtime through `<crate>::__private01`, so shadowing
 //! `Result`, `Box`, `Send`, ... in the user's module changes nothing.
 //!
 //! One mistake, one error: the wrapper and the registration's event names live in an inherent impl
@@ -33,7 +33,7 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
         event_ty,
         output,
     } = handler;
-    let private = quote!(#krate::__private);
+    let private = quote!(#krate::__private01);
     let function_name = LitStr::new(&ident.unraw().to_string(), ident.span());
 
     // Generated tokens that stand for a piece of the user's code are placed on it, so a failed
@@ -258,20 +258,20 @@ mod tests {
         .to_string();
         assert!(out.starts_with("pub async fn reserve_stock"), "{out}");
         assert!(
-            out.contains("renamed :: __private :: inventory :: submit !"),
+            out.contains("renamed :: __private01 :: inventory :: submit !"),
             "{out}"
         );
         assert!(out.contains("consumer : \"inventory\""), "{out}");
         assert!(
-            out.contains("backoff_base_ms : renamed :: __private :: Some (1000u64)"),
+            out.contains("backoff_base_ms : renamed :: __private01 :: Some (1000u64)"),
             "{out}"
         );
         assert!(
-            out.contains("backoff_cap_ms : renamed :: __private :: None"),
+            out.contains("backoff_cap_ms : renamed :: __private01 :: None"),
             "{out}"
         );
         assert!(
-            out.contains("renamed :: __private :: HandlerMode :: Stored"),
+            out.contains("renamed :: __private01 :: HandlerMode :: Stored"),
             "{out}"
         );
         assert!(out.contains("function : \"reserve_stock\""), "{out}");

@@ -3,11 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Utc;
-use sea_orm::{DatabaseConnection, DbBackend};
+use sea_orm::DatabaseConnection;
 use serde::Serialize;
 
 use super::{AdminError, HumanDuration, Source, db_error};
-use crate::store::admin as sql;
+use crate::store::{InboxStatus, OutboxStatus, admin as sql, schema};
 
 /// How serious a [`Finding`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -129,13 +129,11 @@ impl DoctorOptions {
     }
 }
 
-/// One SDK table: its columns, and the indexes its migrations create by name on each backend.
+/// One SDK table and its columns (the indexes its migrations create by name on each backend
+/// are the dialect's, [`schema::expected_indexes`]).
 struct TableSpec {
     name: &'static str,
     columns: &'static [&'static str],
-    postgres: &'static [&'static str],
-    mysql: &'static [&'static str],
-    sqlite: &'static [&'static str],
 }
 
 /// What migrations `outbox_0001` to `outbox_0004` create. Keep in step with `migrations/`.
@@ -164,26 +162,6 @@ const TABLES: &[TableSpec] = &[
             "sent_at",
             "last_error",
         ],
-        postgres: &[
-            "outbox_event_event_id_key",
-            "outbox_event_dedup_key_idx",
-            "outbox_event_unsent_idx",
-            "outbox_event_aggregate_unsent_idx",
-            "outbox_event_sent_at_idx",
-        ],
-        mysql: &[
-            "outbox_event_event_id_key",
-            "outbox_event_dedup_key_idx",
-            "outbox_event_status_idx",
-            "outbox_event_aggregate_idx",
-            "outbox_event_sent_at_idx",
-        ],
-        sqlite: &[
-            "outbox_event_dedup_key_idx",
-            "outbox_event_unsent_idx",
-            "outbox_event_aggregate_unsent_idx",
-            "outbox_event_sent_at_idx",
-        ],
     },
     TableSpec {
         name: "inbox_event",
@@ -208,23 +186,6 @@ const TABLES: &[TableSpec] = &[
             "processed_at",
             "last_error",
         ],
-        postgres: &[
-            "inbox_event_consumer_message_key",
-            "inbox_event_unfinished_idx",
-            "inbox_event_aggregate_idx",
-            "inbox_event_processed_at_idx",
-        ],
-        mysql: &[
-            "inbox_event_consumer_message_key",
-            "inbox_event_unfinished_idx",
-            "inbox_event_aggregate_idx",
-            "inbox_event_processed_at_idx",
-        ],
-        sqlite: &[
-            "inbox_event_unfinished_idx",
-            "inbox_event_aggregate_idx",
-            "inbox_event_processed_at_idx",
-        ],
     },
     TableSpec {
         name: "inbox_aggregate_version",
@@ -235,9 +196,6 @@ const TABLES: &[TableSpec] = &[
             "version",
             "updated_at",
         ],
-        postgres: &[],
-        mysql: &[],
-        sqlite: &[],
     },
     TableSpec {
         name: "outbox_admin_action",
@@ -250,16 +208,10 @@ const TABLES: &[TableSpec] = &[
             "reason",
             "at",
         ],
-        postgres: &[],
-        mysql: &[],
-        sqlite: &[],
     },
     TableSpec {
         name: "outbox_lease",
         columns: &["name", "holder", "acquired_at", "locked_until"],
-        postgres: &[],
-        mysql: &[],
-        sqlite: &[],
     },
 ];
 
@@ -275,11 +227,13 @@ pub async fn doctor(
     options: &DoctorOptions,
 ) -> Result<DoctorReport, AdminError> {
     let mut report = DoctorReport::default();
-    let backend = db.get_database_backend();
 
     // Tables and columns.
     let mut columns: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (table, column) in sql::columns(db)
+    for schema::TableItem {
+        table,
+        name: column,
+    } in schema::columns(db)
         .await
         .map_err(db_error("reading the schema's columns"))?
     {
@@ -341,7 +295,7 @@ pub async fn doctor(
 
     // Indexes.
     let mut indexes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (table, index) in sql::indexes(db)
+    for schema::TableItem { table, name: index } in schema::indexes(db)
         .await
         .map_err(db_error("reading the schema's indexes"))?
     {
@@ -356,11 +310,7 @@ pub async fn doctor(
         if !columns.contains_key(spec.name) {
             continue;
         }
-        let expected = match backend {
-            DbBackend::Postgres => spec.postgres,
-            DbBackend::MySql => spec.mysql,
-            _ => spec.sqlite,
-        };
+        let expected = schema::expected_indexes(db, spec.name);
         expected_indexes += expected.len();
         let present = indexes.get(spec.name);
         for index in expected {
@@ -401,7 +351,11 @@ pub async fn doctor(
     let now = Utc::now();
     let mut stuck_any = false;
     for source in [Source::Outbox, Source::Inbox] {
-        for (consumer, n, since) in sql::stuck(db, source, now)
+        for sql::Stuck {
+            consumer,
+            count: n,
+            since,
+        } in sql::stuck(db, source, now)
             .await
             .map_err(db_error("looking for stuck rows"))?
         {
@@ -443,14 +397,14 @@ pub async fn doctor(
         .await
         .map_err(db_error("counting outbox events"))?
         .iter()
-        .filter(|r| r.status == "DEAD")
+        .filter(|r| r.status == OutboxStatus::Dead.as_str())
         .map(|r| r.count)
         .sum();
     let inbox_dead: i64 = sql::inbox_counts(db)
         .await
         .map_err(db_error("counting inbox messages"))?
         .iter()
-        .filter(|r| r.status == "DEAD")
+        .filter(|r| r.status == InboxStatus::Dead.as_str())
         .map(|r| r.count)
         .sum();
     if outbox_dead + inbox_dead > 0 {
@@ -487,7 +441,7 @@ async fn check_migrations(
         if !columns.contains_key(table) {
             continue;
         }
-        for name in sql::applied_migrations(db, table)
+        for name in schema::applied_migrations(db, table)
             .await
             .map_err(db_error("reading the migration table"))?
         {
@@ -549,11 +503,11 @@ async fn check_handlers(
     options: &DoctorOptions,
     report: &mut DoctorReport,
 ) -> Result<(), AdminError> {
-    let seen = sql::consumers_seen(db)
+    let seen = schema::consumers_seen(db)
         .await
         .map_err(db_error("listing the consumers in inbox_event"))?;
     if !options.check_linked_handlers {
-        let names: Vec<&str> = seen.iter().map(|(c, _)| c.as_str()).collect();
+        let names: Vec<&str> = seen.iter().map(|c| c.consumer.as_str()).collect();
         report.push(
             Severity::Info,
             "handlers",
@@ -590,7 +544,11 @@ async fn check_handlers(
             );
         }
     }
-    for (consumer, unfinished) in &seen {
+    for schema::ConsumerSeen {
+        consumer,
+        open: unfinished,
+    } in &seen
+    {
         if linked.contains_key(consumer.as_str()) {
             continue;
         }
@@ -617,7 +575,7 @@ async fn check_handlers(
         }
     }
     for consumer in linked.keys() {
-        if !seen.iter().any(|(c, _)| c == consumer) {
+        if !seen.iter().any(|c| &c.consumer == consumer) {
             report.push(
                 Severity::Info,
                 "handlers",

@@ -9,11 +9,20 @@
 //! Handlers are declared with `#[inbox_handler(consumer = "…")]` and found at start-up through
 //! [`HandlerRegistration`]s.
 
+mod batch;
+mod config;
 pub(crate) mod consumer;
+mod deliver;
+mod digest;
+mod dispatch;
+mod settle;
+mod stats;
+mod worker;
 
 use std::{fmt, future::Future, ops::Deref, pin::Pin, sync::Arc, time::Duration};
 
-pub use consumer::{ConsumerStats, ConsumerStatsSnapshot, InboxConfig};
+pub use config::InboxConfig;
+pub use stats::{ConsumerStats, ConsumerStatsSnapshot};
 
 use chrono::{DateTime, Utc};
 use sea_orm::{AccessMode, DbErr, IsolationLevel, TransactionOptions, TransactionTrait};

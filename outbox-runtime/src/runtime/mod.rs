@@ -24,14 +24,15 @@
 //! (`use inventory_handlers as _;`), and name the consumers you expect with
 //! [`RuntimeBuilder::expect_consumers`] so start-up fails instead.
 
-pub mod health;
-
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use sea_orm::DatabaseConnection;
 use tokio::{sync::Notify, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
+use crate::health::LoopHealth;
+pub use crate::health::{Health, LoopReport};
+use crate::transport::local::LocalDelivery;
 use crate::{
     inbox::{
         ConsumerStats, ConsumerStatsSnapshot, HandlerRegistration, InboxConfig, consumer::Consumer,
@@ -41,7 +42,6 @@ use crate::{
     relay::{Relay, RelayConfig, RelayStats, RelayStatsSnapshot},
     transport::Transport,
 };
-use health::{Health, LoopHealth};
 
 /// Why the runtime did not start.
 #[derive(Debug, thiserror::Error)]
@@ -426,47 +426,15 @@ impl RuntimeBuilder {
             let relay = match &self.transport {
                 Some(transport) => Relay::new(self.db.clone(), transport.clone()),
                 None => {
-                    let mut routes: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
-                    for (name, regs) in &by_consumer {
-                        for reg in regs {
-                            let list = routes.entry(reg.event_type.to_owned()).or_default();
-                            if !list.contains(name) {
-                                list.push(name);
-                            }
-                        }
-                    }
-                    let delivered = Arc::new(Notify::new());
-                    // One notification from the relay wakes every local consumer's worker.
-                    let health = Arc::new(LoopHealth::new("local-fan-out".into()));
-                    let fan_out = tokio::spawn({
-                        let delivered = delivered.clone();
-                        let wakes: Vec<Arc<Notify>> = wakes.values().cloned().collect();
-                        let shutdown = shutdown.clone();
-                        let health = health.clone();
-                        async move {
-                            loop {
-                                tokio::select! {
-                                    _ = shutdown.cancelled() => break,
-                                    _ = delivered.notified() => {
-                                        for wake in &wakes {
-                                            wake.notify_one();
-                                        }
-                                        health.success();
-                                    }
-                                }
-                            }
-                            health.stopped();
-                        }
-                    });
-                    tasks.push((health, fan_out));
-                    let routes = Arc::new(routes);
-                    Relay::local(
-                        self.db.clone(),
-                        Arc::new(move |event_type: &str| {
-                            routes.get(event_type).cloned().unwrap_or_default()
-                        }),
-                        delivered,
-                    )
+                    let delivery = LocalDelivery::for_consumers(
+                        by_consumer
+                            .iter()
+                            .map(|(name, regs)| (*name, regs.as_slice())),
+                    );
+                    tasks.push(
+                        delivery.spawn_fan_out(wakes.values().cloned().collect(), shutdown.clone()),
+                    );
+                    Relay::local(self.db.clone(), delivery)
                 }
             }
             .with_config(config)

@@ -1,6 +1,5 @@
 //! The operations' SQL: status counts, dead-letter queries, the guarded state changes of
-//! [`crate::admin`], the audit log, the retention purge's bounded deletes, named leases, and the
-//! schema introspection `doctor` runs.
+//! [`crate::admin`] and the audit log.
 //!
 //! Every state change here is guarded by the status it expects (`… AND status = 'DEAD'`): a row
 //! that moved on in the meantime is not touched.
@@ -8,56 +7,17 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
-    QueryResult, SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Value};
+
+use super::{
+    ACTION_TABLE, Dialect, INBOX_TABLE, OUTBOX_TABLE, get_i64, get_opt_i64,
+    sql::Sql,
+    status::{InboxStatus, OutboxStatus, WorkStatus},
 };
-
-use super::{Dialect, INBOX_TABLE, OUTBOX_TABLE, claim::Sql};
-use crate::admin::{AdminAction, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target};
-
-/// The audit table.
-pub(crate) const ACTION_TABLE: &str = "outbox_admin_action";
-/// The lease table.
-pub(crate) const LEASE_TABLE: &str = "outbox_lease";
-
-/// Begin a short admin transaction: read committed (no gap locks on MySQL), immediate on SQLite
-/// (writers serialize, so what a guard read is what the update sees).
-pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-    let options = match db.get_database_backend() {
-        DbBackend::Sqlite => TransactionOptions {
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-            ..TransactionOptions::default()
-        },
-        _ => TransactionOptions {
-            isolation_level: Some(IsolationLevel::ReadCommitted),
-            ..TransactionOptions::default()
-        },
-    };
-    db.begin_with_options(options).await
-}
-
-/// An integer column, whatever width the backend gives it (`INTEGER` is `i32` on PostgreSQL and
-/// MySQL, `i64` on SQLite; `COUNT(*)` is `i64` everywhere).
-pub(crate) fn get_i64(row: &QueryResult, column: &str) -> Result<i64, DbErr> {
-    match row.try_get::<i64>("", column) {
-        Ok(v) => Ok(v),
-        Err(first) => match row.try_get::<i32>("", column) {
-            Ok(v) => Ok(i64::from(v)),
-            Err(_) => Err(first),
-        },
-    }
-}
-
-fn get_opt_i64(row: &QueryResult, column: &str) -> Result<Option<i64>, DbErr> {
-    match row.try_get::<Option<i64>>("", column) {
-        Ok(v) => Ok(v),
-        Err(first) => match row.try_get::<Option<i32>>("", column) {
-            Ok(v) => Ok(v.map(i64::from)),
-            Err(_) => Err(first),
-        },
-    }
-}
+use crate::{
+    admin::model::{AdminAction, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target},
+    util::text::truncate,
+};
 
 fn table_of(source: Source) -> &'static str {
     match source {
@@ -81,9 +41,7 @@ pub(crate) async fn outbox_counts(db: &DatabaseConnection) -> Result<Vec<CountRo
     let sql = format!(
         "SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM {OUTBOX_TABLE} GROUP BY status"
     );
-    let rows = db
-        .query_all_raw(Statement::from_string(dialect.backend(), sql))
-        .await?;
+    let rows = db.query_all_raw(dialect.raw(sql)).await?;
     rows.iter()
         .map(|row| {
             Ok(CountRow {
@@ -103,9 +61,7 @@ pub(crate) async fn inbox_counts(db: &DatabaseConnection) -> Result<Vec<CountRow
         "SELECT consumer, status, COUNT(*) AS n, MIN(received_at) AS oldest FROM {INBOX_TABLE} \
          GROUP BY consumer, status ORDER BY consumer"
     );
-    let rows = db
-        .query_all_raw(Statement::from_string(dialect.backend(), sql))
-        .await?;
+    let rows = db.query_all_raw(dialect.raw(sql)).await?;
     rows.iter()
         .map(|row| {
             Ok(CountRow {
@@ -118,13 +74,24 @@ pub(crate) async fn inbox_counts(db: &DatabaseConnection) -> Result<Vec<CountRow
         .collect()
 }
 
-/// Rows in PROCESSING whose lease expired before `now`: per consumer for the inbox (`None` for
-/// the outbox), with the earliest expiry.
+/// Rows in PROCESSING whose lease expired: of one consumer, or of the outbox.
+#[derive(Debug, Clone)]
+pub(crate) struct Stuck {
+    /// The consumer (`None` for the outbox).
+    pub(crate) consumer: Option<String>,
+    /// How many rows.
+    pub(crate) count: i64,
+    /// The earliest expiry.
+    pub(crate) since: Option<DateTime<Utc>>,
+}
+
+/// Rows in PROCESSING whose lease expired before `now`: per consumer for the inbox, with the
+/// earliest expiry.
 pub(crate) async fn stuck(
     db: &DatabaseConnection,
     source: Source,
     now: DateTime<Utc>,
-) -> Result<Vec<(Option<String>, i64, Option<DateTime<Utc>>)>, DbErr> {
+) -> Result<Vec<Stuck>, DbErr> {
     let dialect = Dialect::of(db);
     let mut sql = Sql::new(dialect);
     let (select, group) = match source {
@@ -133,8 +100,9 @@ pub(crate) async fn stuck(
     };
     sql.push(&format!(
         "SELECT {select}COUNT(*) AS n, MIN(locked_until) AS since FROM {} \
-         WHERE status = 'PROCESSING' AND locked_until < ",
-        table_of(source)
+         WHERE status = {} AND locked_until < ",
+        table_of(source),
+        WorkStatus::Processing.literal()
     ))
     .bind(dialect.timestamp(now))
     .push(group);
@@ -148,7 +116,11 @@ pub(crate) async fn stuck(
             Source::Outbox => None,
             Source::Inbox => Some(row.try_get("", "consumer")?),
         };
-        out.push((consumer, n, dialect.get_opt_timestamp(&row, "since")?));
+        out.push(Stuck {
+            consumer,
+            count: n,
+            since: dialect.get_opt_timestamp(&row, "since")?,
+        });
     }
     Ok(out)
 }
@@ -199,11 +171,13 @@ pub(crate) async fn dead_letters(
     match source {
         Source::Outbox => sql.push(&format!(
             "SELECT id, event_id, event_type, aggregate_type, aggregate_id, attempts, last_error, \
-             created_at AS arrived_at FROM {OUTBOX_TABLE} WHERE status = 'DEAD'"
+             created_at AS arrived_at FROM {OUTBOX_TABLE} WHERE status = {}",
+            OutboxStatus::Dead.literal()
         )),
         Source::Inbox => sql.push(&format!(
             "SELECT id, consumer, message_id, event_type, aggregate_type, aggregate_id, attempts, \
-             last_error, received_at AS arrived_at FROM {INBOX_TABLE} WHERE status = 'DEAD'"
+             last_error, received_at AS arrived_at FROM {INBOX_TABLE} WHERE status = {}",
+            InboxStatus::Dead.literal()
         )),
     };
     push_filter(&mut sql, source, filter);
@@ -376,9 +350,7 @@ pub(crate) async fn lock_statuses(
             table_of(source)
         ))
         .bind_list(chunk.iter().map(|id| Value::from(*id)));
-        if dialect.backend() != DbBackend::Sqlite {
-            sql.push(" FOR UPDATE");
-        }
+        sql.push(dialect.lock_rows(false));
         for row in txn.query_all_raw(sql.build()).await? {
             found.insert(row.try_get("", "id")?, row.try_get("", "status")?);
         }
@@ -393,12 +365,13 @@ pub(crate) enum Rows<'a> {
     Filter(&'a DeadLetterFilter),
 }
 
-/// Run `UPDATE <table> SET <set> WHERE status = '<from>' AND <rows>`, in chunks of ids.
+/// Run `UPDATE <table> SET <set> WHERE status = <from> AND <rows>`, in chunks of ids (`from` is
+/// a status's SQL literal).
 async fn guarded_update(
     conn: &DatabaseTransaction,
     source: Source,
     set: &dyn Fn(&mut Sql),
-    from: &str,
+    from: &'static str,
     rows: Rows<'_>,
 ) -> Result<u64, DbErr> {
     let dialect = Dialect::of(conn);
@@ -406,7 +379,7 @@ async fn guarded_update(
         let mut sql = Sql::new(dialect);
         sql.push(&format!("UPDATE {} SET ", table_of(source)));
         set(&mut sql);
-        sql.push(&format!(" WHERE status = '{from}'"));
+        sql.push(" WHERE status = ").push(from);
         if let Some(ids) = ids {
             sql.push(" AND id IN ")
                 .bind_list(ids.iter().map(|id| Value::from(*id)));
@@ -442,12 +415,13 @@ pub(crate) async fn replay_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> 
         txn,
         Source::Outbox,
         &|sql: &mut Sql| {
-            sql.push(
-                "status = 'PENDING', attempts = 0, next_attempt_at = NULL, locked_by = NULL, \
+            sql.push(&format!(
+                "status = {}, attempts = 0, next_attempt_at = NULL, locked_by = NULL, \
                  locked_until = NULL, claim_token = NULL",
-            );
+                OutboxStatus::Pending.literal()
+            ));
         },
-        "DEAD",
+        OutboxStatus::Dead.literal(),
         rows,
     )
     .await
@@ -464,11 +438,14 @@ pub(crate) async fn replay_inbox(
         txn,
         Source::Inbox,
         &|sql: &mut Sql| {
-            sql.push("status = 'RETRY', attempts = 0, next_attempt_at = ")
-                .bind(due.clone())
-                .push(", locked_by = NULL, locked_until = NULL, claim_token = NULL");
+            sql.push(&format!(
+                "status = {}, attempts = 0, next_attempt_at = ",
+                InboxStatus::Retry.literal()
+            ))
+            .bind(due.clone())
+            .push(", locked_by = NULL, locked_until = NULL, claim_token = NULL");
         },
-        "DEAD",
+        InboxStatus::Dead.literal(),
         rows,
     )
     .await
@@ -485,11 +462,14 @@ pub(crate) async fn ignore_inbox(
         txn,
         Source::Inbox,
         &|sql: &mut Sql| {
-            sql.push("status = 'IGNORED', processed_at = ")
-                .bind(at.clone())
-                .push(", locked_until = NULL, claim_token = NULL");
+            sql.push(&format!(
+                "status = {}, processed_at = ",
+                InboxStatus::Ignored.literal()
+            ))
+            .bind(at.clone())
+            .push(", locked_until = NULL, claim_token = NULL");
         },
-        "DEAD",
+        InboxStatus::Dead.literal(),
         Rows::Ids(ids),
     )
     .await
@@ -501,12 +481,13 @@ pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, ids: &[i64]) -> Res
         txn,
         Source::Outbox,
         &|sql: &mut Sql| {
-            sql.push(
-                "status = 'PENDING', sent_at = NULL, attempts = 0, next_attempt_at = NULL, \
+            sql.push(&format!(
+                "status = {}, sent_at = NULL, attempts = 0, next_attempt_at = NULL, \
                  locked_by = NULL, locked_until = NULL, claim_token = NULL, last_error = NULL",
-            );
+                OutboxStatus::Pending.literal()
+            ));
         },
-        "SENT",
+        OutboxStatus::Sent.literal(),
         Rows::Ids(ids),
     )
     .await
@@ -525,9 +506,7 @@ pub(crate) async fn lock_by_event_ids(
             "SELECT id, event_id, status FROM {OUTBOX_TABLE} WHERE event_id IN "
         ))
         .bind_list(chunk.iter().map(|id| dialect.uuid(*id)));
-        if dialect.backend() != DbBackend::Sqlite {
-            sql.push(" FOR UPDATE");
-        }
+        sql.push(dialect.lock_rows(false));
         for row in txn.query_all_raw(sql.build()).await? {
             found.insert(
                 dialect.get_uuid(&row, "event_id")?,
@@ -565,7 +544,7 @@ pub(crate) async fn record_action<C: ConnectionTrait>(
     .push(", ")
     .bind(dialect.timestamp(at))
     .push(")");
-    if dialect.backend() == DbBackend::Postgres {
+    if dialect.returning_id() {
         sql.push(" RETURNING id");
         let row = conn
             .query_one_raw(sql.build())
@@ -575,13 +554,6 @@ pub(crate) async fn record_action<C: ConnectionTrait>(
     }
     let result = conn.execute_raw(sql.build()).await?;
     Ok(i64::try_from(result.last_insert_id()).unwrap_or(0))
-}
-
-fn truncate(s: &str, max_chars: usize) -> String {
-    match s.char_indices().nth(max_chars) {
-        Some((i, _)) => s[..i].to_owned(),
-        None => s.to_owned(),
-    }
 }
 
 /// The newest `limit` audit rows, newest first.
@@ -595,9 +567,7 @@ pub(crate) async fn audit_log(
          ORDER BY id DESC LIMIT {}",
         limit.max(1)
     );
-    let rows = db
-        .query_all_raw(Statement::from_string(dialect.backend(), sql))
-        .await?;
+    let rows = db.query_all_raw(dialect.raw(sql)).await?;
     rows.iter()
         .map(|row| {
             Ok(AdminAction {
@@ -610,275 +580,5 @@ pub(crate) async fn audit_log(
                 at: dialect.get_timestamp(row, "at")?,
             })
         })
-        .collect()
-}
-
-// ---------------------------------------------------------------------------------------------
-// Retention
-
-/// Delete at most `limit` SENT outbox rows sent before `cutoff`, in one short transaction.
-///
-/// PostgreSQL and SQLite: `DELETE … WHERE id IN (SELECT id … LIMIT n)`, the subquery served by
-/// the partial index on `sent_at` (on PostgreSQL with `SKIP LOCKED`, so the purge never waits on
-/// a row someone else holds). MySQL does not allow `LIMIT` in an `IN` subquery, and a derived
-/// table can turn the outer delete into a scan, so it runs `DELETE … ORDER BY sent_at, id LIMIT n`
-/// on its `(status, sent_at)` index instead.
-pub(crate) async fn purge_sent(
-    db: &DatabaseConnection,
-    cutoff: DateTime<Utc>,
-    limit: usize,
-) -> Result<u64, DbErr> {
-    purge_batch(db, OUTBOX_TABLE, &["SENT"], "sent_at", cutoff, limit).await
-}
-
-/// Delete at most `limit` DONE or IGNORED inbox rows processed before `cutoff`, in one short
-/// transaction (see [`purge_sent`]).
-pub(crate) async fn purge_finished(
-    db: &DatabaseConnection,
-    cutoff: DateTime<Utc>,
-    limit: usize,
-) -> Result<u64, DbErr> {
-    purge_batch(
-        db,
-        INBOX_TABLE,
-        &["DONE", "IGNORED"],
-        "processed_at",
-        cutoff,
-        limit,
-    )
-    .await
-}
-
-async fn purge_batch(
-    db: &DatabaseConnection,
-    table: &str,
-    statuses: &[&str],
-    column: &str,
-    cutoff: DateTime<Utc>,
-    limit: usize,
-) -> Result<u64, DbErr> {
-    let dialect = Dialect::of(db);
-    let limit = limit.max(1);
-    let txn = begin(db).await?;
-    let mut deleted = 0;
-    match dialect.backend() {
-        DbBackend::MySql => {
-            // One range of the (status, <column>) index per status, in index order.
-            for status in statuses {
-                let mut sql = Sql::new(dialect);
-                sql.push(&format!(
-                    "DELETE FROM {table} WHERE status = '{status}' AND {column} < "
-                ))
-                .bind(dialect.timestamp(cutoff))
-                .push(&format!(
-                    " ORDER BY {column}, id LIMIT {}",
-                    limit - deleted as usize
-                ));
-                deleted += txn.execute_raw(sql.build()).await?.rows_affected();
-                if deleted as usize >= limit {
-                    break;
-                }
-            }
-        }
-        backend => {
-            // The status predicate matches the partial index's exactly, so the planner uses it.
-            let in_list = statuses
-                .iter()
-                .map(|s| format!("'{s}'"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let predicate = if statuses.len() == 1 {
-                format!("status = {in_list}")
-            } else {
-                format!("status IN ({in_list})")
-            };
-            let skip_locked = if backend == DbBackend::Postgres {
-                " FOR UPDATE SKIP LOCKED"
-            } else {
-                ""
-            };
-            let mut sql = Sql::new(dialect);
-            sql.push(&format!(
-                "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {predicate} AND {column} < "
-            ))
-            .bind(dialect.timestamp(cutoff))
-            .push(&format!(" LIMIT {limit}{skip_locked})"));
-            deleted = txn.execute_raw(sql.build()).await?.rows_affected();
-        }
-    }
-    txn.commit().await?;
-    Ok(deleted)
-}
-
-/// Take or renew the lease `name` for `holder` until `until`: succeeds when nobody holds it, its
-/// holder's lease expired before `now`, or `holder` already holds it.
-pub(crate) async fn acquire_lease(
-    db: &DatabaseConnection,
-    name: &str,
-    holder: &str,
-    now: DateTime<Utc>,
-    until: DateTime<Utc>,
-) -> Result<bool, DbErr> {
-    let dialect = Dialect::of(db);
-    let backend = dialect.backend();
-    let holder = truncate(holder, 255);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!(
-        "UPDATE {LEASE_TABLE} SET acquired_at = CASE WHEN holder = "
-    ))
-    .bind(holder.clone().into())
-    .push(" THEN acquired_at ELSE ")
-    .bind(dialect.timestamp(now))
-    .push(" END, holder = ")
-    .bind(holder.clone().into())
-    .push(", locked_until = ")
-    .bind(dialect.timestamp(until))
-    .push(" WHERE name = ")
-    .bind(name.to_owned().into())
-    .push(" AND (holder = ")
-    .bind(holder.clone().into())
-    .push(" OR locked_until < ")
-    .bind(dialect.timestamp(now))
-    .push(")");
-    if db.execute_raw(sql.build()).await?.rows_affected() == 1 {
-        return Ok(true);
-    }
-    // No row yet (or held by someone else: then the insert conflicts and does nothing).
-    let mut sql = Sql::new(dialect);
-    sql.push(if backend == DbBackend::MySql {
-        "INSERT IGNORE INTO "
-    } else {
-        "INSERT INTO "
-    })
-    .push(&format!(
-        "{LEASE_TABLE} (name, holder, acquired_at, locked_until) VALUES ("
-    ))
-    .bind(name.to_owned().into())
-    .push(", ")
-    .bind(holder.into())
-    .push(", ")
-    .bind(dialect.timestamp(now))
-    .push(", ")
-    .bind(dialect.timestamp(until))
-    .push(")");
-    if backend != DbBackend::MySql {
-        sql.push(" ON CONFLICT (name) DO NOTHING");
-    }
-    Ok(db.execute_raw(sql.build()).await?.rows_affected() == 1)
-}
-
-/// Give the lease `name` up if `holder` holds it (it expires at `now`).
-pub(crate) async fn release_lease(
-    db: &DatabaseConnection,
-    name: &str,
-    holder: &str,
-    now: DateTime<Utc>,
-) -> Result<bool, DbErr> {
-    let dialect = Dialect::of(db);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!("UPDATE {LEASE_TABLE} SET locked_until = "))
-        .bind(dialect.timestamp(now))
-        .push(" WHERE name = ")
-        .bind(name.to_owned().into())
-        .push(" AND holder = ")
-        .bind(truncate(holder, 255).into());
-    Ok(db.execute_raw(sql.build()).await?.rows_affected() == 1)
-}
-
-/// Who holds the lease `name`, until when.
-pub(crate) async fn lease_holder(
-    db: &DatabaseConnection,
-    name: &str,
-) -> Result<Option<(String, DateTime<Utc>)>, DbErr> {
-    let dialect = Dialect::of(db);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!(
-        "SELECT holder, locked_until FROM {LEASE_TABLE} WHERE name = "
-    ))
-    .bind(name.to_owned().into());
-    match db.query_one_raw(sql.build()).await? {
-        None => Ok(None),
-        Some(row) => Ok(Some((
-            row.try_get("", "holder")?,
-            dialect.get_timestamp(&row, "locked_until")?,
-        ))),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Schema introspection, for `doctor`
-
-/// `(table, column)` of every column of the current schema's tables.
-pub(crate) async fn columns(db: &DatabaseConnection) -> Result<Vec<(String, String)>, DbErr> {
-    let backend = db.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => {
-            "SELECT CAST(table_name AS TEXT) AS t, CAST(column_name AS TEXT) AS c \
-             FROM information_schema.columns WHERE table_schema = current_schema()"
-        }
-        DbBackend::MySql => {
-            "SELECT table_name AS t, column_name AS c FROM information_schema.columns \
-             WHERE table_schema = DATABASE()"
-        }
-        _ => {
-            "SELECT m.name AS t, p.name AS c FROM sqlite_master m \
-             JOIN pragma_table_info(m.name) p WHERE m.type = 'table'"
-        }
-    };
-    pairs(db, sql).await
-}
-
-/// `(table, index)` of every index of the current schema's tables.
-pub(crate) async fn indexes(db: &DatabaseConnection) -> Result<Vec<(String, String)>, DbErr> {
-    let backend = db.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => {
-            "SELECT CAST(tablename AS TEXT) AS t, CAST(indexname AS TEXT) AS c \
-             FROM pg_indexes WHERE schemaname = current_schema()"
-        }
-        DbBackend::MySql => {
-            "SELECT DISTINCT table_name AS t, index_name AS c FROM information_schema.statistics \
-             WHERE table_schema = DATABASE()"
-        }
-        _ => "SELECT tbl_name AS t, name AS c FROM sqlite_master WHERE type = 'index'",
-    };
-    pairs(db, sql).await
-}
-
-async fn pairs(db: &DatabaseConnection, sql: &str) -> Result<Vec<(String, String)>, DbErr> {
-    let rows = db
-        .query_all_raw(Statement::from_string(
-            db.get_database_backend(),
-            sql.to_owned(),
-        ))
-        .await?;
-    rows.iter()
-        .map(|row| Ok((row.try_get("", "t")?, row.try_get("", "c")?)))
-        .collect()
-}
-
-/// The migration names recorded in a migration table (`outbox_migrations`, `seaql_migrations`).
-pub(crate) async fn applied_migrations(
-    db: &DatabaseConnection,
-    table: &str,
-) -> Result<Vec<String>, DbErr> {
-    let sql = format!("SELECT version FROM {table} ORDER BY version");
-    let rows = db
-        .query_all_raw(Statement::from_string(db.get_database_backend(), sql))
-        .await?;
-    rows.iter().map(|row| row.try_get("", "version")).collect()
-}
-
-/// Each consumer that has inbox rows, with how many are unfinished (PENDING, PROCESSING, RETRY).
-pub(crate) async fn consumers_seen(db: &DatabaseConnection) -> Result<Vec<(String, i64)>, DbErr> {
-    let sql = format!(
-        "SELECT consumer, COUNT(CASE WHEN status IN ('PENDING', 'PROCESSING', 'RETRY') THEN 1 END) AS n \
-         FROM {INBOX_TABLE} GROUP BY consumer ORDER BY consumer"
-    );
-    let rows = db
-        .query_all_raw(Statement::from_string(db.get_database_backend(), sql))
-        .await?;
-    rows.iter()
-        .map(|row| Ok((row.try_get("", "consumer")?, get_i64(row, "n")?)))
         .collect()
 }

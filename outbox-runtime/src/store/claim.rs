@@ -1,109 +1,53 @@
 //! Claiming rows of a work queue table (`outbox_event`, `inbox_event`) in id order, with
-//! optional per-aggregate order, and the short transactions claims and write-backs run in.
+//! optional per-aggregate order. The statements' shapes that differ per backend are the
+//! dialect's ([`Backend::heads_query`], [`Backend::push_window_bound`],
+//! [`Backend::heads_beyond_window`]); the defaults here are the partial-index shapes PostgreSQL
+//! and SQLite share.
 
 use chrono::{DateTime, Utc};
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
-    QueryResult, SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, QueryResult, Statement, Value};
 
-use super::Dialect;
+use super::{Dialect, dialect::Backend, sql::Sql, status::WorkStatus};
 
-/// Begin a short claim or write-back transaction: read committed (no gap locks on MySQL), immediate on
-/// SQLite (claims serialize), and on PostgreSQL without waiting for the WAL flush: a lost claim
-/// or mark only causes a republish that broker deduplication and the inbox absorb.
-pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-    let backend = db.get_database_backend();
-    let options = match backend {
-        DbBackend::Sqlite => TransactionOptions {
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-            ..TransactionOptions::default()
-        },
-        // Both settings in one round trip below.
-        DbBackend::Postgres => TransactionOptions::default(),
-        _ => TransactionOptions {
-            isolation_level: Some(IsolationLevel::ReadCommitted),
-            ..TransactionOptions::default()
-        },
-    };
-    let txn = db.begin_with_options(options).await?;
-    if backend == DbBackend::Postgres {
-        txn.execute_unprepared(
-            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off",
-        )
-        .await?;
-    }
-    Ok(txn)
-}
-
-/// Builds SQL with backend placeholders, numbering them as they are added.
-pub(crate) struct Sql {
-    dialect: Dialect,
-    text: String,
-    values: Vec<Value>,
-}
-
-impl Sql {
-    pub(crate) fn new(dialect: Dialect) -> Self {
-        Sql {
-            dialect,
-            text: String::with_capacity(256),
-            values: Vec::new(),
-        }
-    }
-
-    /// The backend the SQL is for.
-    pub(crate) fn backend(&self) -> DbBackend {
-        self.dialect.backend()
-    }
-
-    pub(crate) fn push(&mut self, sql: &str) -> &mut Self {
-        self.text.push_str(sql);
-        self
-    }
-
-    pub(crate) fn bind(&mut self, value: Value) -> &mut Self {
-        self.values.push(value);
-        let placeholder = self.dialect.placeholder(self.values.len());
-        self.text.push_str(&placeholder);
-        self
-    }
-
-    pub(crate) fn bind_list(&mut self, values: impl IntoIterator<Item = Value>) -> &mut Self {
-        self.text.push('(');
-        for (i, value) in values.into_iter().enumerate() {
-            if i > 0 {
-                self.text.push_str(", ");
-            }
-            self.bind(value);
-        }
-        self.text.push(')');
-        self
-    }
-
-    pub(crate) fn build(self) -> Statement {
-        Statement::from_sql_and_values(self.dialect.backend(), self.text, self.values)
-    }
-}
-
-fn lock_clause(backend: DbBackend, skip_locked: bool) -> &'static str {
-    match (backend, skip_locked) {
-        (DbBackend::Sqlite, _) => "",
-        (_, true) => " FOR UPDATE SKIP LOCKED",
-        (_, false) => " FOR UPDATE",
-    }
+/// How to claim from a work queue: the relay's claim of outbox events, the worker's claim of
+/// inbox messages, the database-local transport's move.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimParams<'a> {
+    /// Who claims (stored in `locked_by`): a relay id or a worker id.
+    pub owner: &'a str,
+    /// At most this many rows.
+    pub batch_size: usize,
+    /// The lease ends at this instant.
+    pub locked_until: DateTime<Utc>,
+    /// The current time.
+    pub now: DateTime<Utc>,
+    /// Keep per-aggregate order: claim a row only when every earlier row of its aggregate is
+    /// finished or claimed in this same batch.
+    pub ordering: bool,
+    /// Reclaiming an expired lease that brings attempts to this many marks the row DEAD.
+    pub max_attempts: u32,
 }
 
 /// A table of work claimed in id order.
-pub(crate) struct Queue<'a> {
+#[derive(Debug, Clone, Copy)]
+pub struct Queue<'a> {
+    /// The connection's dialect.
+    pub dialect: Dialect,
     /// The table.
-    pub(crate) table: &'static str,
+    pub table: &'static str,
     /// Columns to read, comma-separated, unqualified.
-    pub(crate) columns: &'static str,
+    pub columns: &'static str,
     /// An equality every row must satisfy (the inbox's consumer).
-    pub(crate) scope: Option<(&'static str, &'a str)>,
+    pub scope: Option<(&'static str, &'a str)>,
     /// The predicate "this row still holds its aggregate back", for a column prefix.
-    pub(crate) unfinished: fn(DbBackend, &str) -> String,
+    pub predicate: fn(&Dialect, &str) -> String,
+}
+
+impl Queue<'_> {
+    /// "This row still holds its aggregate back", on columns with `prefix` (`o.`, or empty).
+    pub fn unfinished(&self, prefix: &str) -> String {
+        (self.predicate)(&self.dialect, prefix)
+    }
 }
 
 /// Hand expired claims back as PENDING, with no attempt counted: the rows behind an event or
@@ -119,8 +63,10 @@ pub(crate) async fn hand_back(
     }
     let mut sql = Sql::new(Dialect::of(txn));
     sql.push(&format!(
-        "UPDATE {table} SET status = 'PENDING', locked_by = NULL, locked_until = NULL \
-         WHERE status = 'PROCESSING' AND id IN "
+        "UPDATE {table} SET status = {pending}, locked_by = NULL, locked_until = NULL \
+         WHERE status = {processing} AND id IN ",
+        pending = WorkStatus::Pending.literal(),
+        processing = WorkStatus::Processing.literal(),
     ))
     .bind_list(ids.into_iter().map(Value::from));
     txn.execute_raw(sql.build()).await?;
@@ -161,32 +107,30 @@ pub(crate) async fn select_claimable(
     limit: usize,
     ordering: bool,
 ) -> Result<Vec<Candidate>, DbErr> {
-    let dialect = Dialect::of(txn);
-    let backend = dialect.backend();
+    let dialect = queue.dialect;
     let limit = limit.max(1);
     let window = window_size(limit);
-    // On PostgreSQL and SQLite the heads query computes the window's bound itself and returns
-    // it with every row (one round trip less per claim); MySQL asks first.
-    let heads_bound = match (ordering, backend) {
-        (false, _) => HeadsBound::Unbounded,
-        (true, DbBackend::MySql) => match window_bound(txn, queue, window).await? {
+    // The heads query computes the window's bound itself and returns it with every row where
+    // the dialect can (one round trip less per claim); otherwise it is asked for first.
+    let heads_bound = if !ordering {
+        HeadsBound::Unbounded
+    } else if dialect.window_in_heads_query() {
+        HeadsBound::Window(window)
+    } else {
+        match window_bound(txn, queue, window).await? {
             Some(bound) => HeadsBound::At(bound),
             None => HeadsBound::Unbounded,
-        },
-        (true, _) => HeadsBound::Window(window),
+        }
+    };
+    let heads = HeadsQuery {
+        queue,
+        now: dialect.timestamp(now),
+        limit,
+        ordering,
+        bound: heads_bound,
     };
     let mut rows = Vec::new();
-    for row in txn
-        .query_all_raw(heads_query(
-            dialect,
-            queue,
-            now,
-            limit,
-            ordering,
-            heads_bound,
-        ))
-        .await?
-    {
+    for row in txn.query_all_raw(dialect.heads_query(&heads)).await? {
         rows.push(Candidate {
             id: row.try_get("", "id")?,
             row,
@@ -205,15 +149,17 @@ pub(crate) async fn select_claimable(
         && rows.len() < limit
     {
         let seen: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
-        let beyond = heads_beyond_window_query(
-            dialect,
+        let beyond = BeyondWindow {
             queue,
-            now,
-            limit - rows.len(),
+            now: dialect.timestamp(now),
+            room: limit - rows.len(),
             bound,
-            window + 2 * limit,
-        );
-        for row in txn.query_all_raw(beyond).await? {
+            budget: window + 2 * limit,
+        };
+        for row in txn
+            .query_all_raw(dialect.heads_beyond_window(&beyond))
+            .await?
+        {
             let id: i64 = row.try_get("", "id")?;
             if !seen.contains(&id) {
                 rows.push(Candidate { id, row });
@@ -249,7 +195,7 @@ pub(crate) async fn select_claimable(
         "SELECT {} FROM {} WHERE {} AND id > {min_head}",
         queue.columns,
         queue.table,
-        (queue.unfinished)(backend, "")
+        queue.unfinished("")
     ));
     if let Some((column, value)) = queue.scope {
         sql.push(&format!(" AND {column} = "))
@@ -271,7 +217,7 @@ pub(crate) async fn select_claimable(
         ") ORDER BY id LIMIT {}",
         limit - rows.len() + heads.len()
     ));
-    sql.push(lock_clause(backend, false));
+    sql.push(dialect.lock_rows(false));
     let mut open: std::collections::HashSet<(String, String)> = aggregates.into_iter().collect();
     for row in txn.query_all_raw(sql.build()).await? {
         if rows.len() >= limit {
@@ -288,10 +234,10 @@ pub(crate) async fn select_claimable(
         if !open.contains(&key) {
             continue;
         }
-        let status: String = row.try_get("", "status")?;
+        let status = WorkStatus::parse(&row.try_get::<String>("", "status")?);
         let locked_until = dialect.get_opt_timestamp(&row, "locked_until")?;
-        let claimable = status == "PENDING"
-            || (status == "PROCESSING" && locked_until.is_some_and(|t| t < now));
+        let claimable = status == Some(WorkStatus::Pending)
+            || (status == Some(WorkStatus::Processing) && locked_until.is_some_and(|t| t < now));
         if claimable {
             rows.push(Candidate { id, row });
         } else {
@@ -316,23 +262,23 @@ fn has_next(row: &QueryResult) -> bool {
 
 /// `, CASE WHEN EXISTS (a later unfinished row of this row's aggregate) THEN 1 ELSE 0 END AS
 /// has_next`: whether the runs step has anything to look for behind this head.
-fn push_has_next(sql: &mut Sql, queue: &Queue<'_>) {
-    let later = unfinished_in_aggregate(sql.dialect.backend(), queue, ">");
+pub(crate) fn push_has_next(sql: &mut Sql, queue: &Queue<'_>) {
+    let later = unfinished_in_aggregate(queue, ">");
     sql.push(&format!(
         ", CASE WHEN EXISTS ({later}) THEN 1 ELSE 0 END AS has_next"
     ));
 }
 
 /// "No earlier row of this row's aggregate is unfinished."
-fn push_no_unfinished_predecessor(sql: &mut Sql, queue: &Queue<'_>) {
-    let earlier = unfinished_in_aggregate(sql.dialect.backend(), queue, "<");
+pub(crate) fn push_no_unfinished_predecessor(sql: &mut Sql, queue: &Queue<'_>) {
+    let earlier = unfinished_in_aggregate(queue, "<");
     sql.push(&format!(" AND NOT EXISTS ({earlier})"));
 }
 
 /// The unfinished rows `e` of row `o`'s aggregate (and scope) whose id is `order` (`<`, `>`)
 /// its id.
-fn unfinished_in_aggregate(backend: DbBackend, queue: &Queue<'_>, order: &str) -> String {
-    let unfinished = (queue.unfinished)(backend, "e.");
+fn unfinished_in_aggregate(queue: &Queue<'_>, order: &str) -> String {
+    let unfinished = queue.unfinished("e.");
     let scope = match queue.scope {
         Some((column, _)) => format!(" AND e.{column} = o.{column}"),
         None => String::new(),
@@ -345,24 +291,27 @@ fn unfinished_in_aggregate(backend: DbBackend, queue: &Queue<'_>, order: &str) -
 }
 
 /// ` AND {alias}{scope column} = ?` (`alias` with its dot, or empty), when the queue has a scope.
-fn push_scope_of(sql: &mut Sql, queue: &Queue<'_>, alias: &str) {
+pub(crate) fn push_scope_of(sql: &mut Sql, queue: &Queue<'_>, alias: &str) {
     if let Some((column, value)) = queue.scope {
         sql.push(&format!(" AND {alias}{column} = "))
             .bind(value.to_owned().into());
     }
 }
 
-fn push_scope(sql: &mut Sql, queue: &Queue<'_>) {
-    push_scope_of(sql, queue, "o.");
-}
-
 /// "This row can be claimed now": PENDING, RETRY that is due, PROCESSING whose lease expired.
 fn push_claimable(sql: &mut Sql, now: &Value) {
-    sql.push(" AND (o.status = 'PENDING' OR (o.status = 'RETRY' AND o.next_attempt_at <= ")
-        .bind(now.clone())
-        .push(") OR (o.status = 'PROCESSING' AND o.locked_until < ")
-        .bind(now.clone())
-        .push("))");
+    sql.push(&format!(
+        " AND (o.status = {} OR (o.status = {} AND o.next_attempt_at <= ",
+        WorkStatus::Pending.literal(),
+        WorkStatus::Retry.literal()
+    ))
+    .bind(now.clone())
+    .push(&format!(
+        ") OR (o.status = {} AND o.locked_until < ",
+        WorkStatus::Processing.literal()
+    ))
+    .bind(now.clone())
+    .push("))");
 }
 
 pub(crate) fn prefixed_columns(columns: &str, alias: &str) -> String {
@@ -385,7 +334,8 @@ fn window_size(limit: usize) -> usize {
 /// would otherwise fill the window with rows that cannot be heads, and every claim would fall
 /// back to the scan beyond it. MySQL has no partial indexes: its window reads one `(status, id)`
 /// range per status.
-const WINDOW_STATUSES: [&str; 3] = ["PENDING", "RETRY", "DEAD"];
+pub(crate) const WINDOW_STATUSES: [WorkStatus; 3] =
+    [WorkStatus::Pending, WorkStatus::Retry, WorkStatus::Dead];
 
 /// The id of the `window`-th unfinished row of the queue that is not PROCESSING, in id order;
 /// `None` when the queue holds fewer (the heads query then reads all of them anyway). Served by
@@ -396,49 +346,33 @@ async fn window_bound(
     queue: &Queue<'_>,
     window: usize,
 ) -> Result<Option<i64>, DbErr> {
-    let mut sql = Sql::new(Dialect::of(txn));
-    push_window_bound(&mut sql, queue, window);
+    let mut sql = Sql::new(queue.dialect);
+    queue.dialect.push_window_bound(&mut sql, queue, window);
     match txn.query_one_raw(sql.build()).await? {
         Some(row) => Ok(Some(row.try_get("", "id")?)),
         None => Ok(None),
     }
 }
 
-/// The query of [`window_bound`], also used as a scalar subquery.
-fn push_window_bound(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
-    let backend = sql.dialect.backend();
-    if backend == DbBackend::MySql {
-        sql.push("SELECT id FROM (");
-        for (i, status) in WINDOW_STATUSES.into_iter().enumerate() {
-            if i > 0 {
-                sql.push(" UNION ALL ");
-            }
-            sql.push(&format!(
-                "(SELECT id FROM {} WHERE status = '{status}' AND {}",
-                queue.table,
-                (queue.unfinished)(backend, "")
-            ));
-            push_scope_of(sql, queue, "");
-            sql.push(&format!(" ORDER BY id LIMIT {window})"));
-        }
-        sql.push(") w");
-    } else {
-        sql.push(&format!(
-            "SELECT id FROM {} WHERE {} AND status <> 'PROCESSING'",
-            queue.table,
-            (queue.unfinished)(backend, "")
-        ));
-        push_scope_of(sql, queue, "");
-    }
+/// The query of [`window_bound`], also used as a scalar subquery: served by the
+/// unsent/unfinished partial index.
+pub(crate) fn push_window_bound_filtered(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+    sql.push(&format!(
+        "SELECT id FROM {} WHERE {} AND status <> {}",
+        queue.table,
+        queue.unfinished(""),
+        WorkStatus::Processing.literal()
+    ));
+    push_scope_of(sql, queue, "");
     sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
 }
 
 /// The heads query's upper bound on ids.
-#[derive(Clone, Copy)]
-enum HeadsBound {
+#[derive(Debug, Clone, Copy)]
+pub enum HeadsBound {
     /// None: without ordering, or with fewer unfinished rows than the window holds.
     Unbounded,
-    /// Already known (MySQL asks for it first).
+    /// Already known (asked for first, where the heads query cannot compute it).
     At(i64),
     /// The bound of a window of this size, computed inside the query and returned with each
     /// row as `window_bound`.
@@ -448,61 +382,39 @@ enum HeadsBound {
 /// The first claimable rows in id order; with ordering, only those with no unfinished
 /// predecessor in their aggregate, and only up to `bound` (the window) when given. Locked with
 /// `SKIP LOCKED`, so concurrent claimers take disjoint rows without waiting on each other.
-fn heads_query(
-    dialect: Dialect,
-    queue: &Queue<'_>,
-    now: DateTime<Utc>,
-    limit: usize,
-    ordering: bool,
-    bound: HeadsBound,
-) -> Statement {
+#[derive(Debug)]
+pub struct HeadsQuery<'a> {
+    /// The queue.
+    pub queue: &'a Queue<'a>,
+    /// The current time, as the dialect binds it.
+    pub now: Value,
+    /// At most this many rows.
+    pub limit: usize,
+    /// Only rows with no unfinished predecessor in their aggregate.
+    pub ordering: bool,
+    /// The upper bound on ids.
+    pub bound: HeadsBound,
+}
+
+/// [`HeadsQuery`] over the partial index of unfinished rows, from the first of them.
+pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
+    let HeadsQuery {
+        queue,
+        now,
+        limit,
+        ordering,
+        bound,
+    } = query;
+    let dialect = queue.dialect;
     let mut sql = Sql::new(dialect);
     let columns = prefixed_columns(queue.columns, "o");
-    let now = dialect.timestamp(now);
-    if dialect.backend() == DbBackend::MySql {
-        // Without partial indexes, one range scan of (status, id) per claimable status, each
-        // stopping after `limit` rows, beats filtering every unfinished row then sorting.
-        let branches: [(&str, Option<&str>); 3] = [
-            ("PENDING", None),
-            ("RETRY", Some("o.next_attempt_at <= ")),
-            ("PROCESSING", Some("o.locked_until < ")),
-        ];
-        for (i, (status, due)) in branches.into_iter().enumerate() {
-            if i > 0 {
-                sql.push(" UNION ALL ");
-            }
-            sql.push(&format!("(SELECT {columns}"));
-            if ordering {
-                push_has_next(&mut sql, queue);
-            }
-            sql.push(&format!(
-                " FROM {} o WHERE o.status = '{status}'",
-                queue.table
-            ));
-            push_scope(&mut sql, queue);
-            if let Some(due) = due {
-                sql.push(" AND ").push(due).bind(now.clone());
-            }
-            if let HeadsBound::At(bound) = bound {
-                sql.push(" AND o.id <= ").bind(bound.into());
-            }
-            if ordering {
-                push_no_unfinished_predecessor(&mut sql, queue);
-            }
-            sql.push(&format!(
-                " ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
-            ));
-        }
-        sql.push(&format!(" ORDER BY id LIMIT {limit}"));
-        return sql.build();
-    }
     if let HeadsBound::Window(window) = bound {
         sql.push("WITH w AS (");
-        push_window_bound(&mut sql, queue, window);
+        dialect.push_window_bound(&mut sql, queue, *window);
         sql.push(") ");
     }
     sql.push(&format!("SELECT {columns}"));
-    if ordering {
+    if *ordering {
         push_has_next(&mut sql, queue);
     }
     if let HeadsBound::Window(_) = bound {
@@ -511,33 +423,36 @@ fn heads_query(
     sql.push(&format!(
         " FROM {} o WHERE {}",
         queue.table,
-        (queue.unfinished)(dialect.backend(), "o.")
+        queue.unfinished("o.")
     ));
-    push_scope(&mut sql, queue);
-    if let HeadsBound::At(bound) = bound {
-        sql.push(" AND o.id <= ").bind(bound.into());
-    }
-    if let HeadsBound::Window(_) = bound {
-        sql.push(&format!(
-            " AND o.id <= COALESCE((SELECT id FROM w), {})",
-            i64::MAX
-        ));
+    push_scope_of(&mut sql, queue, "o.");
+    match bound {
+        HeadsBound::Unbounded => {}
+        HeadsBound::At(bound) => {
+            sql.push(" AND o.id <= ").bind((*bound).into());
+        }
+        HeadsBound::Window(_) => {
+            sql.push(&format!(
+                " AND o.id <= COALESCE((SELECT id FROM w), {})",
+                i64::MAX
+            ));
+        }
     }
     // From the first unfinished row: otherwise the planner may walk the primary key from the
     // table's first row through every finished row (their number only grows until retention).
     sql.push(&format!(
         " AND o.id >= (SELECT MIN(x.id) FROM {} x WHERE {}",
         queue.table,
-        (queue.unfinished)(dialect.backend(), "x.")
+        queue.unfinished("x.")
     ));
     push_scope_of(&mut sql, queue, "x.");
     sql.push(")");
-    push_claimable(&mut sql, &now);
-    if ordering {
+    push_claimable(&mut sql, now);
+    if *ordering {
         push_no_unfinished_predecessor(&mut sql, queue);
     }
     sql.push(&format!(" ORDER BY o.id LIMIT {limit}"));
-    sql.push(lock_clause(dialect.backend(), true));
+    sql.push(dialect.lock_rows(true));
     sql.build()
 }
 
@@ -546,114 +461,84 @@ fn heads_query(
 ///
 /// Candidates are each aggregate's first unfinished row, found by a loose index scan over the
 /// aggregate index that jumps from one `(aggregate_type, aggregate_id)` to the next (a recursive
-/// CTE on PostgreSQL and SQLite; on MySQL, whose dependent subqueries cannot seek on an outer
-/// value, a `GROUP BY` that MySQL runs as a loose index scan, one per claimable status). The scan
-/// visits at most `budget` aggregates in key order: more than the window can hold, so that it
-/// always reaches aggregates beyond it (with more aggregates than that, the first in key order,
-/// not in id order). Rows without an aggregate type (inbox messages from other producers) are each
+/// CTE by default, each step the dialect's [`Backend::push_next_aggregate`]). The scan visits at
+/// most `budget` aggregates in key order: more than the window can hold, so that it always
+/// reaches aggregates beyond it (with more aggregates than that, the first in key order, not in
+/// id order). Rows without an aggregate type (inbox messages from other producers) are each
 /// their own aggregate and are read from their own index range; an inbox row with a type but no
 /// aggregate id is reached only once the window gets to it. The final statement checks
 /// claimability and the "no unfinished predecessor" predicate again, as the heads query does,
 /// so a stale candidate is never taken.
-fn heads_beyond_window_query(
-    dialect: Dialect,
-    queue: &Queue<'_>,
-    now: DateTime<Utc>,
-    room: usize,
-    bound: i64,
-    budget: usize,
+#[derive(Debug)]
+pub struct BeyondWindow<'a> {
+    /// The queue.
+    pub queue: &'a Queue<'a>,
+    /// The current time, as the dialect binds it.
+    pub now: Value,
+    /// At most this many rows.
+    pub room: usize,
+    /// Only ids above this one.
+    pub bound: i64,
+    /// Aggregates the loose index scan visits at most.
+    pub budget: usize,
+}
+
+/// [`BeyondWindow`] with a recursive CTE walking the aggregate index.
+pub(crate) fn beyond_window_recursive<B: Backend + ?Sized>(
+    backend: &B,
+    query: &BeyondWindow<'_>,
 ) -> Statement {
-    let backend = dialect.backend();
+    let queue = query.queue;
     let table = queue.table;
-    let unfinished = |prefix: &str| (queue.unfinished)(backend, prefix);
-    let mut sql = Sql::new(dialect);
-    // The index column before the aggregate when the queue is scoped (the inbox's consumer).
-    let lead = match queue.scope {
-        Some((column, _)) => format!("{column}, "),
-        None => String::new(),
-    };
-    if backend != DbBackend::MySql {
-        // agg: one row per aggregate in key order, with the id of its first unfinished row.
-        sql.push(&format!(
-            "WITH RECURSIVE agg (n, id, t, i) AS (SELECT 1, s.id, s.aggregate_type, s.aggregate_id \
-             FROM (SELECT e.id, e.aggregate_type, e.aggregate_id FROM {table} e WHERE {}",
-            unfinished("e.")
-        ));
-        push_scope_of(&mut sql, queue, "e.");
-        sql.push(
-            " AND e.aggregate_type IS NOT NULL AND e.aggregate_id IS NOT NULL \
-             ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) s \
-             UNION ALL SELECT a.n + 1, f.id, f.aggregate_type, f.aggregate_id FROM agg a ",
-        );
-        if backend == DbBackend::Postgres {
-            sql.push(&format!(
-                "CROSS JOIN LATERAL (SELECT e.id, e.aggregate_type, e.aggregate_id \
-                 FROM {table} e WHERE {}",
-                unfinished("e.")
-            ));
-            push_scope_of(&mut sql, queue, "e.");
-            sql.push(
-                " AND (e.aggregate_type, e.aggregate_id) > (a.t, a.i) AND e.aggregate_id IS NOT NULL \
-                 ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) f",
-            );
-        } else {
-            // SQLite sorts NULLs first, and with the `aggregate_id IS NOT NULL` that skipping
-            // them needs it no longer seeks on the row value: two seeks instead, the next id
-            // of the same type, else the first aggregate of a later type.
-            sql.push(&format!(
-                "JOIN {table} f ON f.id = COALESCE((SELECT e.id FROM {table} e WHERE {}",
-                unfinished("e.")
-            ));
-            push_scope_of(&mut sql, queue, "e.");
-            sql.push(&format!(
-                " AND e.aggregate_type = a.t AND e.aggregate_id > a.i \
-                 ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1), \
-                 (SELECT e.id FROM {table} e WHERE {}",
-                unfinished("e.")
-            ));
-            push_scope_of(&mut sql, queue, "e.");
-            sql.push(
-                " AND e.aggregate_type > a.t AND e.aggregate_id IS NOT NULL \
-                 ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1))",
-            );
-        }
-        sql.push(&format!(" WHERE a.n < {budget}) "));
-    }
+    let mut sql = Sql::new(queue.dialect);
+    // agg: one row per aggregate in key order, with the id of its first unfinished row.
     sql.push(&format!(
-        "SELECT {} FROM {table} o WHERE o.id IN (SELECT c.id FROM (",
-        prefixed_columns(queue.columns, "o")
+        "WITH RECURSIVE agg (n, id, t, i) AS (SELECT 1, s.id, s.aggregate_type, s.aggregate_id \
+         FROM (SELECT e.id, e.aggregate_type, e.aggregate_id FROM {table} e WHERE {}",
+        queue.unfinished("e.")
     ));
-    if backend == DbBackend::MySql {
-        // A head is also the first row of its status in its aggregate: one loose index scan of
-        // `(aggregate_type, aggregate_id, status, id)` per claimable status.
-        for status in ["PENDING", "RETRY", "PROCESSING"] {
-            sql.push(&format!(
-                "(SELECT MIN(id) AS id FROM {table} WHERE status = '{status}'"
-            ));
-            push_scope_of(&mut sql, queue, "");
-            sql.push(&format!(
-                " GROUP BY {lead}aggregate_type, aggregate_id \
-                 ORDER BY {lead}aggregate_type, aggregate_id LIMIT {budget}) UNION ALL "
-            ));
-        }
-    } else {
-        sql.push("SELECT id FROM agg UNION ALL ");
-    }
+    push_scope_of(&mut sql, queue, "e.");
+    sql.push(
+        " AND e.aggregate_type IS NOT NULL AND e.aggregate_id IS NOT NULL \
+         ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) s \
+         UNION ALL SELECT a.n + 1, f.id, f.aggregate_type, f.aggregate_id FROM agg a ",
+    );
+    backend.push_next_aggregate(&mut sql, queue);
+    sql.push(&format!(" WHERE a.n < {}) ", query.budget));
+    push_beyond_window_select(&mut sql, queue);
+    sql.push("SELECT id FROM agg UNION ALL ");
+    push_beyond_window_rest(&mut sql, query);
+    sql.build()
+}
+
+/// The head of [`BeyondWindow`]'s final statement, up to the candidates' union.
+pub(crate) fn push_beyond_window_select(sql: &mut Sql, queue: &Queue<'_>) {
+    sql.push(&format!(
+        "SELECT {} FROM {} o WHERE o.id IN (SELECT c.id FROM (",
+        prefixed_columns(queue.columns, "o"),
+        queue.table
+    ));
+}
+
+/// The rest of [`BeyondWindow`]'s final statement, after the aggregates' candidates: the rows
+/// without an aggregate type, the bound, and the claimability checks.
+pub(crate) fn push_beyond_window_rest(sql: &mut Sql, query: &BeyondWindow<'_>) {
+    let queue = query.queue;
     // Rows without an aggregate type: each is a head of its own. `+id` keeps the id bound,
     // which the planners push into this branch, from being read as an id range (SQLite would
     // then walk every row after the window instead of the aggregate index's NULL range).
     sql.push(&format!(
-        "SELECT +id AS id FROM {table} WHERE {} AND aggregate_type IS NULL",
-        unfinished("")
+        "SELECT +id AS id FROM {} WHERE {} AND aggregate_type IS NULL",
+        queue.table,
+        queue.unfinished("")
     ));
-    push_scope_of(&mut sql, queue, "");
+    push_scope_of(sql, queue, "");
     sql.push(") c WHERE c.id > ")
-        .bind(bound.into())
-        .push(&format!(") AND {}", unfinished("o.")));
-    push_scope(&mut sql, queue);
-    push_claimable(&mut sql, &dialect.timestamp(now));
-    push_no_unfinished_predecessor(&mut sql, queue);
-    sql.push(&format!(" ORDER BY o.id LIMIT {room}"));
-    sql.push(lock_clause(backend, true));
-    sql.build()
+        .bind(query.bound.into())
+        .push(&format!(") AND {}", queue.unfinished("o.")));
+    push_scope_of(sql, queue, "o.");
+    push_claimable(sql, &query.now);
+    push_no_unfinished_predecessor(sql, queue);
+    sql.push(&format!(" ORDER BY o.id LIMIT {}", query.room));
+    sql.push(queue.dialect.lock_rows(true));
 }

@@ -2,30 +2,17 @@
 //! and fenced write-backs.
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 use uuid::Uuid;
 
 use super::{
-    Dialect, INBOX_TABLE,
-    claim::{Queue, Sql, begin, hand_back, select_claimable},
-    relay::ClaimParams,
+    AGGREGATE_VERSION_TABLE, Dialect, INBOX_TABLE,
+    claim::{ClaimParams, Queue, hand_back, select_claimable},
+    sql::Sql,
+    status::{Failure, InboxStatus},
+    tx::begin_work,
 };
-
-/// Status values of `inbox_event.status`.
-pub mod inbox_status {
-    /// Stored, not yet handled (stored mode, or waiting behind its aggregate).
-    pub const PENDING: &str = "PENDING";
-    /// Claimed by a worker under a lease.
-    pub const PROCESSING: &str = "PROCESSING";
-    /// Handled; its effects committed with this row.
-    pub const DONE: &str = "DONE";
-    /// The handler failed; due again at `next_attempt_at`.
-    pub const RETRY: &str = "RETRY";
-    /// Gave up (or could not be decoded); waits for an operator.
-    pub const DEAD: &str = "DEAD";
-    /// An operator decided not to handle it.
-    pub const IGNORED: &str = "IGNORED";
-}
+use crate::util::text::truncate;
 
 /// Longest consumer name the table holds.
 pub const MAX_CONSUMER_CHARS: usize = 128;
@@ -59,82 +46,54 @@ pub struct NewInboxRow<'a> {
     pub payload: &'a [u8],
 }
 
-/// The state a recorded delivery starts in.
-#[derive(Debug, Clone)]
-pub enum InitialState {
+/// The state a delivery is recorded in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboxState {
     /// Handled in the same transaction.
     Done,
     /// To be handled by the worker.
     Pending,
-    /// The handler failed once; retry at the instant given.
-    Retry {
-        /// Attempts so far.
-        attempts: u32,
-        /// When to try again.
-        next_attempt_at: DateTime<Utc>,
-        /// Why it failed.
-        error: String,
-    },
-    /// Cannot be handled; an operator must look.
-    Dead {
-        /// Attempts so far.
-        attempts: u32,
-        /// Why.
-        error: String,
-    },
-}
-
-fn truncate(s: &str, max_chars: usize) -> String {
-    match s.char_indices().nth(max_chars) {
-        Some((i, _)) => s[..i].to_owned(),
-        None => s.to_owned(),
-    }
+    /// The handler failed: RETRY at a due time, or DEAD.
+    Failed(Failure),
 }
 
 /// The columns a state sets.
 struct StateColumns<'a> {
-    status: &'static str,
+    status: InboxStatus,
     attempts: u32,
     next_attempt_at: Option<DateTime<Utc>>,
     error: Option<&'a str>,
     processed_at: Option<DateTime<Utc>>,
 }
 
-fn state_columns(state: &InitialState, now: DateTime<Utc>) -> StateColumns<'_> {
-    let (status, attempts, next_attempt_at, error, processed_at) = match state {
-        InitialState::Done => (inbox_status::DONE, 1, None, None, Some(now)),
-        InitialState::Pending => (inbox_status::PENDING, 0, None, None, None),
-        InitialState::Retry {
-            attempts,
-            next_attempt_at,
-            error,
-        } => (
-            inbox_status::RETRY,
-            *attempts,
-            Some(*next_attempt_at),
-            Some(error.as_str()),
-            None,
-        ),
-        InitialState::Dead { attempts, error } => (
-            inbox_status::DEAD,
-            *attempts,
-            None,
-            Some(error.as_str()),
-            None,
-        ),
-    };
-    StateColumns {
-        status,
-        attempts,
-        next_attempt_at,
-        error,
-        processed_at,
+fn state_columns(state: &InboxState, now: DateTime<Utc>) -> StateColumns<'_> {
+    match state {
+        InboxState::Done => StateColumns {
+            status: InboxStatus::Done,
+            attempts: 1,
+            next_attempt_at: None,
+            error: None,
+            processed_at: Some(now),
+        },
+        InboxState::Pending => StateColumns {
+            status: InboxStatus::Pending,
+            attempts: 0,
+            next_attempt_at: None,
+            error: None,
+            processed_at: None,
+        },
+        InboxState::Failed(failure) => StateColumns {
+            status: failure.inbox_status(),
+            attempts: failure.attempts(),
+            next_attempt_at: failure.next_attempt_at(),
+            error: Some(failure.error()),
+            processed_at: None,
+        },
     }
 }
 
 fn timestamp_or_null(dialect: Dialect, t: Option<DateTime<Utc>>) -> Value {
-    t.map(|t| dialect.timestamp(t))
-        .unwrap_or_else(|| null_timestamp(dialect.backend()))
+    t.map_or_else(|| dialect.null_timestamp(), |t| dialect.timestamp(t))
 }
 
 /// The columns that say what a row's message is.
@@ -157,29 +116,23 @@ fn row_values(row: &NewInboxRow<'_>) -> [Value; 9] {
 }
 
 /// `INSERT` of `rows` that skips the `(consumer, message_id)` already recorded, optionally
-/// `RETURNING` the message ids it inserted (PostgreSQL and SQLite).
+/// `RETURNING` the message ids it inserted (where the dialect can).
 fn insert_statement(
     dialect: Dialect,
-    rows: &[(&NewInboxRow<'_>, &InitialState)],
+    rows: &[(&NewInboxRow<'_>, &InboxState)],
     now: DateTime<Utc>,
     returning: bool,
 ) -> sea_orm::Statement {
-    let backend = dialect.backend();
+    let (insert, on_conflict) = dialect.insert_skipping("consumer, message_id");
     let mut sql = Sql::new(dialect);
-    sql.push(match backend {
-        // Values are validated before this point, so IGNORE only skips the duplicate key.
-        DbBackend::MySql => "INSERT IGNORE INTO ",
-        _ => "INSERT INTO ",
-    })
-    .push(INBOX_TABLE)
-    .push(&format!(
+    sql.push(insert).push(INBOX_TABLE).push(&format!(
         " ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, received_at, \
          processed_at) VALUES "
     ));
     for (n, (row, state)) in rows.iter().enumerate() {
         let state = state_columns(state, now);
         let values = row_values(row).into_iter().chain([
-            state.status.to_owned().into(),
+            state.status.as_str().to_owned().into(),
             i64::from(state.attempts).into(),
             timestamp_or_null(dialect, state.next_attempt_at),
             state.error.map(|e| truncate(e, 4000)).into(),
@@ -191,11 +144,11 @@ fn insert_statement(
         }
         sql.bind_list(values);
     }
-    if backend != DbBackend::MySql {
-        sql.push(" ON CONFLICT (consumer, message_id) DO NOTHING");
-        if returning {
-            sql.push(" RETURNING message_id");
-        }
+    if let Some(on_conflict) = on_conflict {
+        sql.push(&on_conflict);
+    }
+    if returning {
+        sql.push(" RETURNING message_id");
     }
     sql.build()
 }
@@ -205,7 +158,7 @@ fn insert_statement(
 pub async fn insert<C: ConnectionTrait>(
     conn: &C,
     row: &NewInboxRow<'_>,
-    state: &InitialState,
+    state: &InboxState,
     now: DateTime<Utc>,
 ) -> Result<bool, DbErr> {
     let statement = insert_statement(Dialect::of(conn), &[(row, state)], now, false);
@@ -215,22 +168,24 @@ pub async fn insert<C: ConnectionTrait>(
 /// Rows one multi-row insert takes at most (15 parameters each).
 const INSERT_CHUNK: usize = 64;
 
-/// Record several deliveries with one statement per 64 rows (PostgreSQL and
-/// SQLite; `None` on MySQL, whose multi-row `INSERT IGNORE` does not say which rows it skipped:
-/// use [`insert`] per row there). For each row, whether it was inserted; of two rows with the
-/// same message id, only the first.
+/// Record several deliveries: for each row, whether it was inserted (`false`: a duplicate); of
+/// two rows with the same message id, only the first. One statement per 64 rows where the
+/// dialect's INSERT can say which rows it inserted, one per row elsewhere.
 pub async fn insert_many<C: ConnectionTrait>(
     conn: &C,
-    rows: &[(NewInboxRow<'_>, InitialState)],
+    rows: &[(NewInboxRow<'_>, InboxState)],
     now: DateTime<Utc>,
-) -> Result<Option<Vec<bool>>, DbErr> {
+) -> Result<Vec<bool>, DbErr> {
     let dialect = Dialect::of(conn);
-    if dialect.backend() == DbBackend::MySql {
-        return Ok(None);
-    }
     let mut inserted = Vec::with_capacity(rows.len());
+    if !dialect.insert_returning() {
+        for (row, state) in rows {
+            inserted.push(insert(conn, row, state, now).await?);
+        }
+        return Ok(inserted);
+    }
     for chunk in rows.chunks(INSERT_CHUNK) {
-        let pairs: Vec<(&NewInboxRow<'_>, &InitialState)> =
+        let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
             chunk.iter().map(|(row, state)| (row, state)).collect();
         let mut returned: std::collections::HashSet<String> = std::collections::HashSet::new();
         for row in conn
@@ -244,42 +199,41 @@ pub async fn insert_many<C: ConnectionTrait>(
             inserted.push(returned.remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS)));
         }
     }
-    Ok(Some(inserted))
+    Ok(inserted)
 }
 
-/// What [`record_batch`] found and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecordedBatch {
-    /// The `(aggregate_type, aggregate_id)` of the batch that had an unfinished message
-    /// recorded before it: the batch's messages of these aggregates were recorded as PENDING.
-    pub blocked: std::collections::HashSet<(String, String)>,
-    /// For each row, whether it was inserted (`false`: a duplicate); `None` on MySQL, where
-    /// nothing was inserted and each row goes in with [`insert`].
-    pub inserted: Option<Vec<bool>>,
+/// How [`record_batch`] recorded one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// As DONE: its handler runs now, in the batch's transaction.
+    Done,
+    /// As PENDING, behind an unfinished message of its aggregate recorded before the batch.
+    Pending,
+    /// Not at all: `(consumer, message_id)` was recorded before (or earlier in the batch).
+    Duplicate,
 }
 
 /// Record a batch of deliveries for one consumer: each row as DONE, or as PENDING when `ordered`
 /// and an unfinished message of its aggregate was recorded before the batch. The statement
 /// runs before the batch's handlers, in their transaction; a handler that fails then
-/// [`restate`]s its row.
+/// [`restate`]s its row. Returns how each row was recorded, in order.
 ///
-/// On PostgreSQL this is one statement that looks the aggregates up and inserts, skipping
-/// duplicates, and returns what it inserted with the status it chose. On SQLite it is the
-/// aggregates' query, then [`insert_many`]; on MySQL only the aggregates' query.
+/// Where the dialect can, this is one statement that looks the aggregates up and inserts,
+/// skipping duplicates, and returns what it inserted with the status it chose; elsewhere the
+/// aggregates' query, then [`insert_many`].
 pub async fn record_batch<C: ConnectionTrait>(
     conn: &C,
     rows: &[NewInboxRow<'_>],
     ordered: bool,
     now: DateTime<Utc>,
-) -> Result<RecordedBatch, DbErr> {
+) -> Result<Vec<Recorded>, DbErr> {
     let dialect = Dialect::of(conn);
     fn aggregate_of<'a>(row: &NewInboxRow<'a>) -> Option<(&'a str, &'a str)> {
         Some((row.aggregate_type?, row.aggregate_id?))
     }
     let any_aggregate = ordered && rows.iter().any(|row| aggregate_of(row).is_some());
-    if dialect.backend() == DbBackend::Postgres && any_aggregate {
-        let mut blocked = std::collections::HashSet::new();
-        let mut inserted = Vec::with_capacity(rows.len());
+    if dialect.records_ordered_batch_in_one_statement() && any_aggregate {
+        let mut recorded = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut returned = std::collections::HashMap::new();
             for row in conn
@@ -288,23 +242,20 @@ pub async fn record_batch<C: ConnectionTrait>(
             {
                 let message_id: String = row.try_get("", "message_id")?;
                 let status: String = row.try_get("", "status")?;
-                returned.insert(message_id, status == inbox_status::PENDING);
+                returned.insert(message_id, status == InboxStatus::Pending.as_str());
             }
             for row in chunk {
                 // `remove`: a second row with the same id in the batch was the one skipped.
-                let pending = returned.remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS));
-                if pending == Some(true)
-                    && let Some((aggregate_type, aggregate_id)) = aggregate_of(row)
-                {
-                    blocked.insert((aggregate_type.to_owned(), aggregate_id.to_owned()));
-                }
-                inserted.push(pending.is_some());
+                recorded.push(
+                    match returned.remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS)) {
+                        None => Recorded::Duplicate,
+                        Some(true) => Recorded::Pending,
+                        Some(false) => Recorded::Done,
+                    },
+                );
             }
         }
-        return Ok(RecordedBatch {
-            blocked,
-            inserted: Some(inserted),
-        });
+        return Ok(recorded);
     }
     let blocked = if any_aggregate {
         let consumer = rows.first().map_or("", |row| row.consumer);
@@ -313,25 +264,33 @@ pub async fn record_batch<C: ConnectionTrait>(
     } else {
         Default::default()
     };
-    let states: Vec<(NewInboxRow<'_>, InitialState)> = rows
+    let states: Vec<(NewInboxRow<'_>, InboxState)> = rows
         .iter()
         .map(|row| {
             // `blocked` is empty unless `ordered`.
             let waits = aggregate_of(row)
                 .is_some_and(|(t, id)| blocked.contains(&(t.to_owned(), id.to_owned())));
             let state = if waits {
-                InitialState::Pending
+                InboxState::Pending
             } else {
-                InitialState::Done
+                InboxState::Done
             };
             (row.clone(), state)
         })
         .collect();
     let inserted = insert_many(conn, &states, now).await?;
-    Ok(RecordedBatch { blocked, inserted })
+    Ok(states
+        .iter()
+        .zip(inserted)
+        .map(|((_, state), inserted)| match (inserted, state) {
+            (false, _) => Recorded::Duplicate,
+            (true, InboxState::Pending) => Recorded::Pending,
+            (true, _) => Recorded::Done,
+        })
+        .collect())
 }
 
-/// PostgreSQL: the rows inserted as DONE, or as PENDING behind an unfinished message of their
+/// The rows inserted as DONE, or as PENDING behind an unfinished message of their
 /// aggregate recorded before this statement (its snapshot does not see its own rows), in the
 /// order given, `RETURNING message_id, status`.
 fn record_ordered_statement(
@@ -355,7 +314,7 @@ fn record_ordered_statement(
     sql.push(&format!(
         ") INSERT INTO {INBOX_TABLE} ({ROW_COLUMNS}, status, attempts, received_at, \
          processed_at) SELECT {selected}, \
-         CASE WHEN b.aggregate_id IS NULL THEN '{done}' ELSE '{pending}' END, \
+         CASE WHEN b.aggregate_id IS NULL THEN {done} ELSE {pending} END, \
          CASE WHEN b.aggregate_id IS NULL THEN 1 ELSE 0 END, v.received_at, \
          CASE WHEN b.aggregate_id IS NULL THEN v.received_at END FROM (VALUES ",
         selected = ROW_COLUMNS
@@ -363,8 +322,8 @@ fn record_ordered_statement(
             .map(|column| format!("v.{column}"))
             .collect::<Vec<_>>()
             .join(", "),
-        done = inbox_status::DONE,
-        pending = inbox_status::PENDING,
+        done = InboxStatus::Done.literal(),
+        pending = InboxStatus::Pending.literal(),
     ));
     let received_at = dialect.timestamp(now);
     for (n, row) in rows.iter().enumerate() {
@@ -393,14 +352,14 @@ pub async fn restate<C: ConnectionTrait>(
     conn: &C,
     consumer: &str,
     message_id: &str,
-    state: &InitialState,
+    state: &InboxState,
     now: DateTime<Utc>,
 ) -> Result<(), DbErr> {
     let dialect = Dialect::of(conn);
     let state = state_columns(state, now);
     let mut sql = Sql::new(dialect);
     sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
-        .bind(state.status.to_owned().into())
+        .bind(state.status.as_str().to_owned().into())
         .push(", attempts = ")
         .bind(i64::from(state.attempts).into())
         .push(", next_attempt_at = ")
@@ -417,13 +376,22 @@ pub async fn restate<C: ConnectionTrait>(
     Ok(())
 }
 
-/// The status and payload recorded for `(consumer, message_id)`, if any: what a delivery that
-/// [`insert`] reported as a duplicate is compared with.
+/// What is recorded for a `(consumer, message_id)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedMessage {
+    /// Its status.
+    pub status: String,
+    /// The message as first received.
+    pub payload: Vec<u8>,
+}
+
+/// What is recorded for `(consumer, message_id)`, if anything: what a delivery that [`insert`]
+/// reported as a duplicate is compared with.
 pub async fn recorded<C: ConnectionTrait>(
     conn: &C,
     consumer: &str,
     message_id: &str,
-) -> Result<Option<(String, Vec<u8>)>, DbErr> {
+) -> Result<Option<RecordedMessage>, DbErr> {
     let mut sql = Sql::new(Dialect::of(conn));
     sql.push(&format!(
         "SELECT status, payload FROM {INBOX_TABLE} WHERE consumer = "
@@ -432,18 +400,11 @@ pub async fn recorded<C: ConnectionTrait>(
     .push(" AND message_id = ")
     .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
     match conn.query_one_raw(sql.build()).await? {
-        Some(row) => Ok(Some((
-            row.try_get("", "status")?,
-            row.try_get("", "payload")?,
-        ))),
+        Some(row) => Ok(Some(RecordedMessage {
+            status: row.try_get("", "status")?,
+            payload: row.try_get("", "payload")?,
+        })),
         None => Ok(None),
-    }
-}
-
-fn null_timestamp(backend: DbBackend) -> Value {
-    match backend {
-        DbBackend::Sqlite => Option::<String>::None.into(),
-        _ => Option::<DateTime<Utc>>::None.into(),
     }
 }
 
@@ -466,7 +427,7 @@ pub async fn has_unfinished<C: ConnectionTrait>(
     .push(" AND aggregate_id = ")
     .bind(aggregate_id.to_owned().into())
     .push(" AND ")
-    .push(&unfinished(dialect.backend(), ""))
+    .push(&unfinished(&dialect, ""))
     .push(" LIMIT 1");
     Ok(conn.query_one_raw(sql.build()).await?.is_some())
 }
@@ -506,13 +467,13 @@ fn push_unfinished_aggregates(
     consumer: &str,
     aggregates: impl Iterator<Item = (String, String)>,
 ) {
-    let backend = sql.backend();
+    let unfinished = unfinished(&sql.dialect, "");
     sql.push(&format!(
         "SELECT DISTINCT aggregate_type, aggregate_id FROM {INBOX_TABLE} WHERE consumer = "
     ))
     .bind(consumer.to_owned().into())
     .push(" AND ")
-    .push(&unfinished(backend, ""))
+    .push(&unfinished)
     .push(" AND (");
     let mut any = false;
     for (aggregate_type, aggregate_id) in aggregates {
@@ -530,8 +491,8 @@ fn push_unfinished_aggregates(
 }
 
 /// "This message holds its aggregate back": the partial indexes' predicate.
-fn unfinished(_backend: DbBackend, prefix: &str) -> String {
-    format!("{prefix}status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')")
+fn unfinished(_dialect: &Dialect, prefix: &str) -> String {
+    InboxStatus::in_list(prefix, &InboxStatus::UNFINISHED)
 }
 
 /// A message claimed by a consumer's worker.
@@ -570,27 +531,28 @@ pub struct InboxClaim {
 /// expired. With ordering, only the first unfinished message of each aggregate and the PENDING
 /// run behind it.
 ///
-/// `params.relay_id` names the worker in `locked_by`.
+/// `params.owner` names the worker in `locked_by`.
 pub async fn claim(
     db: &DatabaseConnection,
     consumer: &str,
     params: &ClaimParams<'_>,
 ) -> Result<InboxClaim, DbErr> {
     let ClaimParams {
-        relay_id: worker_id,
+        owner: worker_id,
         batch_size,
         locked_until,
         now,
         ordering,
         max_attempts,
     } = *params;
-    let txn = begin(db).await?;
+    let txn = begin_work(db).await?;
     let dialect = Dialect::of(&txn);
     let queue = Queue {
+        dialect,
         table: INBOX_TABLE,
         columns: COLUMNS,
         scope: Some(("consumer", consumer)),
-        unfinished,
+        predicate: unfinished,
     };
     let mut messages = Vec::new();
     let mut expired_dead = Vec::new();
@@ -599,11 +561,8 @@ pub async fn claim(
     let mut stranded = Vec::new();
     for candidate in select_claimable(&txn, &queue, now, batch_size, ordering).await? {
         let row = &candidate.row;
-        let status: String = row.try_get("", "status")?;
-        let attempts: i64 = match dialect.backend() {
-            DbBackend::Sqlite => row.try_get("", "attempts")?,
-            _ => i64::from(row.try_get::<i32>("", "attempts")?),
-        };
+        let reclaim = row.try_get::<String>("", "status")? == InboxStatus::Processing.as_str();
+        let attempts = dialect.get_int(row, "attempts")?;
         let mut message = ClaimedMessage {
             id: candidate.id,
             message_id: row.try_get("", "message_id")?,
@@ -616,12 +575,12 @@ pub async fn claim(
         };
         let key = (message.aggregate_type.clone(), message.aggregate_id.clone());
         if ordering && key.0.is_some() && blocked.contains(&key) {
-            if status == inbox_status::PROCESSING {
+            if reclaim {
                 stranded.push(message.id);
             }
             continue;
         }
-        if status == inbox_status::PROCESSING {
+        if reclaim {
             message.attempts += 1;
             message.reclaimed = true;
             if message.attempts >= max_attempts {
@@ -636,8 +595,9 @@ pub async fn claim(
     if !messages.is_empty() {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "UPDATE {INBOX_TABLE} SET attempts = CASE WHEN status = 'PROCESSING' THEN attempts + 1 ELSE attempts END, \
-             status = 'PROCESSING', locked_by = "
+            "UPDATE {INBOX_TABLE} SET attempts = CASE WHEN status = {processing} THEN attempts + 1 \
+             ELSE attempts END, status = {processing}, locked_by = ",
+            processing = InboxStatus::Processing.literal(),
         ))
         .bind(worker_id.to_owned().into())
         .push(", locked_until = ")
@@ -651,7 +611,9 @@ pub async fn claim(
     for message in &expired_dead {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "UPDATE {INBOX_TABLE} SET attempts = attempts + 1, status = 'DEAD', locked_until = NULL, last_error = "
+            "UPDATE {INBOX_TABLE} SET attempts = attempts + 1, status = {}, locked_until = NULL, \
+             last_error = ",
+            InboxStatus::Dead.literal()
         ))
         .bind(
             format!(
@@ -684,48 +646,46 @@ pub async fn mark_done<C: ConnectionTrait>(
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
     sql.push(&format!(
-        "UPDATE {INBOX_TABLE} SET status = 'DONE', processed_at = "
+        "UPDATE {INBOX_TABLE} SET status = {}, processed_at = ",
+        InboxStatus::Done.literal()
     ))
     .bind(dialect.timestamp(now))
     .push(", attempts = attempts + 1, locked_until = NULL, last_error = NULL WHERE id = ")
     .bind(id.into())
-    .push(" AND status = 'PROCESSING' AND claim_token = ")
+    .push(&format!(
+        " AND status = {} AND claim_token = ",
+        InboxStatus::Processing.literal()
+    ))
     .bind(dialect.uuid(token));
     Ok(conn.execute_raw(sql.build()).await?.rows_affected() == 1)
 }
 
-/// After a failed attempt: RETRY at `next_attempt_at`, or DEAD, fenced by the claim token.
+/// After a failed attempt: RETRY at its due time, or DEAD, fenced by the claim token. `false`
+/// means another worker owns the message now.
 pub async fn mark_failed(
     db: &DatabaseConnection,
     id: i64,
     token: Uuid,
-    attempts: u32,
-    dead: bool,
-    next_attempt_at: DateTime<Utc>,
-    error: &str,
+    failure: &Failure,
 ) -> Result<bool, DbErr> {
     let dialect = Dialect::of(db);
     let mut sql = Sql::new(dialect);
-    sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
-        .bind(
-            if dead {
-                inbox_status::DEAD
-            } else {
-                inbox_status::RETRY
-            }
-            .to_owned()
-            .into(),
-        )
-        .push(", attempts = ")
-        .bind(i64::from(attempts).into())
-        .push(", next_attempt_at = ")
-        .bind(dialect.timestamp(next_attempt_at))
-        .push(", last_error = ")
-        .bind(truncate(error, 4000).into())
-        .push(", locked_until = NULL WHERE id = ")
-        .bind(id.into())
-        .push(" AND status = 'PROCESSING' AND claim_token = ")
-        .bind(dialect.uuid(token));
+    sql.push(&format!(
+        "UPDATE {INBOX_TABLE} SET status = {}, attempts = ",
+        failure.inbox_status().literal()
+    ))
+    .bind(i64::from(failure.attempts()).into())
+    .push(", next_attempt_at = ")
+    .bind(timestamp_or_null(dialect, failure.next_attempt_at()))
+    .push(", last_error = ")
+    .bind(truncate(failure.error(), 4000).into())
+    .push(", locked_until = NULL WHERE id = ")
+    .bind(id.into())
+    .push(&format!(
+        " AND status = {} AND claim_token = ",
+        InboxStatus::Processing.literal()
+    ))
+    .bind(dialect.uuid(token));
     Ok(db.execute_raw(sql.build()).await?.rows_affected() == 1)
 }
 
@@ -747,8 +707,10 @@ pub async fn release(
         }
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "UPDATE {INBOX_TABLE} SET attempts = attempts - {refund}, status = 'PENDING', locked_until = NULL \
-             WHERE status = 'PROCESSING' AND claim_token = "
+            "UPDATE {INBOX_TABLE} SET attempts = attempts - {refund}, status = {}, \
+             locked_until = NULL WHERE status = {} AND claim_token = ",
+            InboxStatus::Pending.literal(),
+            InboxStatus::Processing.literal()
         ))
         .bind(dialect.uuid(token))
         .push(" AND id IN ")
@@ -770,10 +732,9 @@ pub async fn accept_version<C: ConnectionTrait>(
     version: i64,
 ) -> Result<bool, DbErr> {
     let dialect = Dialect::of(conn);
-    let backend = dialect.backend();
     let advance = || {
         let mut sql = Sql::new(dialect);
-        sql.push("UPDATE inbox_aggregate_version SET version = ")
+        sql.push(&format!("UPDATE {AGGREGATE_VERSION_TABLE} SET version = "))
             .bind(version.into())
             .push(" WHERE consumer = ")
             .bind(consumer.to_owned().into())
@@ -788,23 +749,22 @@ pub async fn accept_version<C: ConnectionTrait>(
     if conn.execute_raw(advance()).await?.rows_affected() == 1 {
         return Ok(true);
     }
+    let (insert, on_conflict) = dialect.insert_skipping("consumer, aggregate_type, aggregate_id");
     let mut sql = Sql::new(dialect);
-    sql.push(if backend == DbBackend::MySql {
-        "INSERT IGNORE INTO "
-    } else {
-        "INSERT INTO "
-    })
-    .push("inbox_aggregate_version (consumer, aggregate_type, aggregate_id, version) VALUES (")
-    .bind(consumer.to_owned().into())
-    .push(", ")
-    .bind(aggregate_type.to_owned().into())
-    .push(", ")
-    .bind(aggregate_id.to_owned().into())
-    .push(", ")
-    .bind(version.into())
-    .push(")");
-    if backend != DbBackend::MySql {
-        sql.push(" ON CONFLICT (consumer, aggregate_type, aggregate_id) DO NOTHING");
+    sql.push(insert)
+        .push(&format!(
+            "{AGGREGATE_VERSION_TABLE} (consumer, aggregate_type, aggregate_id, version) VALUES ("
+        ))
+        .bind(consumer.to_owned().into())
+        .push(", ")
+        .bind(aggregate_type.to_owned().into())
+        .push(", ")
+        .bind(aggregate_id.to_owned().into())
+        .push(", ")
+        .bind(version.into())
+        .push(")");
+    if let Some(on_conflict) = on_conflict {
+        sql.push(&on_conflict);
     }
     if conn.execute_raw(sql.build()).await?.rows_affected() == 1 {
         return Ok(true);

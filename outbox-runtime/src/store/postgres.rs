@@ -1,13 +1,147 @@
-//! PostgreSQL: `$n` placeholders, native `uuid`/`timestamptz`/`jsonb`, `ON CONFLICT DO NOTHING`.
+//! PostgreSQL: `$n` placeholders, native `uuid`/`timestamptz`/`jsonb`, partial indexes,
+//! `LISTEN`/`NOTIFY`, and statements that save round trips (the claim transaction's settings in
+//! one statement, an all-confirmed write-back as one simple query, an ordered inbox batch recorded
+//! by one statement).
 
-pub(crate) fn placeholder(n: usize) -> String {
-    format!("${n}")
+use chrono::{DateTime, Utc};
+use sea_orm::{DbBackend, DbErr, QueryResult, Value};
+use uuid::Uuid;
+
+use super::{
+    claim::{self, Queue},
+    dialect::{Backend, sealed::Sealed},
+    sql::Sql,
+};
+
+/// The PostgreSQL dialect.
+#[derive(Debug, Clone, Copy)]
+pub struct Postgres;
+
+impl Sealed for Postgres {}
+
+impl Backend for Postgres {
+    fn db_backend(&self) -> DbBackend {
+        DbBackend::Postgres
+    }
+
+    fn placeholder(&self, n: usize) -> String {
+        format!("${n}")
+    }
+
+    /// JSON travels as text and is cast once, server-side.
+    fn json_placeholder(&self, n: usize) -> String {
+        format!("CAST(${n} AS jsonb)")
+    }
+
+    fn uuid(&self, id: Uuid) -> Value {
+        id.into()
+    }
+
+    fn get_opt_uuid(&self, row: &QueryResult, column: &str) -> Result<Option<Uuid>, DbErr> {
+        row.try_get::<Option<Uuid>>("", column)
+    }
+
+    fn get_json_text(&self, row: &QueryResult, column: &str) -> Result<String, DbErr> {
+        row.try_get::<serde_json::Value>("", column)
+            .map(|v| v.to_string())
+    }
+
+    fn returning_id(&self) -> bool {
+        true
+    }
+
+    /// Isolation and `synchronous_commit` in one round trip (see [`Self::work_session`]).
+    fn work_transaction(&self) -> sea_orm::TransactionOptions {
+        sea_orm::TransactionOptions::default()
+    }
+
+    /// Read committed, and without waiting for the WAL flush: a lost claim or mark only causes
+    /// a republish that broker deduplication and the inbox absorb.
+    fn work_session(&self) -> Option<&'static str> {
+        Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off")
+    }
+
+    fn notifications(&self) -> bool {
+        true
+    }
+
+    fn json_rejects_nul(&self) -> bool {
+        true
+    }
+
+    fn commit_hides_abort(&self) -> bool {
+        true
+    }
+
+    fn columns_query(&self) -> &'static str {
+        "SELECT CAST(table_name AS TEXT) AS t, CAST(column_name AS TEXT) AS c \
+         FROM information_schema.columns WHERE table_schema = current_schema()"
+    }
+
+    fn indexes_query(&self) -> &'static str {
+        "SELECT CAST(tablename AS TEXT) AS t, CAST(indexname AS TEXT) AS c \
+         FROM pg_indexes WHERE schemaname = current_schema()"
+    }
+
+    fn expected_indexes(&self, table: &str) -> &'static [&'static str] {
+        match table {
+            "outbox_event" => &[
+                "outbox_event_event_id_key",
+                "outbox_event_dedup_key_idx",
+                "outbox_event_unsent_idx",
+                "outbox_event_aggregate_unsent_idx",
+                "outbox_event_sent_at_idx",
+            ],
+            "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
+            _ => &[],
+        }
+    }
+
+    /// A lateral subquery seeking the aggregate index past `(a.t, a.i)`.
+    fn push_next_aggregate(&self, sql: &mut Sql, queue: &Queue<'_>) {
+        sql.push(&format!(
+            "CROSS JOIN LATERAL (SELECT e.id, e.aggregate_type, e.aggregate_id \
+             FROM {} e WHERE {}",
+            queue.table,
+            queue.unfinished("e.")
+        ));
+        claim::push_scope_of(sql, queue, "e.");
+        sql.push(
+            " AND (e.aggregate_type, e.aggregate_id) > (a.t, a.i) AND e.aggregate_id IS NOT NULL \
+             ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) f",
+        );
+    }
+
+    /// The statements go as one simple query, which PostgreSQL runs as one implicit
+    /// transaction (rolled back whole on error), so `SET LOCAL` applies to its commit. Its values
+    /// are ids, a UUID and a timestamp this process made, written as literals.
+    fn sent_in_one_round_trip(
+        &self,
+        table: &str,
+        token: Uuid,
+        ids: &[i64],
+        now: DateTime<Utc>,
+    ) -> Option<String> {
+        let mut sql = format!(
+            "SET LOCAL synchronous_commit = off; UPDATE {table} SET status = {sent}, \
+             sent_at = '{}', locked_until = NULL, last_error = NULL \
+             WHERE status = {processing} AND claim_token = '{}' AND id IN (",
+            now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            token.hyphenated(),
+            sent = super::OutboxStatus::Sent.literal(),
+            processing = super::OutboxStatus::Processing.literal(),
+        );
+        for (i, id) in ids.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&id.to_string());
+        }
+        sql.push(')');
+        Some(sql)
+    }
+
+    fn records_ordered_batch_in_one_statement(&self) -> bool {
+        true
+    }
 }
-
-/// JSON travels as text and is cast once, server-side.
-pub(crate) fn json_placeholder(n: usize) -> String {
-    format!("CAST(${n} AS jsonb)")
-}
-
-/// Targets the unique index on `(event_type, dedup_key)`; rows without a key never conflict.
-pub(crate) const INSERT_ON_CONFLICT: &str = "ON CONFLICT (event_type, dedup_key) DO NOTHING";

@@ -4,7 +4,7 @@
 //! expired and whose rows were reclaimed by another relay updates zero rows.
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Value};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, Value};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
@@ -12,12 +12,15 @@ use crate::envelope::{Envelope, JSON_CONTENT_TYPE};
 
 use super::{
     Dialect, OUTBOX_TABLE,
-    claim::{Queue, Sql, begin, hand_back, select_claimable},
-    outbox_status as status,
+    claim::{ClaimParams, Queue, hand_back, select_claimable},
+    sql::Sql,
+    status::{Failure, OutboxStatus},
+    tx::begin_work,
 };
+use crate::util::text::truncate;
 
 /// Columns the relay reads for each claimed event.
-const CLAIM_COLUMNS: &str = "id, event_id, source, event_type, schema_version, aggregate_type, \
+pub(super) const CLAIM_COLUMNS: &str = "id, event_id, source, event_type, schema_version, aggregate_type, \
      aggregate_id, aggregate_version, payload, headers, status, attempts, locked_until, created_at";
 
 /// One event claimed by a relay.
@@ -102,42 +105,18 @@ pub struct Claim {
     pub unreadable: usize,
 }
 
-/// How to claim.
-#[derive(Debug, Clone, Copy)]
-pub struct ClaimParams<'a> {
-    /// Who claims (stored in `locked_by`).
-    pub relay_id: &'a str,
-    /// At most this many rows.
-    pub batch_size: usize,
-    /// The lease ends at this instant.
-    pub locked_until: DateTime<Utc>,
-    /// The current time.
-    pub now: DateTime<Utc>,
-    /// Keep per-aggregate order: claim an event only when every earlier event of its aggregate
-    /// is SENT or claimed in this same batch.
-    pub ordering: bool,
-    /// Reclaiming an expired lease that brings attempts to this many marks the event DEAD.
-    pub max_attempts: u32,
+/// A claimed row as read, with its status before the claim.
+pub(super) struct ReadEvent {
+    pub(super) event: ClaimedEvent,
+    pub(super) status: Option<OutboxStatus>,
 }
 
-fn decode(
-    dialect: &Dialect,
-    row: &QueryResult,
-) -> Result<(ClaimedEvent, String, Option<DateTime<Utc>>), DbErr> {
-    let schema_version: i64 = match dialect.backend() {
-        DbBackend::Postgres | DbBackend::MySql => {
-            i64::from(row.try_get::<i32>("", "schema_version")?)
-        }
-        _ => row.try_get("", "schema_version")?,
-    };
-    let attempts: i64 = match dialect.backend() {
-        DbBackend::Postgres | DbBackend::MySql => i64::from(row.try_get::<i32>("", "attempts")?),
-        _ => row.try_get("", "attempts")?,
-    };
-    let status: String = row.try_get("", "status")?;
-    let locked_until = dialect.get_opt_timestamp(row, "locked_until")?;
-    Ok((
-        ClaimedEvent {
+pub(super) fn decode(dialect: &Dialect, row: &QueryResult) -> Result<ReadEvent, DbErr> {
+    let schema_version = dialect.get_int(row, "schema_version")?;
+    let attempts = dialect.get_int(row, "attempts")?;
+    let status = OutboxStatus::parse(&row.try_get::<String>("", "status")?);
+    Ok(ReadEvent {
+        event: ClaimedEvent {
             id: row.try_get("", "id")?,
             event_id: dialect.get_uuid(row, "event_id")?,
             source: row.try_get("", "source")?,
@@ -153,8 +132,18 @@ fn decode(
             reclaimed: false,
         },
         status,
-        locked_until,
-    ))
+    })
+}
+
+/// The outbox as a work queue: its unsent rows in the form the dialect's indexes serve.
+pub(super) fn outbox_queue(dialect: Dialect) -> Queue<'static> {
+    Queue {
+        dialect,
+        table: OUTBOX_TABLE,
+        columns: CLAIM_COLUMNS,
+        scope: None,
+        predicate: |dialect, prefix| dialect.unsent(prefix),
+    }
 }
 
 /// Claim a batch: PENDING rows, RETRY rows that are due, and PROCESSING rows whose lease expired.
@@ -164,14 +153,9 @@ fn decode(
 /// the events that follow each head while they are claimable, so one relay owns an aggregate's
 /// run and publishes it in order.
 pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<Claim, DbErr> {
-    let txn = begin(db).await?;
+    let txn = begin_work(db).await?;
     let dialect = Dialect::of(&txn);
-    let queue = Queue {
-        table: OUTBOX_TABLE,
-        columns: CLAIM_COLUMNS,
-        scope: None,
-        unfinished: unsent_predicate,
-    };
+    let queue = outbox_queue(dialect);
     let mut rows = Vec::new();
     let mut dead_aggregates = std::collections::HashSet::new();
     let mut unreadable = 0;
@@ -185,7 +169,13 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         match decode(&dialect, &candidate.row) {
             Ok(row) => rows.push(row),
             Err(e) => {
-                mark_unreadable(&txn, &dialect, candidate.id, &e).await?;
+                mark_dead(
+                    &txn,
+                    &dialect,
+                    candidate.id,
+                    &format!("outbox row cannot be read: {e}"),
+                )
+                .await?;
                 dead_aggregates.insert(aggregate);
                 unreadable += 1;
             }
@@ -202,22 +192,23 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         });
     }
 
-    // 3. Reclaimed leases count an attempt; one reclaim too many makes the event DEAD, and (with
-    //    ordering) keeps the rest of its aggregate back.
+    // Reclaimed leases count an attempt; one reclaim too many makes the event DEAD, and (with
+    // ordering) keeps the rest of its aggregate back.
     let mut events = Vec::with_capacity(rows.len());
     let mut dead = Vec::new();
     let mut blocked: std::collections::HashSet<(String, String)> = Default::default();
     // Expired claims behind an event this claim makes DEAD: handed back (see `hand_back`).
     let mut stranded = Vec::new();
-    for (mut event, status, _) in rows {
+    for ReadEvent { mut event, status } in rows {
+        let reclaim = status == Some(OutboxStatus::Processing);
         let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
         if params.ordering && blocked.contains(&key) {
-            if status == status::PROCESSING {
+            if reclaim {
                 stranded.push(event.id);
             }
             continue;
         }
-        if status == status::PROCESSING {
+        if reclaim {
             event.attempts += 1;
             event.reclaimed = true;
             if event.attempts >= params.max_attempts {
@@ -236,10 +227,11 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         let mut sql = Sql::new(dialect);
         // `attempts` first: MySQL evaluates assignments left to right.
         sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET attempts = CASE WHEN status = 'PROCESSING' THEN attempts + 1 ELSE attempts END, \
-             status = 'PROCESSING', locked_by = "
+            "UPDATE {OUTBOX_TABLE} SET attempts = CASE WHEN status = {processing} THEN attempts + 1 \
+             ELSE attempts END, status = {processing}, locked_by = ",
+            processing = OutboxStatus::Processing.literal(),
         ))
-        .bind(params.relay_id.to_owned().into())
+        .bind(params.owner.to_owned().into())
         .push(", locked_until = ")
         .bind(dialect.timestamp(params.locked_until))
         .push(", claim_token = ")
@@ -251,7 +243,9 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     for event in &dead {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET attempts = attempts + 1, status = 'DEAD', locked_by = NULL, locked_until = NULL, last_error = "
+            "UPDATE {OUTBOX_TABLE} SET attempts = attempts + 1, status = {}, locked_by = NULL, \
+             locked_until = NULL, last_error = ",
+            OutboxStatus::Dead.literal()
         ))
         .bind(
             format!(
@@ -262,7 +256,10 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         )
         .push(" WHERE id = ")
         .bind(event.id.into())
-        .push(" AND status = 'PROCESSING'");
+        .push(&format!(
+            " AND status = {}",
+            OutboxStatus::Processing.literal()
+        ));
         txn.execute_raw(sql.build()).await?;
     }
     hand_back(&txn, OUTBOX_TABLE, stranded).await?;
@@ -275,31 +272,13 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     })
 }
 
-/// "This row is not SENT", in the form each backend's indexes serve: the partial index predicate
-/// on PostgreSQL and SQLite, status ranges of `(aggregate_type, aggregate_id, status, id)` on
-/// MySQL, which has no partial indexes.
-fn unsent_predicate(backend: DbBackend, prefix: &str) -> String {
-    match backend {
-        DbBackend::MySql => {
-            format!("{prefix}status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')")
-        }
-        _ => format!("{prefix}status <> 'SENT'"),
-    }
-}
-
 /// A failed publish to record.
 #[derive(Debug, Clone)]
-pub struct Failure {
+pub struct FailedEvent {
     /// Row id.
     pub id: i64,
-    /// The new attempt count.
-    pub attempts: u32,
-    /// RETRY or DEAD.
-    pub dead: bool,
-    /// When to try again (RETRY).
-    pub next_attempt_at: DateTime<Utc>,
-    /// Why it failed.
-    pub error: String,
+    /// Where it goes: RETRY at a due time, or DEAD.
+    pub failure: Failure,
 }
 
 /// What to write back after publishing a claim.
@@ -308,7 +287,7 @@ pub struct Settlement {
     /// Confirmed by the broker.
     pub sent: Vec<i64>,
     /// Failed.
-    pub failed: Vec<Failure>,
+    pub failed: Vec<FailedEvent>,
     /// Never published (behind a failure in their aggregate, or at shutdown): back to PENDING.
     pub released: Vec<i64>,
     /// Of `released`, those whose claim counted a reclaim attempt, which is given back.
@@ -326,59 +305,77 @@ pub struct Settled {
     pub released: u64,
 }
 
-/// Write back a claim's outcome in one short transaction, fenced by its token.
+/// Ids one settling statement names at most.
+const SETTLE_CHUNK: usize = 1000;
+
+/// Write back a claim's outcome in one short transaction, fenced by its token. The usual
+/// outcome, every event confirmed, goes in one round trip where the dialect can send it so.
 pub async fn settle(
     db: &DatabaseConnection,
     token: Uuid,
     settlement: &Settlement,
     now: DateTime<Utc>,
 ) -> Result<Settled, DbErr> {
-    if db.get_database_backend() == DbBackend::Postgres
-        && settlement.failed.is_empty()
+    let dialect = Dialect::of(db);
+    if settlement.failed.is_empty()
         && settlement.released.is_empty()
         && settlement.sent.len() <= SETTLE_CHUNK
     {
-        return settle_sent_postgres(db, token, &settlement.sent, now).await;
+        if settlement.sent.is_empty() {
+            return Ok(Settled::default());
+        }
+        if let Some(sql) =
+            dialect.sent_in_one_round_trip(OUTBOX_TABLE, token, &settlement.sent, now)
+        {
+            let result = db.execute_unprepared(&sql).await?;
+            return Ok(Settled {
+                sent: result.rows_affected(),
+                ..Settled::default()
+            });
+        }
     }
-    let txn = begin(db).await?;
-    let dialect = Dialect::of(&txn);
+    let txn = begin_work(db).await?;
     let mut settled = Settled::default();
+    let fenced = format!(
+        " WHERE status = {} AND claim_token = ",
+        OutboxStatus::Processing.literal()
+    );
 
     for chunk in settlement.sent.chunks(SETTLE_CHUNK) {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET status = 'SENT', sent_at = "
+            "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
+            OutboxStatus::Sent.literal()
         ))
         .bind(dialect.timestamp(now))
-        .push(", locked_until = NULL, last_error = NULL WHERE status = 'PROCESSING' AND claim_token = ")
+        .push(", locked_until = NULL, last_error = NULL")
+        .push(&fenced)
         .bind(dialect.uuid(token))
         .push(" AND id IN ")
         .bind_list(chunk.iter().map(|id| Value::from(*id)));
         settled.sent += txn.execute_raw(sql.build()).await?.rows_affected();
     }
 
-    for failure in &settlement.failed {
+    for FailedEvent { id, failure } in &settlement.failed {
         let mut sql = Sql::new(dialect);
-        sql.push(&format!("UPDATE {OUTBOX_TABLE} SET status = "))
-            .bind(
-                if failure.dead {
-                    status::DEAD
-                } else {
-                    status::RETRY
-                }
-                .to_owned()
-                .into(),
-            )
-            .push(", attempts = ")
-            .bind(i64::from(failure.attempts).into())
-            .push(", next_attempt_at = ")
-            .bind(dialect.timestamp(failure.next_attempt_at))
-            .push(", last_error = ")
-            .bind(truncate(&failure.error, 4000).into())
-            .push(", locked_until = NULL WHERE status = 'PROCESSING' AND claim_token = ")
-            .bind(dialect.uuid(token))
-            .push(" AND id = ")
-            .bind(failure.id.into());
+        sql.push(&format!(
+            "UPDATE {OUTBOX_TABLE} SET status = {}, attempts = ",
+            failure.outbox_status().literal()
+        ))
+        .bind(i64::from(failure.attempts()).into())
+        .push(", next_attempt_at = ")
+        .bind(
+            failure
+                .next_attempt_at()
+                .map_or_else(|| dialect.null_timestamp(), |t| dialect.timestamp(t)),
+        )
+        .push(", last_error = ")
+        .bind(truncate(failure.error(), 4000).into())
+        .push(", locked_until = NULL")
+        .push(&fenced)
+        .bind(dialect.uuid(token))
+        .push(" AND id = ")
+        .bind((*id).into());
         settled.failed += txn.execute_raw(sql.build()).await?.rows_affected();
     }
 
@@ -393,9 +390,11 @@ pub async fn settle(
         for chunk in ids.chunks(SETTLE_CHUNK) {
             let mut sql = Sql::new(dialect);
             sql.push(&format!(
-                "UPDATE {OUTBOX_TABLE} SET attempts = attempts - {refund}, status = 'PENDING', \
-                 locked_by = NULL, locked_until = NULL WHERE status = 'PROCESSING' AND claim_token = "
+                "UPDATE {OUTBOX_TABLE} SET attempts = attempts - {refund}, status = {}, \
+                 locked_by = NULL, locked_until = NULL",
+                OutboxStatus::Pending.literal()
             ))
+            .push(&fenced)
             .bind(dialect.uuid(token))
             .push(" AND id IN ")
             .bind_list(chunk.iter().map(|id| Value::from(*id)));
@@ -406,182 +405,31 @@ pub async fn settle(
     Ok(settled)
 }
 
-/// Ids one settling statement names at most.
-const SETTLE_CHUNK: usize = 1000;
-
-/// The usual outcome on PostgreSQL, every event confirmed: one round trip. The statements go
-/// as one simple query, which PostgreSQL runs as one implicit transaction (rolled back whole on
-/// error), so `SET LOCAL` applies to its commit. Its values are ids, a UUID and a timestamp
-/// this process made, written as literals.
-async fn settle_sent_postgres(
-    db: &DatabaseConnection,
-    token: Uuid,
-    sent: &[i64],
-    now: DateTime<Utc>,
-) -> Result<Settled, DbErr> {
-    if sent.is_empty() {
-        return Ok(Settled::default());
-    }
-    let mut sql = format!(
-        "SET LOCAL synchronous_commit = off; UPDATE {OUTBOX_TABLE} SET status = 'SENT', \
-         sent_at = '{}', locked_until = NULL, last_error = NULL \
-         WHERE status = 'PROCESSING' AND claim_token = '{}' AND id IN (",
-        now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        token.hyphenated()
-    );
-    for (i, id) in sent.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(&id.to_string());
-    }
-    sql.push(')');
-    let result = db.execute_unprepared(&sql).await?;
-    Ok(Settled {
-        sent: result.rows_affected(),
-        ..Settled::default()
-    })
-}
-
-fn truncate(s: &str, max_chars: usize) -> String {
-    match s.char_indices().nth(max_chars) {
-        Some((i, _)) => s[..i].to_owned(),
-        None => s.to_owned(),
-    }
-}
-
 /// The aggregate of a claimed row, as far as it can be read.
-fn aggregate_of(row: &QueryResult) -> (Option<String>, Option<String>) {
+pub(super) fn aggregate_of(row: &QueryResult) -> (Option<String>, Option<String>) {
     (
         row.try_get("", "aggregate_type").ok(),
         row.try_get("", "aggregate_id").ok(),
     )
 }
 
-/// A row that cannot be read (e.g. an `event_id` that is not a UUID, written by hand) can never
-/// be published: DEAD with the reason, so that it does not stop every claim.
-async fn mark_unreadable<C: ConnectionTrait>(
+/// A row that can never be published (one that cannot be read, e.g. an `event_id` that is not a
+/// UUID, written by hand; or one no envelope can be made of): DEAD with the reason, so that it
+/// does not stop every claim.
+pub(super) async fn mark_dead<C: ConnectionTrait>(
     conn: &C,
     dialect: &Dialect,
     id: i64,
-    error: &DbErr,
+    reason: &str,
 ) -> Result<(), DbErr> {
     let mut sql = Sql::new(*dialect);
     sql.push(&format!(
-        "UPDATE {OUTBOX_TABLE} SET status = 'DEAD', attempts = attempts + 1, last_error = "
+        "UPDATE {OUTBOX_TABLE} SET status = {}, attempts = attempts + 1, last_error = ",
+        OutboxStatus::Dead.literal()
     ))
-    .bind(format!("outbox row cannot be read: {error}").into())
+    .bind(reason.to_owned().into())
     .push(" WHERE id = ")
     .bind(id.into());
     conn.execute_raw(sql.build()).await?;
     Ok(())
-}
-
-/// What [`move_to_inbox`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Moved {
-    /// Outbox events marked SENT.
-    pub events: usize,
-    /// Inbox rows inserted (one per subscribed consumer; duplicates skipped).
-    pub inbox_rows: usize,
-    /// Events that could not be turned into an envelope, marked DEAD.
-    pub dead: usize,
-    /// Inbox rows not inserted because the consumer already had the message (a resend).
-    pub duplicates: usize,
-}
-
-/// The database-local transport: in one transaction, claim a batch, insert each event as a
-/// PENDING inbox row of every consumer `routes` names for its type, and mark it SENT. No broker,
-/// exactly once: the inbox rows and the SENT mark commit together.
-pub async fn move_to_inbox(
-    db: &DatabaseConnection,
-    params: &ClaimParams<'_>,
-    routes: &(dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
-) -> Result<Moved, DbErr> {
-    let txn = begin(db).await?;
-    let dialect = Dialect::of(&txn);
-    let queue = Queue {
-        table: OUTBOX_TABLE,
-        columns: CLAIM_COLUMNS,
-        scope: None,
-        unfinished: unsent_predicate,
-    };
-    let mut moved = Moved::default();
-    let mut sent = Vec::new();
-    let mut dead_aggregates = std::collections::HashSet::new();
-    for candidate in
-        select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
-    {
-        let aggregate = aggregate_of(&candidate.row);
-        if params.ordering && dead_aggregates.contains(&aggregate) {
-            continue; // behind a DEAD event of its aggregate: stays PENDING
-        }
-        // A row that cannot be read, turned into an envelope or delivered to anyone is DEAD.
-        let ready = match decode(&dialect, &candidate.row) {
-            Err(e) => Err(format!("outbox row cannot be read: {e}")),
-            Ok((event, _, _)) => match event.envelope() {
-                Err(reason) => Err(reason),
-                Ok(_) if routes(&event.event_type).is_empty() => Err(format!(
-                    "no consumer of this runtime handles event type `{}` (database-local \
-                     transport): nothing would ever receive it",
-                    event.event_type
-                )),
-                Ok(envelope) => Ok((event, envelope)),
-            },
-        };
-        let (event, envelope) = match ready {
-            Ok(pair) => pair,
-            Err(reason) => {
-                let mut sql = Sql::new(dialect);
-                sql.push(&format!(
-                    "UPDATE {OUTBOX_TABLE} SET status = 'DEAD', attempts = attempts + 1, last_error = "
-                ))
-                .bind(reason.into())
-                .push(" WHERE id = ")
-                .bind(candidate.id.into());
-                txn.execute_raw(sql.build()).await?;
-                moved.dead += 1;
-                dead_aggregates.insert(aggregate);
-                continue;
-            }
-        };
-        let body = envelope.to_json();
-        let message_id = event.event_id.to_string();
-        for consumer in routes(&event.event_type) {
-            let row = super::inbox::NewInboxRow {
-                consumer,
-                message_id: &message_id,
-                event_type: Some(&event.event_type),
-                source: Some(&event.source),
-                aggregate_type: Some(&event.aggregate_type),
-                aggregate_id: Some(&event.aggregate_id),
-                aggregate_version: event.aggregate_version,
-                schema_version: Some(event.schema_version),
-                payload: &body,
-            };
-            if super::inbox::insert(&txn, &row, &super::inbox::InitialState::Pending, params.now)
-                .await?
-            {
-                moved.inbox_rows += 1;
-            } else {
-                moved.duplicates += 1;
-            }
-        }
-        sent.push(event.id);
-    }
-    for chunk in sent.chunks(1000) {
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET status = 'SENT', sent_at = "
-        ))
-        .bind(dialect.timestamp(params.now))
-        .push(", locked_by = ")
-        .bind(params.relay_id.to_owned().into())
-        .push(", locked_until = NULL, last_error = NULL WHERE id IN ")
-        .bind_list(chunk.iter().map(|id| Value::from(*id)));
-        txn.execute_raw(sql.build()).await?;
-    }
-    moved.events = sent.len();
-    txn.commit().await?;
-    Ok(moved)
 }

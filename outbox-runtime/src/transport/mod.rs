@@ -34,6 +34,7 @@ macro_rules! delegate_setters {
     )*};
 }
 
+pub mod local;
 pub mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;

@@ -56,7 +56,7 @@ mod billing {
 }
 
 fn find(consumer: &str) -> &'static HandlerRegistration {
-    let found: Vec<_> = outbox::__private::inventory::iter::<HandlerRegistration>
+    let found: Vec<_> = outbox::__private01::inventory::iter::<HandlerRegistration>
         .into_iter()
         .filter(|registration| registration.consumer == consumer)
         .collect();

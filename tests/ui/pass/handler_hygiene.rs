@@ -62,7 +62,7 @@ pub mod shadowing {
     mod serde {}
     mod inventory {}
     mod outbox {}
-    mod __private {}
+    mod __private01 {}
 
     /// A handler written among the shadowing items, through the renamed crate.
     #[renamed::inbox_handler(consumer = "shadow", max_attempts = 2, crate = "renamed")]
@@ -125,7 +125,7 @@ pub mod names {
 
 fn main() {
     let find = |consumer: &str| {
-        renamed::__private::inventory::iter::<renamed::HandlerRegistration>
+        renamed::__private01::inventory::iter::<renamed::HandlerRegistration>
             .into_iter()
             .find(|registration| registration.consumer == consumer)
             .expect("registered")

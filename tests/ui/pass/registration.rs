@@ -20,7 +20,7 @@ mod shipping {
 }
 
 fn find(event_type: &str) -> &'static EventRegistration {
-    let found: Vec<_> = outbox::__private::inventory::iter::<EventRegistration>
+    let found: Vec<_> = outbox::__private01::inventory::iter::<EventRegistration>
         .into_iter()
         .filter(|registration| registration.event_type == event_type)
         .collect();

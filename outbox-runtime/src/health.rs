@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 
 /// The health of one loop, updated by the loop itself.
 #[derive(Debug)]
-pub struct LoopHealth {
+pub(crate) struct LoopHealth {
     name: String,
     alive: AtomicBool,
     state: Mutex<State>,

@@ -1,0 +1,49 @@
+//! [`InboxConfig`]: the settings of the inbox side of a runtime.
+
+use std::time::Duration;
+
+use crate::{transport::SubscribeOptions, util::backoff::Backoff};
+
+/// Settings of the inbox side of a runtime, per consumer unless a handler overrides them.
+#[derive(Debug, Clone)]
+pub struct InboxConfig {
+    /// Messages handled in parallel per consumer (different aggregates). Default 8.
+    pub concurrency: usize,
+    /// Messages the worker claims per round. Default 100.
+    pub batch_size: usize,
+    /// How long a worker owns a claimed message. Default 30 s: longer than a handler runs.
+    pub lease: Duration,
+    /// Worker sleep when idle and not woken. Default 1 s.
+    pub poll_interval: Duration,
+    /// Handler attempts before DEAD (a handler's `max_attempts` overrides it). Default 10.
+    pub max_attempts: u32,
+    /// Retry delays (a handler's `backoff`/`backoff_cap` override them). Default 1 s · 2ⁿ,
+    /// capped at 300 s, plus up to 20% jitter.
+    pub backoff: Backoff,
+    /// Per-aggregate order (a handler's `ordering` overrides it). Default on.
+    pub ordering: bool,
+    /// Broker subscription settings.
+    pub subscribe: SubscribeOptions,
+    /// Deliveries waiting in one lane that are recorded and handled in one transaction, each
+    /// handler isolated as in a savepoint of its own (a failing handler rolls back only its own
+    /// work and its message is stored for retry in the same commit; handlers before it in the
+    /// batch may run a second time, in the transaction that commits). Default 32; 1 commits each
+    /// delivery on its own. A batch never waits for more deliveries: it takes what has arrived.
+    pub commit_batch: usize,
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        InboxConfig {
+            concurrency: 8,
+            batch_size: 100,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            max_attempts: 10,
+            backoff: Backoff::default(),
+            ordering: true,
+            subscribe: SubscribeOptions::default(),
+            commit_batch: 32,
+        }
+    }
+}

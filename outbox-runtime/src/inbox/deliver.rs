@@ -1,0 +1,279 @@
+//! One broker delivery, handled inline: decode the CloudEvent; in one transaction insert
+//! `(consumer, message_id)` (a duplicate is acked and counted, nothing else runs), run the
+//! handler, commit; then ack. If the handler fails, the transaction rolls back, the message is
+//! stored as RETRY (or DEAD) with its payload in a new transaction, and only then is the broker
+//! acked: the worker is the one retry mechanism. A message that cannot be decoded, or that no
+//! handler of this consumer takes, is stored DEAD with the raw bytes and a clear error, then
+//! acked. A message behind an unfinished one of its aggregate, or for a handler in stored mode,
+//! is stored PENDING for the worker. If even storing fails, the delivery is tried again in its
+//! lane (later messages of its aggregate keep waiting behind it) and finally nacked, for the
+//! broker to redeliver.
+//!
+//! **Duplicates and conflicts.** When `(consumer, message_id)` is already recorded, the stored
+//! payload is compared with the delivered bytes: the same bytes are a duplicate (acked and
+//! counted); different bytes are a conflict, kept as a DEAD row under
+//! `{message_id}#conflict-{digest of the bytes}` for an operator, counted, logged and acked. A
+//! redelivery of the same conflicting bytes finds that row and is a duplicate.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use sea_orm::DbErr;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{
+    HandlerMode,
+    consumer::{Consumer, inbox_row},
+    digest::{digest, legacy_digest},
+    settle::Place,
+    stats::Counter,
+};
+use crate::{
+    envelope::Envelope,
+    store::{
+        self, Failure,
+        inbox::{InboxState, MAX_MESSAGE_ID_CHARS, NewInboxRow},
+    },
+    transport::Delivery,
+};
+
+/// First pause before recording a delivery again after a database error; doubled up to
+/// [`RECORD_RETRY_CAP`].
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(50);
+const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
+/// Attempts to record a delivery when the error is neither a lost connection nor a deadlock.
+const RECORD_ATTEMPTS_ON_OTHER_ERRORS: u32 = 3;
+
+impl Consumer {
+    /// Record and handle one delivery, then ack it. When recording fails on the database, try
+    /// again here, in the delivery's lane, so that later messages of its aggregate keep waiting
+    /// behind it: while the database is unreachable (or the error is a deadlock) until it
+    /// answers again or the runtime shuts down, otherwise a few times. Only then nack it for
+    /// the broker to redeliver.
+    pub(super) async fn deliver(
+        &self,
+        delivery: Delivery,
+        decoded: Result<Envelope, String>,
+        shutdown: &CancellationToken,
+    ) {
+        let span = match &decoded {
+            Ok(e) => tracing::debug_span!(
+                "outbox.dispatch", consumer = self.name, event_id = %e.id,
+                event_type = %e.event_type, aggregate_id = e.subject.as_deref().unwrap_or(""),
+                delivery_count = delivery.delivery_count,
+            ),
+            Err(_) => tracing::debug_span!(
+                "outbox.dispatch",
+                consumer = self.name,
+                undecodable = true,
+                delivery_count = delivery.delivery_count,
+            ),
+        };
+        let mut delay = RECORD_RETRY_FIRST;
+        let mut other_errors = 0;
+        let settle = loop {
+            let error = match self
+                .process_delivery(&delivery, &decoded)
+                .instrument(span.clone())
+                .await
+            {
+                Ok(()) => {
+                    failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
+                    break delivery.ack().await;
+                }
+                Err(e) => e,
+            };
+            #[cfg(feature = "failpoints")]
+            if crate::failpoints::is_injected(&error) {
+                return; // the process "died" here: neither ack nor nack
+            }
+            self.count(Counter::unrecorded);
+            let retry_here = store::is_transient(&error) || store::is_connection_error(&error);
+            if !retry_here {
+                other_errors += 1;
+            }
+            if shutdown.is_cancelled() || other_errors >= RECORD_ATTEMPTS_ON_OTHER_ERRORS {
+                tracing::warn!(consumer = self.name, error = %error, "could not record a delivery; the broker will redeliver it");
+                break delivery.nack(Some(Duration::from_secs(1))).await;
+            }
+            tracing::warn!(
+                consumer = self.name, error = %error, retry_in = ?delay,
+                "could not record a delivery; trying again (later messages of its aggregate wait)"
+            );
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RECORD_RETRY_CAP);
+        };
+        if let Err(e) = settle {
+            tracing::warn!(consumer = self.name, error = %e, "could not settle a delivery with the broker");
+        }
+    }
+
+    async fn process_delivery(
+        &self,
+        delivery: &Delivery,
+        decoded: &Result<Envelope, String>,
+    ) -> Result<(), DbErr> {
+        let envelope = match decoded {
+            Ok(envelope) => envelope,
+            Err(error) => return self.store_undecodable(delivery, error).await,
+        };
+        let row = inbox_row(self.name, envelope, &delivery.body);
+
+        let reg = match self.handler(envelope) {
+            Ok(reg) => reg,
+            Err(error) => {
+                let failure = Failure::Dead {
+                    attempts: 0,
+                    error: error.clone(),
+                };
+                if self.store(&row, &InboxState::Failed(failure)).await? {
+                    tracing::error!(consumer = self.name, message_id = %envelope.id, %error, "message stored as DEAD");
+                    self.count(Counter::dead);
+                }
+                return Ok(());
+            }
+        };
+
+        let behind = self.ordering
+            && match (&envelope.aggregate_type, &envelope.subject) {
+                (Some(t), Some(id)) => {
+                    store::inbox::has_unfinished(&self.db, self.name, t, id).await?
+                }
+                _ => false,
+            };
+        if behind || self.mode == HandlerMode::Stored {
+            if self.store(&row, &InboxState::Pending).await? {
+                self.count(Counter::stored);
+                self.wake.notify_one();
+            }
+            return Ok(());
+        }
+
+        // Inline: record and handle in one transaction.
+        let tx = self
+            .outbox
+            .begin(&self.db)
+            .await
+            .map_err(|e| e.into_db_err())?;
+        if !store::inbox::insert(&tx, &row, &InboxState::Done, Utc::now()).await? {
+            tx.rollback().await.map_err(|e| e.into_db_err())?;
+            return self.recorded_already(&row).await;
+        }
+        let itx = self.attempt_tx(tx, &envelope.id, 1);
+        let Err(error) = self.handle_and_commit(reg, itx, envelope).await? else {
+            return Ok(());
+        };
+        let failure = self.failure(Some(reg), &error, 1);
+        self.record_failure(Place::Delivered(&row), &envelope.id, &failure)
+            .await
+    }
+
+    /// A delivery that is not a CloudEvent: stored DEAD with its bytes, under the broker's
+    /// message id when the table can hold it as it is, else `undecodable-{digest}`.
+    async fn store_undecodable(&self, delivery: &Delivery, error: &str) -> Result<(), DbErr> {
+        let broker_id = delivery.message_id.clone().filter(|id| {
+            !id.is_empty() && !id.contains('\0') && id.chars().count() <= MAX_MESSAGE_ID_CHARS
+        });
+        let message_id = match broker_id {
+            Some(id) => id,
+            None => {
+                // A redelivery of a body recorded under the earlier digest is that message.
+                let legacy = format!("undecodable-{:016x}", legacy_digest(&delivery.body));
+                if store::inbox::recorded(&self.db, self.name, &legacy)
+                    .await?
+                    .is_some()
+                {
+                    legacy
+                } else {
+                    format!("undecodable-{:016x}", digest(&delivery.body))
+                }
+            }
+        };
+        let row = NewInboxRow {
+            consumer: self.name,
+            message_id: &message_id,
+            payload: &delivery.body,
+            ..NewInboxRow::default()
+        };
+        let failure = Failure::Dead {
+            attempts: 0,
+            error: format!("undecodable message: {error}"),
+        };
+        if self.store(&row, &InboxState::Failed(failure)).await? {
+            tracing::error!(consumer = self.name, message_id = %message_id, %error, "undecodable message stored as DEAD");
+            self.count(Counter::dead);
+        }
+        Ok(())
+    }
+
+    /// `(consumer, message_id)` of `row` is recorded already. With the same payload this is a
+    /// duplicate: counted, nothing else happens. With a different one, the delivery is kept as a
+    /// DEAD row under `{message_id}#conflict-{digest of the bytes}` for an operator, counted as a
+    /// conflict and logged; a redelivery of the same conflicting bytes finds that row and is a
+    /// duplicate.
+    pub(super) async fn recorded_already(&self, row: &NewInboxRow<'_>) -> Result<(), DbErr> {
+        let first = store::inbox::recorded(&self.db, row.consumer, row.message_id).await?;
+        let first_status = match first {
+            // Gone meanwhile (purged): nothing to compare with.
+            None => None,
+            Some(first) if first.payload == row.payload => None,
+            Some(first) => Some(first.status),
+        };
+        let Some(first_status) = first_status else {
+            self.count(Counter::duplicates);
+            tracing::debug!(consumer = self.name, message_id = %row.message_id, "duplicate delivery suppressed");
+            return Ok(());
+        };
+        let legacy = conflict_id(row.message_id, legacy_digest(row.payload));
+        if store::inbox::recorded(&self.db, row.consumer, &legacy)
+            .await?
+            .is_some()
+        {
+            self.count(Counter::duplicates);
+            tracing::debug!(consumer = self.name, message_id = %row.message_id, kept_as = %legacy, "conflicting delivery seen before; suppressed");
+            return Ok(());
+        }
+        let kept_as = conflict_id(row.message_id, digest(row.payload));
+        let error = format!(
+            "message id `{}` was already delivered with a different payload (the first delivery \
+             is {first_status}); this one was not handled and is kept for an operator",
+            row.message_id
+        );
+        // Without its aggregate: the kept copy must not hold later messages of it back.
+        let conflict = NewInboxRow {
+            message_id: &kept_as,
+            aggregate_type: None,
+            aggregate_id: None,
+            aggregate_version: None,
+            ..row.clone()
+        };
+        let state = InboxState::Failed(Failure::Dead {
+            attempts: 0,
+            error: error.clone(),
+        });
+        if store::inbox::insert(&self.db, &conflict, &state, Utc::now()).await? {
+            self.count(Counter::conflicts);
+            tracing::error!(consumer = self.name, message_id = %row.message_id, kept_as = %kept_as, %error, "conflicting delivery stored as DEAD");
+        } else {
+            self.count(Counter::duplicates);
+            tracing::debug!(consumer = self.name, message_id = %row.message_id, kept_as = %kept_as, "conflicting delivery seen before; suppressed");
+        }
+        Ok(())
+    }
+}
+
+/// The message id a conflicting delivery is kept under: `{message_id}#conflict-{digest}`, the
+/// id cut so that the digest always fits the column.
+fn conflict_id(message_id: &str, digest: u64) -> String {
+    const SUFFIX_CHARS: usize = "#conflict-".len() + 16;
+    let keep = MAX_MESSAGE_ID_CHARS - SUFFIX_CHARS;
+    let prefix = match message_id.char_indices().nth(keep) {
+        Some((i, _)) => &message_id[..i],
+        None => message_id,
+    };
+    format!("{prefix}#conflict-{digest:016x}")
+}

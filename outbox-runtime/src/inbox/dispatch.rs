@@ -1,0 +1,166 @@
+//! The dispatcher: subscribe to the broker, decode each delivery, and hand it to one of
+//! [`InboxConfig::concurrency`] lanes chosen by its aggregate, so deliveries of one aggregate run
+//! one after another while different aggregates run in parallel. A lane takes what has arrived
+//! (up to [`InboxConfig::commit_batch`]) and runs it in order: runs of inline messages as a
+//! batch, the rest one by one.
+//!
+//! [`InboxConfig::concurrency`]: super::InboxConfig::concurrency
+//! [`InboxConfig::commit_batch`]: super::InboxConfig::commit_batch
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    HandlerMode,
+    batch::Inline,
+    consumer::{Consumer, Decoded},
+    digest::digest,
+};
+use crate::{envelope::Envelope, health::LoopHealth, transport::Transport};
+
+impl Consumer {
+    /// Pull deliveries until shutdown; run them in `concurrency` lanes keyed by aggregate.
+    pub(crate) async fn run_dispatcher(
+        self: Arc<Self>,
+        transport: Arc<dyn Transport>,
+        shutdown: CancellationToken,
+        health: Arc<LoopHealth>,
+    ) {
+        let lanes = self.config.concurrency.max(1);
+        let mut senders = Vec::with_capacity(lanes);
+        let mut workers = Vec::with_capacity(lanes);
+        let batch = self.config.commit_batch.max(1);
+        for _ in 0..lanes {
+            // Room for every delivery the broker may hand out at once: a busy lane never holds
+            // the dispatcher (and the other lanes) up; memory stays bounded by `max_in_flight`.
+            let (tx, mut rx) =
+                mpsc::channel::<Decoded>(self.config.subscribe.max_in_flight.max(batch));
+            senders.push(tx);
+            let consumer = self.clone();
+            let shutdown = shutdown.clone();
+            workers.push(tokio::spawn(async move {
+                let mut arrived = Vec::with_capacity(batch);
+                while rx.recv_many(&mut arrived, batch).await > 0 {
+                    consumer
+                        .deliver_all(std::mem::take(&mut arrived), &shutdown)
+                        .await;
+                }
+            }));
+        }
+        let mut delay = Duration::from_millis(100);
+        'subscribe: while !shutdown.is_cancelled() {
+            let mut subscription = match transport
+                .subscribe(self.name, &self.event_types, &self.config.subscribe)
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    health.failure(&e.to_string());
+                    tracing::warn!(consumer = self.name, error = %e, "subscribe failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            delay = Duration::from_millis(100);
+            health.success();
+            loop {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => break 'subscribe,
+                    next = subscription.next() => next,
+                };
+                match next {
+                    Some(Ok(delivery)) => {
+                        health.success();
+                        let decoded =
+                            Envelope::from_json(&delivery.body).map_err(|e| e.to_string());
+                        let key = match &decoded {
+                            Ok(e) => lane_key(e),
+                            Err(_) => delivery.message_id.clone().unwrap_or_default(),
+                        };
+                        let lane = (digest(key.as_bytes()) % lanes as u64) as usize;
+                        if senders[lane].send((delivery, decoded)).await.is_err() {
+                            break 'subscribe;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        health.failure(&e.to_string());
+                        tracing::warn!(consumer = self.name, error = %e, "subscription error; resubscribing");
+                        tokio::time::sleep(delay).await;
+                        continue 'subscribe;
+                    }
+                    None => continue 'subscribe,
+                }
+            }
+        }
+        drop(senders);
+        for worker in workers {
+            let _ = worker.await;
+        }
+    }
+
+    /// Deliveries that arrived together in one lane, in order: runs of messages a handler takes
+    /// inline are recorded and handled in one transaction ([`Self::deliver_batch`]); the rest
+    /// one by one.
+    async fn deliver_all(&self, arrived: Vec<Decoded>, shutdown: &CancellationToken) {
+        let mut run = Vec::new();
+        for decoded in arrived {
+            match self.take_inline(decoded) {
+                Taken::Inline(inline) => run.push(inline),
+                Taken::Other((delivery, decoded)) => {
+                    self.deliver_run(std::mem::take(&mut run), shutdown).await;
+                    self.deliver(delivery, decoded, shutdown).await;
+                }
+            }
+        }
+        self.deliver_run(run, shutdown).await;
+    }
+
+    /// A run of inline deliveries: a batch, or a single delivery.
+    async fn deliver_run(&self, mut run: Vec<Inline>, shutdown: &CancellationToken) {
+        if run.len() > 1 {
+            self.deliver_batch(run, shutdown).await;
+        } else if let Some(inline) = run.pop() {
+            self.deliver(inline.delivery, Ok(inline.envelope), shutdown)
+                .await;
+        }
+    }
+
+    /// The delivery as an [`Inline`] one when a handler of this consumer runs it inline, else
+    /// the delivery given back.
+    fn take_inline(&self, (delivery, decoded): Decoded) -> Taken {
+        if self.mode != HandlerMode::Inline {
+            return Taken::Other((delivery, decoded));
+        }
+        match decoded {
+            Ok(envelope) => match self.registration(&envelope) {
+                Some(reg) => Taken::Inline(Inline {
+                    delivery,
+                    envelope,
+                    reg,
+                }),
+                None => Taken::Other((delivery, Ok(envelope))),
+            },
+            Err(error) => Taken::Other((delivery, Err(error))),
+        }
+    }
+}
+
+/// A delivery a lane took: one to run inline, or one that goes the single way.
+enum Taken {
+    Inline(Inline),
+    Other(Decoded),
+}
+
+/// Deliveries with the same key run in the same lane, one after another.
+fn lane_key(envelope: &Envelope) -> String {
+    match (&envelope.aggregate_type, &envelope.subject) {
+        (Some(t), Some(id)) => format!("{t}/{id}"),
+        _ => envelope.id.clone(),
+    }
+}

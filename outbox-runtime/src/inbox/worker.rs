@@ -1,0 +1,202 @@
+//! The worker: claims PENDING and due RETRY messages of the consumer (and PROCESSING ones whose
+//! lease expired) with the same lease, fencing and per-aggregate rules as the relay, and handles
+//! them: per aggregate in order, aggregates in parallel. It marks each DONE inside the handler's
+//! transaction, fenced by its claim token, so a worker that lost its claim commits nothing.
+
+use std::{collections::HashMap, sync::Arc};
+
+use chrono::Utc;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::{HandlerError, consumer::Consumer, settle::Place, stats::Counter};
+use crate::{
+    envelope::Envelope,
+    health::LoopHealth,
+    store::{self, claim::ClaimParams, inbox::ClaimedMessage},
+};
+
+/// Whether the worker goes on with the rest of a message's aggregate.
+enum Outcome {
+    Done,
+    Failed,
+}
+
+impl Consumer {
+    /// Claim and handle stored, retried and locally delivered messages until shutdown.
+    pub(crate) async fn run_worker(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        health: Arc<LoopHealth>,
+    ) {
+        while !shutdown.is_cancelled() {
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.work_once(&shutdown).await {
+                Ok(claimed) => {
+                    health.success();
+                    if claimed >= self.config.batch_size {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    health.failure(&e.to_string());
+                    tracing::warn!(consumer = self.name, error = %e, "inbox worker round failed; retrying");
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+
+    /// One worker round: claim, handle per aggregate in order, aggregates in parallel.
+    async fn work_once(&self, shutdown: &CancellationToken) -> Result<usize, sea_orm::DbErr> {
+        let now = Utc::now();
+        let lease = chrono::Duration::from_std(self.config.lease)
+            .unwrap_or_else(|_| chrono::Duration::seconds(30));
+        let params = ClaimParams {
+            owner: &self.worker_id,
+            batch_size: self.config.batch_size,
+            locked_until: now + lease,
+            now,
+            ordering: self.ordering,
+            max_attempts: self.max_attempts(None),
+        };
+        let claim = store::inbox::claim(&self.db, self.name, &params).await?;
+        for _ in 0..claim.dead {
+            self.count(Counter::dead);
+        }
+        let claimed = claim.messages.len() + claim.dead;
+        if claim.messages.is_empty() {
+            return Ok(claimed);
+        }
+        // Group by aggregate, keeping arrival order inside each group.
+        let mut groups: Vec<Vec<ClaimedMessage>> = Vec::new();
+        let mut index: HashMap<(String, String), usize> = HashMap::new();
+        for message in claim.messages {
+            match (&message.aggregate_type, &message.aggregate_id) {
+                (Some(t), Some(id)) if self.ordering => {
+                    let slot = *index.entry((t.clone(), id.clone())).or_insert_with(|| {
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    });
+                    groups[slot].push(message);
+                }
+                _ => groups.push(vec![message]),
+            }
+        }
+        let token = claim.token;
+        let released = futures_util::stream::iter(groups)
+            .map(|group| async move {
+                let mut rest = group.into_iter();
+                let mut released = Vec::new();
+                for message in rest.by_ref() {
+                    if shutdown.is_cancelled() {
+                        released.push(message);
+                        break;
+                    }
+                    match self.handle_claimed(&message, token).await {
+                        Outcome::Done => {}
+                        Outcome::Failed => break,
+                    }
+                }
+                released.extend(rest);
+                released
+            })
+            .buffer_unordered(self.config.concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        let released: Vec<ClaimedMessage> = released.into_iter().flatten().collect();
+        if !released.is_empty() {
+            let ids: Vec<i64> = released.iter().map(|m| m.id).collect();
+            let reclaimed: Vec<i64> = released
+                .iter()
+                .filter(|m| m.reclaimed)
+                .map(|m| m.id)
+                .collect();
+            store::inbox::release(&self.db, token, &ids, &reclaimed).await?;
+        }
+        Ok(claimed)
+    }
+
+    async fn handle_claimed(&self, message: &ClaimedMessage, token: uuid::Uuid) -> Outcome {
+        let attempt = message.attempts + 1;
+        let envelope = match Envelope::from_json(&message.payload) {
+            Ok(e) => e,
+            Err(e) => {
+                let error = HandlerError::permanent(format!("undecodable message: {e}"));
+                self.fail_claimed(message, token, None, error).await;
+                return Outcome::Failed;
+            }
+        };
+        let reg = match self.handler(&envelope) {
+            Ok(reg) => reg,
+            Err(error) => {
+                self.fail_claimed(message, token, None, HandlerError::permanent(error))
+                    .await;
+                return Outcome::Failed;
+            }
+        };
+        let tx = match self.outbox.begin(&self.db).await {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e))
+                    .await;
+                return Outcome::Failed;
+            }
+        };
+        // Fence first: the row stays locked by this transaction while the handler runs.
+        match store::inbox::mark_done(&tx, message.id, token, Utc::now()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                self.count(Counter::stale);
+                tracing::warn!(consumer = self.name, message_id = %message.message_id, "message taken over by another worker; skipped");
+                return Outcome::Failed;
+            }
+            Err(e) => {
+                drop(tx);
+                self.fail_claimed(message, token, Some(reg), HandlerError::retry(e))
+                    .await;
+                return Outcome::Failed;
+            }
+        }
+        let itx = self.attempt_tx(tx, &message.message_id, attempt);
+        match self.handle_and_commit(reg, itx, &envelope).await {
+            Ok(Ok(())) => Outcome::Done,
+            Ok(Err(error)) => {
+                self.fail_claimed(message, token, Some(reg), error).await;
+                Outcome::Failed
+            }
+            // A fault injected after the handler: the process "died" there.
+            Err(_) => Outcome::Failed,
+        }
+    }
+
+    async fn fail_claimed(
+        &self,
+        message: &ClaimedMessage,
+        token: uuid::Uuid,
+        reg: Option<&super::HandlerRegistration>,
+        error: HandlerError,
+    ) {
+        let failure = self.failure(reg, &error, message.attempts + 1);
+        let place = Place::Claimed {
+            id: message.id,
+            token,
+        };
+        if let Err(e) = self
+            .record_failure(place, &message.message_id, &failure)
+            .await
+        {
+            #[cfg(feature = "failpoints")]
+            if crate::failpoints::is_injected(&e) {
+                return; // the process "died" here
+            }
+            tracing::warn!(consumer = self.name, error = %e, "could not record a handler failure; the lease will expire and the message be retried");
+        }
+    }
+}

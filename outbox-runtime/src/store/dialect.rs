@@ -1,0 +1,307 @@
+//! What differs between the backends, as capabilities of a dialect.
+//!
+//! [`Backend`] lists every difference the SDK's SQL depends on: value encodings, conflict
+//! handling, row locks, transaction settings, and the statements whose shape each backend's
+//! planner needs. Its default methods are the common behaviour; `postgres.rs`, `mysql.rs` and
+//! `sqlite.rs` implement it, overriding what their backend does differently. Code above the store
+//! asks the [`Dialect`] of a connection what it can do, never which backend it is.
+
+use chrono::{DateTime, Utc};
+use sea_orm::{
+    ConnectionTrait, DbBackend, DbErr, IsolationLevel, QueryResult, Statement, TransactionOptions,
+    Value,
+};
+use uuid::Uuid;
+
+use super::{claim, mysql::MySql, postgres::Postgres, sql::Sql, sqlite::Sqlite};
+
+/// One backend's SQL: the defaults are what PostgreSQL, MySQL/MariaDB and SQLite share, or what
+/// most of them do. Sealed: the SDK's three backends are its only implementations.
+pub trait Backend: sealed::Sealed + Send + Sync + 'static {
+    /// SeaORM's name of the backend, for building statements.
+    fn db_backend(&self) -> DbBackend;
+
+    /// The `n`-th (1-based) bind placeholder.
+    fn placeholder(&self, _n: usize) -> String {
+        "?".to_owned()
+    }
+
+    /// A placeholder for a JSON text parameter written into a JSON column.
+    fn json_placeholder(&self, n: usize) -> String {
+        self.placeholder(n)
+    }
+
+    /// A UUID column value: `CHAR(36)` text unless the backend has a UUID type.
+    fn uuid(&self, id: Uuid) -> Value {
+        id.hyphenated().to_string().into()
+    }
+
+    /// Read an optional UUID column.
+    fn get_opt_uuid(&self, row: &QueryResult, column: &str) -> Result<Option<Uuid>, DbErr> {
+        match row.try_get::<Option<String>>("", column)? {
+            None => Ok(None),
+            Some(text) => Uuid::parse_str(&text)
+                .map(Some)
+                .map_err(|e| DbErr::Type(format!("column {column} is not a UUID: {e}"))),
+        }
+    }
+
+    /// A timestamp column value.
+    fn timestamp(&self, t: DateTime<Utc>) -> Value {
+        t.into()
+    }
+
+    /// A NULL of the type timestamps are bound as.
+    fn null_timestamp(&self) -> Value {
+        Option::<DateTime<Utc>>::None.into()
+    }
+
+    /// Read an optional timestamp column.
+    fn get_opt_timestamp(
+        &self,
+        row: &QueryResult,
+        column: &str,
+    ) -> Result<Option<DateTime<Utc>>, DbErr> {
+        row.try_get::<Option<DateTime<Utc>>>("", column)
+    }
+
+    /// Read a JSON column as text.
+    fn get_json_text(&self, row: &QueryResult, column: &str) -> Result<String, DbErr> {
+        row.try_get::<String>("", column)
+    }
+
+    /// Read an `INTEGER` column (32 bits unless the backend has one integer type).
+    fn get_int(&self, row: &QueryResult, column: &str) -> Result<i64, DbErr> {
+        row.try_get::<i32>("", column).map(i64::from)
+    }
+
+    /// Tail of the commit-time outbox INSERT that skips a row whose `(event_type, dedup_key)`
+    /// exists; `None` when the statement needs none (no event carries a deduplication key).
+    fn outbox_insert_conflict(&self, any_dedup_key: bool) -> Option<&'static str> {
+        any_dedup_key.then_some("ON CONFLICT (event_type, dedup_key) DO NOTHING")
+    }
+
+    /// An INSERT that skips rows conflicting on the unique key `key` (its columns,
+    /// comma-separated): the statement's head and, where the backend needs one, its tail.
+    fn insert_skipping(&self, key: &str) -> (&'static str, Option<String>) {
+        (
+            "INSERT INTO ",
+            Some(format!(" ON CONFLICT ({key}) DO NOTHING")),
+        )
+    }
+
+    /// Whether an INSERT can return the rows it inserted (`RETURNING`).
+    fn insert_returning(&self) -> bool {
+        true
+    }
+
+    /// Whether an INSERT returns the generated id with `RETURNING id` rather than through the
+    /// driver's last insert id.
+    fn returning_id(&self) -> bool {
+        false
+    }
+
+    /// The row-lock clause of a `SELECT` whose rows the transaction then changes; empty where
+    /// the transaction itself excludes other writers.
+    fn lock_rows(&self, skip_locked: bool) -> &'static str {
+        if skip_locked {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            " FOR UPDATE"
+        }
+    }
+
+    /// Options of a short claim or write-back transaction: read committed (no gap locks).
+    fn work_transaction(&self) -> TransactionOptions {
+        read_committed()
+    }
+
+    /// Statement run first in a claim or write-back transaction, if any.
+    fn work_session(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Options of a short admin transaction: read committed.
+    fn admin_transaction(&self) -> TransactionOptions {
+        read_committed()
+    }
+
+    /// Options of a producer's transaction that asked for its writers to serialize from the
+    /// start (`OutboxBuilder::sqlite_immediate`); the default where that needs nothing.
+    fn immediate_transaction(&self) -> TransactionOptions {
+        TransactionOptions::default()
+    }
+
+    /// "This outbox row is not SENT", in the form the backend's indexes serve.
+    fn unsent(&self, prefix: &str) -> String {
+        format!("{prefix}status <> {}", super::OutboxStatus::Sent.literal())
+    }
+
+    /// Whether other processes can be woken by a notification sent after a commit
+    /// (`LISTEN`/`NOTIFY`).
+    fn notifications(&self) -> bool {
+        false
+    }
+
+    /// Whether a JSON column rejects the NUL character (`\u0000`) in a string.
+    fn json_rejects_nul(&self) -> bool {
+        false
+    }
+
+    /// Whether `COMMIT` of a transaction aborted by a failed statement rolls back without an
+    /// error, so a caller must look for the abort before committing.
+    fn commit_hides_abort(&self) -> bool {
+        false
+    }
+
+    /// `(table, column)` of every column of the current schema's tables, as columns `t`, `c`.
+    fn columns_query(&self) -> &'static str;
+
+    /// `(table, index)` of every index of the current schema's tables, as columns `t`, `c`.
+    fn indexes_query(&self) -> &'static str;
+
+    /// The indexes the SDK's migrations create on `table` on this backend.
+    fn expected_indexes(&self, table: &str) -> &'static [&'static str];
+
+    /// Whether the claim's heads query computes the window's bound itself (one round trip less
+    /// per claim) rather than asking for it first.
+    fn window_in_heads_query(&self) -> bool {
+        true
+    }
+
+    /// The query of the claim window's bound (see `claim::window_bound`).
+    fn push_window_bound(&self, sql: &mut Sql, queue: &claim::Queue<'_>, window: usize) {
+        claim::push_window_bound_filtered(sql, queue, window);
+    }
+
+    /// The claim's heads query (see `claim::heads_query`).
+    fn heads_query(&self, query: &claim::HeadsQuery<'_>) -> Statement {
+        claim::heads_query_ranged(query)
+    }
+
+    /// The claim's query of the heads beyond the window (see `claim::beyond_window`).
+    fn heads_beyond_window(&self, query: &claim::BeyondWindow<'_>) -> Statement {
+        claim::beyond_window_recursive(self, query)
+    }
+
+    /// In the loose index scan of `claim::beyond_window_recursive`: the join from aggregate
+    /// `a` to the next one in key order, `f`.
+    fn push_next_aggregate(&self, _sql: &mut Sql, _queue: &claim::Queue<'_>) {}
+
+    /// One statement, sent as a simple query, that marks `ids` SENT under `token`, when the
+    /// backend can run a claim's usual write-back that way in one round trip.
+    fn sent_in_one_round_trip(
+        &self,
+        _table: &str,
+        _token: Uuid,
+        _ids: &[i64],
+        _now: DateTime<Utc>,
+    ) -> Option<String> {
+        None
+    }
+
+    /// Whether an ordered inbox batch is recorded by one statement that also finds which
+    /// messages wait behind their aggregate (`inbox::record_ordered_statement`).
+    fn records_ordered_batch_in_one_statement(&self) -> bool {
+        false
+    }
+
+    /// Whether retention deletes one status at a time (one index range per status) rather
+    /// than all of a purge's statuses in one statement.
+    fn purge_by_status(&self) -> bool {
+        false
+    }
+
+    /// `DELETE` at most `limit` rows of `purge.table` in `statuses` whose `purge.column` is
+    /// before the cutoff. By default the rows are picked by a subquery served by the partial
+    /// index, locked with `SKIP LOCKED` where the backend locks rows, so a purge never waits on a
+    /// row someone else holds.
+    fn purge_statement(
+        &self,
+        purge: &super::retention::Purge<'_>,
+        statuses: &[&'static str],
+        limit: usize,
+    ) -> Statement {
+        super::retention::purge_by_subquery(purge, statuses, limit, self.lock_rows(true))
+    }
+}
+
+pub(super) mod sealed {
+    /// Implemented by the SDK's backends only.
+    pub trait Sealed {}
+}
+
+fn read_committed() -> TransactionOptions {
+    TransactionOptions {
+        isolation_level: Some(IsolationLevel::ReadCommitted),
+        ..TransactionOptions::default()
+    }
+}
+
+/// The SQL dialect of a connection: what its backend can do and how values are written and
+/// read.
+#[derive(Clone, Copy)]
+pub struct Dialect {
+    backend: &'static dyn Backend,
+}
+
+impl std::fmt::Debug for Dialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Dialect")
+            .field(&self.backend.db_backend())
+            .finish()
+    }
+}
+
+impl std::ops::Deref for Dialect {
+    type Target = dyn Backend;
+
+    fn deref(&self) -> &Self::Target {
+        self.backend
+    }
+}
+
+impl Dialect {
+    /// The dialect of a connection.
+    pub fn of<C: ConnectionTrait + ?Sized>(conn: &C) -> Self {
+        Self::from_backend(conn.get_database_backend())
+    }
+
+    /// SeaORM's name of the backend, for building statements (the SDK's own code asks the
+    /// dialect's capabilities instead).
+    pub fn backend(&self) -> DbBackend {
+        self.backend.db_backend()
+    }
+
+    pub(crate) fn from_backend(backend: DbBackend) -> Self {
+        Dialect {
+            backend: match backend {
+                DbBackend::Postgres => &Postgres,
+                DbBackend::MySql => &MySql,
+                _ => &Sqlite,
+            },
+        }
+    }
+
+    /// Read a UUID column.
+    pub fn get_uuid(&self, row: &QueryResult, column: &str) -> Result<Uuid, DbErr> {
+        self.backend
+            .get_opt_uuid(row, column)?
+            .ok_or_else(|| DbErr::Type(format!("column {column} is NULL, not a UUID")))
+    }
+
+    /// Read a timestamp column.
+    pub fn get_timestamp(&self, row: &QueryResult, column: &str) -> Result<DateTime<Utc>, DbErr> {
+        self.backend
+            .get_opt_timestamp(row, column)?
+            .ok_or_else(|| DbErr::Type(format!("column {column} is NULL, not a timestamp")))
+    }
+
+    pub(crate) fn statement(&self, sql: String, values: Vec<Value>) -> Statement {
+        Statement::from_sql_and_values(self.backend.db_backend(), sql, values)
+    }
+
+    pub(crate) fn raw(&self, sql: impl Into<String>) -> Statement {
+        Statement::from_string(self.backend.db_backend(), sql)
+    }
+}

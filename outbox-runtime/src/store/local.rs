@@ -1,0 +1,110 @@
+//! The database-local transport's one statement of work: in one transaction, claim a batch of
+//! outbox events, insert each as a PENDING inbox row of every consumer that handles its type,
+//! and mark it SENT. No broker, exactly once: the inbox rows and the SENT mark commit together.
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
+
+use super::{
+    Dialect, OUTBOX_TABLE,
+    claim::{ClaimParams, select_claimable},
+    inbox::{InboxState, NewInboxRow},
+    relay::{aggregate_of, decode, mark_dead, outbox_queue},
+    sql::Sql,
+    status::OutboxStatus,
+    tx::begin_work,
+};
+
+/// What [`move_to_inbox`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Outbox events marked SENT.
+    pub events: usize,
+    /// Inbox rows inserted (one per subscribed consumer; duplicates skipped).
+    pub inbox_rows: usize,
+    /// Events that could not be turned into an envelope, marked DEAD.
+    pub dead: usize,
+    /// Inbox rows not inserted because the consumer already had the message (a resend).
+    pub duplicates: usize,
+}
+
+/// Move a batch of outbox events into the inbox rows of the consumers `routes` names for each
+/// event type (see the module docs). An event that cannot be read, turned into an envelope or
+/// delivered to anyone is DEAD; with ordering, the rest of its aggregate stays PENDING.
+pub async fn move_to_inbox(
+    db: &DatabaseConnection,
+    params: &ClaimParams<'_>,
+    routes: &(dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
+) -> Result<Moved, DbErr> {
+    let txn = begin_work(db).await?;
+    let dialect = Dialect::of(&txn);
+    let queue = outbox_queue(dialect);
+    let mut moved = Moved::default();
+    let mut sent = Vec::new();
+    let mut dead_aggregates = std::collections::HashSet::new();
+    for candidate in
+        select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
+    {
+        let aggregate = aggregate_of(&candidate.row);
+        if params.ordering && dead_aggregates.contains(&aggregate) {
+            continue; // behind a DEAD event of its aggregate: stays PENDING
+        }
+        let ready = match decode(&dialect, &candidate.row) {
+            Err(e) => Err(format!("outbox row cannot be read: {e}")),
+            Ok(read) => match read.event.envelope() {
+                Err(reason) => Err(reason),
+                Ok(_) if routes(&read.event.event_type).is_empty() => Err(format!(
+                    "no consumer of this runtime handles event type `{}` (database-local \
+                     transport): nothing would ever receive it",
+                    read.event.event_type
+                )),
+                Ok(envelope) => Ok((read.event, envelope)),
+            },
+        };
+        let (event, envelope) = match ready {
+            Ok(pair) => pair,
+            Err(reason) => {
+                mark_dead(&txn, &dialect, candidate.id, &reason).await?;
+                moved.dead += 1;
+                dead_aggregates.insert(aggregate);
+                continue;
+            }
+        };
+        let body = envelope.to_json();
+        let message_id = event.event_id.to_string();
+        for consumer in routes(&event.event_type) {
+            let row = NewInboxRow {
+                consumer,
+                message_id: &message_id,
+                event_type: Some(&event.event_type),
+                source: Some(&event.source),
+                aggregate_type: Some(&event.aggregate_type),
+                aggregate_id: Some(&event.aggregate_id),
+                aggregate_version: event.aggregate_version,
+                schema_version: Some(event.schema_version),
+                payload: &body,
+            };
+            if super::inbox::insert(&txn, &row, &InboxState::Pending, params.now).await? {
+                moved.inbox_rows += 1;
+            } else {
+                moved.duplicates += 1;
+            }
+        }
+        sent.push(event.id);
+    }
+    for chunk in sent.chunks(1000) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
+            OutboxStatus::Sent.literal()
+        ))
+        .bind(dialect.timestamp(params.now))
+        .push(", locked_by = ")
+        .bind(params.owner.to_owned().into())
+        .push(", locked_until = NULL, last_error = NULL WHERE id IN ")
+        .bind_list(chunk.iter().map(|id| Value::from(*id)));
+        txn.execute_raw(sql.build()).await?;
+    }
+    moved.events = sent.len();
+    txn.commit().await?;
+    Ok(moved)
+}

@@ -1,0 +1,85 @@
+//! [`Backoff`]: the retry delays of the relay, the inbox worker and the transports.
+
+use std::time::Duration;
+
+/// Exponential backoff with a cap and random jitter: `min(base · 2^attempt, cap) + jitter`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    /// Delay after the first failure. Default 1 s.
+    pub base: Duration,
+    /// Largest delay before jitter. Default 300 s.
+    pub cap: Duration,
+    /// Up to this fraction of the delay is added at random, so retries of many events spread
+    /// out. Default 0.2.
+    pub jitter: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(300),
+            jitter: 0.2,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (0 for the first retry), without jitter.
+    pub fn base_delay(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.min(31));
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+
+    /// The delay before retry number `attempt`, with jitter.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let delay = self.base_delay(attempt);
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        // A cap near `Duration::MAX` saturates instead of panicking.
+        let extra = Duration::try_from_secs_f64(delay.as_secs_f64() * jitter * fastrand::f64())
+            .unwrap_or(Duration::MAX);
+        delay.saturating_add(extra)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn backoff_saturates_with_an_absurd_cap() {
+        let backoff = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::MAX,
+            jitter: 1.0,
+        };
+        assert!(backoff.delay(200) >= backoff.base_delay(200));
+        assert_eq!(backoff.base_delay(u32::MAX), Duration::from_secs(1 << 31));
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(300),
+            jitter: 0.0,
+        };
+        let delays: Vec<u64> = (0..12).map(|n| b.delay(n).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+    }
+
+    proptest! {
+        #[test]
+        fn backoff_is_monotone_capped_and_jitter_bounded(
+            base_ms in 1u64..10_000, cap_ms in 1u64..1_000_000, jitter in 0.0f64..1.0, n in 0u32..80
+        ) {
+            let b = Backoff { base: Duration::from_millis(base_ms), cap: Duration::from_millis(cap_ms), jitter };
+            prop_assert!(b.base_delay(n) <= b.base_delay(n + 1));
+            prop_assert!(b.base_delay(n) <= b.cap);
+            let d = b.delay(n);
+            prop_assert!(d >= b.base_delay(n));
+            prop_assert!(d <= b.base_delay(n).mul_f64(1.0 + jitter) + Duration::from_nanos(1));
+        }
+    }
+}
