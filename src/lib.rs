@@ -20,6 +20,7 @@ pub use outbox_runtime::{
     TraceContext, TraceContextError, TransactionError, WakeReceiver, inbox, registry, relay,
     runtime, trace, transport,
 };
+pub use outbox_runtime::event::{AggregateVersionValue, DedupKeyValue};
 pub use outbox_runtime::{admin, metrics, retention};
 
 /// The SQL layer, for the SDK's own tests and benchmarks (feature `test-util`): not covered by
