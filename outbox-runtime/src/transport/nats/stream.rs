@@ -1,0 +1,150 @@
+//! The JetStream stream of the namespace: its configuration, and creating it or bringing an
+//! existing one in line with the settings.
+
+use async_nats::jetstream::{
+    ErrorCode,
+    context::{CreateStreamErrorKind, GetStreamErrorKind},
+    stream,
+};
+
+use super::{NatsTransport, TRANSPORT};
+use crate::transport::TransportError;
+
+impl NatsTransport {
+    /// [`Transport::setup`](crate::transport::Transport::setup): gets or creates the stream.
+    pub(super) async fn ensure_stream(&self) -> Result<(), TransportError> {
+        let js = &self.inner.jetstream;
+        let name = &self.inner.stream_name;
+        match js.get_stream(name).await {
+            Ok(stream) => {
+                return self
+                    .reconcile_stream(stream.cached_info().config.clone())
+                    .await;
+            }
+            Err(err) => match err.kind() {
+                GetStreamErrorKind::JetStream(api)
+                    if api.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
+                _ => {
+                    return Err(TransportError::new(
+                        TRANSPORT,
+                        format!("cannot look up stream `{name}`: {err}"),
+                    ));
+                }
+            },
+        }
+        match js.create_stream(self.stream_config()).await {
+            Ok(_) => {
+                tracing::info!(stream = %name, subjects = %self.stream_subject(), "created the stream");
+                Ok(())
+            }
+            Err(err) => match err.kind() {
+                // Another instance created it in the meantime.
+                CreateStreamErrorKind::JetStream(api)
+                    if api.error_code() == ErrorCode::STREAM_NAME_EXIST =>
+                {
+                    let stream = js.get_stream(name).await.map_err(|err| {
+                        TransportError::new(
+                            TRANSPORT,
+                            format!("cannot look up stream `{name}`: {err}"),
+                        )
+                    })?;
+                    self.reconcile_stream(stream.cached_info().config.clone())
+                        .await
+                }
+                CreateStreamErrorKind::JetStream(api)
+                    if api.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP =>
+                {
+                    Err(TransportError::new(
+                        TRANSPORT,
+                        format!(
+                            "cannot create stream `{name}`: its subjects `{}` overlap those of \
+                             another stream ({api}); set `stream_name` to that stream or use \
+                             another namespace",
+                            self.stream_subject()
+                        ),
+                    ))
+                }
+                _ => Err(TransportError::new(
+                    TRANSPORT,
+                    format!("cannot create stream `{name}`: {err}"),
+                )),
+            },
+        }
+    }
+
+    pub(super) fn stream_subject(&self) -> String {
+        format!("{}.>", self.inner.config.namespace)
+    }
+
+    fn stream_config(&self) -> stream::Config {
+        let config = &self.inner.config;
+        stream::Config {
+            name: self.inner.stream_name.clone(),
+            description: Some(format!(
+                "outbox events published under `{}.>`",
+                config.namespace
+            )),
+            subjects: vec![self.stream_subject()],
+            duplicate_window: config.effective_duplicate_window(),
+            max_age: config.max_age.unwrap_or_default(),
+            retention: config.retention,
+            storage: config.storage,
+            ..Default::default()
+        }
+    }
+
+    /// Checks an existing stream against the configuration: fails when it stores other
+    /// subjects, brings the duplicate window and max age in line when they differ.
+    async fn reconcile_stream(&self, existing: stream::Config) -> Result<(), TransportError> {
+        let wanted = self.stream_subject();
+        if existing.subjects != [wanted.as_str()] {
+            return Err(TransportError::new(
+                TRANSPORT,
+                format!(
+                    "stream `{}` exists with subjects {:?}, not [\"{wanted}\"]: it belongs to \
+                     something else; choose another stream name or namespace",
+                    existing.name, existing.subjects
+                ),
+            ));
+        }
+        let config = &self.inner.config;
+        let max_age = config.max_age.unwrap_or_default();
+        let duplicate_window = config.effective_duplicate_window();
+        if existing.storage != config.storage || existing.retention != config.retention {
+            tracing::warn!(
+                stream = %existing.name,
+                existing_storage = ?existing.storage,
+                existing_retention = ?existing.retention,
+                wanted_storage = ?config.storage,
+                wanted_retention = ?config.retention,
+                "the stream's storage or retention differs from the configuration; \
+                 JetStream cannot change them in place, keeping the stream as it is"
+            );
+        }
+        if existing.duplicate_window != duplicate_window || existing.max_age != max_age {
+            tracing::info!(
+                stream = %existing.name,
+                ?duplicate_window,
+                ?max_age,
+                "updating the stream's duplicate window and max age"
+            );
+            let name = existing.name.clone();
+            let updated = stream::Config {
+                duplicate_window,
+                max_age,
+                ..existing
+            };
+            self.inner
+                .jetstream
+                .update_stream(updated)
+                .await
+                .map_err(|err| {
+                    TransportError::new(
+                        TRANSPORT,
+                        format!("cannot update the settings of stream `{name}`: {err}"),
+                    )
+                })?;
+        }
+        Ok(())
+    }
+}

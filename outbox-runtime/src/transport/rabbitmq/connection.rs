@@ -1,0 +1,232 @@
+//! The connection and its channels: reconnecting with a backoff after a loss, opening and
+//! closing channels, and running one broker operation within the API timeout ([`ApiError`]).
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use lapin::{
+    Channel, Connection, ConnectionProperties, ErrorKind,
+    protocol::{AMQPErrorKind, AMQPSoftError, constants::REPLY_SUCCESS},
+    uri::AMQPUri,
+};
+use tokio::time::Instant;
+
+use super::{RabbitMqConfig, RabbitMqTransport, TRANSPORT};
+use crate::transport::TransportError;
+
+/// Lower bound of the timeout of topology operations (declares, binds, channel opens); the
+/// publish timeout raises it when longer.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long closing a publish channel after a confirm timeout may take.
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Reconnect backoff after a failed attempt: doubles from the base up to the cap.
+const RECONNECT_BACKOFF_BASE: Duration = Duration::from_millis(200);
+const RECONNECT_BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+pub(super) struct ConnectionSlot {
+    pub(super) current: Option<Arc<Connection>>,
+    /// Failed reconnect attempts in a row.
+    pub(super) failures: u32,
+    /// No new attempt before this instant.
+    pub(super) retry_at: Option<Instant>,
+    pub(super) last_error: String,
+}
+
+impl RabbitMqTransport {
+    /// The connection, reopened first if it was lost (subject to the reconnect backoff).
+    pub async fn connection(&self) -> Result<Arc<Connection>, TransportError> {
+        let mut slot = self.inner.connection.lock().await;
+        if let Some(connection) = &slot.current
+            && connection.status().connected()
+        {
+            return Ok(connection.clone());
+        }
+        let now = Instant::now();
+        if let Some(retry_at) = slot.retry_at
+            && now < retry_at
+        {
+            return Err(TransportError::new(
+                TRANSPORT,
+                format!(
+                    "not connected to RabbitMQ at {}: the last attempt failed ({}); next attempt \
+                     in {:?}",
+                    self.inner.display_uri,
+                    slot.last_error,
+                    retry_at - now
+                ),
+            ));
+        }
+        let lost = slot.current.take().is_some();
+        if lost {
+            tracing::warn!(uri = %self.inner.display_uri, "connection to RabbitMQ lost; reconnecting");
+        }
+        match open_connection(&self.inner.uri, &self.inner.config).await {
+            Ok(connection) => {
+                if slot.failures > 0 || lost {
+                    tracing::info!(uri = %self.inner.display_uri, "reconnected to RabbitMQ");
+                }
+                if let Ok(mut status) = self.inner.status.write() {
+                    *status = connection.status().clone();
+                }
+                let connection = Arc::new(connection);
+                *slot = ConnectionSlot {
+                    current: Some(connection.clone()),
+                    failures: 0,
+                    retry_at: None,
+                    last_error: String::new(),
+                };
+                Ok(connection)
+            }
+            Err(err) => {
+                slot.failures = slot.failures.saturating_add(1);
+                let backoff = RECONNECT_BACKOFF_BASE
+                    .saturating_mul(1 << slot.failures.saturating_sub(1).min(16))
+                    .min(RECONNECT_BACKOFF_CAP);
+                slot.retry_at = Some(Instant::now() + backoff);
+                slot.last_error = err.clone();
+                tracing::warn!(
+                    uri = %self.inner.display_uri,
+                    error = %err,
+                    failures = slot.failures,
+                    ?backoff,
+                    "cannot connect to RabbitMQ"
+                );
+                Err(TransportError::new(
+                    TRANSPORT,
+                    format!(
+                        "cannot connect to RabbitMQ at {}: {err}",
+                        self.inner.display_uri
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// A new channel on the [`connection`](Self::connection), e.g. to inspect queues
+    /// (`queue_declare` with `passive`). It closes when its last clone is dropped.
+    pub async fn channel(&self) -> Result<Channel, TransportError> {
+        let connection = self.connection().await?;
+        match self.open_channel(&connection).await {
+            Err(_) if !connection.status().connected() => {
+                // The connection closed under us (the broker may close it at any time, e.g.
+                // after a protocol error): reconnect once.
+                drop(connection);
+                let connection = self.connection().await?;
+                self.open_channel(&connection).await
+            }
+            result => result,
+        }
+    }
+
+    fn api_timeout(&self) -> Duration {
+        API_TIMEOUT.max(self.inner.config.publish_timeout)
+    }
+
+    /// Runs one topology operation within the API timeout.
+    pub(super) async fn api<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        operation: impl Future<Output = lapin::Result<T>>,
+    ) -> Result<T, ApiError> {
+        let timeout = self.api_timeout();
+        match tokio::time::timeout(timeout, operation).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(ApiError::Broker(what(), err)),
+            Err(_elapsed) => Err(ApiError::Timeout(what(), timeout)),
+        }
+    }
+
+    pub(super) async fn open_channel(
+        &self,
+        connection: &Connection,
+    ) -> Result<Channel, TransportError> {
+        self.api(|| "open a channel".to_owned(), connection.create_channel())
+            .await
+            .map_err(|err| err.into_transport_error(&self.inner.display_uri))
+    }
+}
+
+/// A failed topology operation.
+pub(super) enum ApiError {
+    Broker(String, lapin::Error),
+    Timeout(String, Duration),
+}
+
+impl ApiError {
+    pub(super) fn soft_error(&self) -> Option<AMQPSoftError> {
+        match self {
+            ApiError::Broker(_, err) => match err.kind() {
+                ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+                    AMQPErrorKind::Soft(soft) => Some(soft.clone()),
+                    AMQPErrorKind::Hard(_) => None,
+                },
+                _ => None,
+            },
+            ApiError::Timeout(..) => None,
+        }
+    }
+
+    pub(super) fn into_transport_error(self, uri: &str) -> TransportError {
+        TransportError::new(TRANSPORT, format!("{self} (RabbitMQ at {uri})"))
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiError::Broker(what, err) => write!(f, "cannot {what}: {err}"),
+            ApiError::Timeout(what, timeout) => {
+                write!(f, "cannot {what}: no answer within {timeout:?}")
+            }
+        }
+    }
+}
+
+pub(super) async fn open_connection(
+    uri: &AMQPUri,
+    config: &RabbitMqConfig,
+) -> Result<Connection, String> {
+    let properties = ConnectionProperties::default()
+        .with_connection_name(config.connection_name.as_str().into());
+    let connect = Connection::connect_uri(uri.clone(), properties);
+    match tokio::time::timeout(config.connection_timeout, connect).await {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_elapsed) => Err(format!("no answer within {:?}", config.connection_timeout)),
+    }
+}
+
+/// Closes a short-lived channel; failures do not matter (it closes when dropped anyway).
+pub(super) async fn close_quietly(channel: Channel) {
+    if channel.status().connected() {
+        let _ =
+            tokio::time::timeout(CLOSE_TIMEOUT, channel.close(REPLY_SUCCESS, "OK".into())).await;
+    }
+}
+
+/// `scheme://user@host:port (vhost `…`)`: the URI without its password.
+pub(super) fn redact(uri: &AMQPUri) -> String {
+    format!(
+        "{}://{}@{}:{} (vhost `{}`)",
+        uri.scheme,
+        uri.authority.userinfo.username,
+        uri.authority.host,
+        uri.authority.port,
+        uri.vhost
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    #[test]
+    fn uris_are_shown_without_the_password() {
+        let uri = AMQPUri::from_str("amqp://app:s3cret@broker:5673/prod").expect("uri");
+        let shown = redact(&uri);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("app@broker:5673"), "{shown}");
+    }
+}
