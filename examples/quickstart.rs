@@ -24,8 +24,71 @@ use std::{
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
-use outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+use outbox::sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, Database, DatabaseConnection, EntityTrait,
+    ExprTrait, PaginatorTrait, QueryFilter, Schema, Set, Statement, sea_query::Expr,
+};
 use serde::{Deserialize, Serialize};
+
+/// The order service's orders.
+mod order {
+    use outbox::sea_orm; // the derives below expand to `sea_orm::…` paths
+    use outbox::sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "orders")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: i64,
+        pub customer: String,
+        pub sku: String,
+        pub quantity: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+/// The inventory's stock, one row per article.
+mod stock {
+    use outbox::sea_orm;
+    use outbox::sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "stock")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub sku: String,
+        pub available: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+/// The confirmations the notification consumer sent, one per order.
+mod confirmation {
+    use outbox::sea_orm;
+    use outbox::sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "confirmation")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub order_id: i64,
+        pub customer: String,
+        pub attempt: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
 
 #[derive(Debug, Serialize, Deserialize, DomainEvent)]
 #[event(name = "order.placed", aggregate = "order", version = 1)]
@@ -42,14 +105,17 @@ async fn reserve_stock(
     tx: &InboxTransaction,
     event: Event<OrderPlaced>,
 ) -> Result<(), HandlerError> {
-    let reserved = tx
-        .execute_unprepared(&format!(
-            "UPDATE stock SET available = available - {q} WHERE sku = '{sku}' AND available >= {q}",
-            q = event.quantity,
-            sku = event.sku
-        ))
+    // `available - quantity` where at least `quantity` is available; no row otherwise.
+    let reserved = stock::Entity::update_many()
+        .col_expr(
+            stock::Column::Available,
+            Expr::col(stock::Column::Available).sub(event.quantity),
+        )
+        .filter(stock::Column::Sku.eq(event.sku.as_str()))
+        .filter(stock::Column::Available.gte(event.quantity))
+        .exec(tx)
         .await?;
-    if reserved.rows_affected() == 0 {
+    if reserved.rows_affected == 0 {
         return Err(HandlerError::permanent(format!(
             "not enough {} in stock for order {} ({} wanted)",
             event.sku, event.order_id, event.quantity
@@ -68,17 +134,21 @@ async fn send_confirmation(
     if event.order_id == 2 && MAIL_SERVER_DOWN_ONCE.swap(false, Ordering::SeqCst) {
         return Err(HandlerError::retry("mail server timed out"));
     }
-    tx.execute_unprepared(&format!(
-        "INSERT INTO confirmation (order_id, customer, attempt) VALUES ({}, '{}', {})",
-        event.order_id,
-        event.customer,
-        event.meta().attempt
-    ))
+    confirmation::ActiveModel {
+        order_id: Set(event.order_id),
+        customer: Set(event.customer.clone()),
+        attempt: Set(event.meta().attempt.into()),
+    }
+    .insert(tx)
     .await?;
     Ok(())
 }
 
-async fn count(db: &DatabaseConnection, sql: &str) -> Result<i64, Box<dyn std::error::Error>> {
+/// A count from the SDK's own tables: a fixed statement, with no values in it.
+async fn count(
+    db: &DatabaseConnection,
+    sql: &'static str,
+) -> Result<i64, Box<dyn std::error::Error>> {
     let row = db
         .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
         .await?
@@ -94,13 +164,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
     outbox::migrate(&db).await?;
-    for ddl in [
-        "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
-        "CREATE TABLE stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
-        "CREATE TABLE confirmation (order_id INTEGER NOT NULL, customer TEXT NOT NULL, attempt INTEGER NOT NULL)",
-        "INSERT INTO stock (sku, available) VALUES ('kettle', 10), ('teapot', 1)",
-    ] {
-        db.execute_unprepared(ddl).await?;
+    let schema = Schema::new(db.get_database_backend());
+    db.execute(&schema.create_table_from_entity(order::Entity))
+        .await?;
+    db.execute(&schema.create_table_from_entity(stock::Entity))
+        .await?;
+    db.execute(&schema.create_table_from_entity(confirmation::Entity))
+        .await?;
+    for (sku, available) in [("kettle", 10), ("teapot", 1)] {
+        stock::ActiveModel {
+            sku: Set(sku.into()),
+            available: Set(available),
+        }
+        .insert(&db)
+        .await?;
     }
     println!("database: {}", path.display());
 
@@ -132,9 +209,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     for (id, customer, sku, quantity) in orders {
         let tx = outbox.begin(&db).await?;
-        tx.execute_unprepared(&format!(
-            "INSERT INTO orders (id, customer, sku, quantity) VALUES ({id}, '{customer}', '{sku}', {quantity})"
-        ))
+        order::ActiveModel {
+            id: Set(id),
+            customer: Set(customer.into()),
+            sku: Set(sku.into()),
+            quantity: Set(quantity),
+        }
+        .insert(&tx)
         .await?;
         tx.enqueue(&OrderPlaced {
             order_id: id,
@@ -158,9 +239,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // An operator resends order 1's event (what `outbox resend` does): delivered again, and
     // suppressed by both inboxes as a duplicate.
-    db.execute_unprepared(
-        "UPDATE outbox_event SET status = 'PENDING', sent_at = NULL WHERE aggregate_id = '1'",
-    )
+    db.execute_raw(Statement::from_sql_and_values(
+        db.get_database_backend(),
+        "UPDATE outbox_event SET status = 'PENDING', sent_at = NULL WHERE aggregate_id = ?",
+        ["1".into()],
+    ))
     .await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while runtime.relay_stats().map_or(0, |s| s.duplicates) < 2 {
@@ -203,20 +286,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             row.try_get::<String>("", "last_error")?
         );
     }
+    let kettles_left = stock::Entity::find_by_id("kettle")
+        .one(&db)
+        .await?
+        .ok_or("no kettle row")?
+        .available;
+    let confirmations = confirmation::Entity::find().count(&db).await?;
+    let order_2 = confirmation::Entity::find_by_id(2)
+        .one(&db)
+        .await?
+        .ok_or("no confirmation for order 2")?;
     println!(
-        "kettles left: {}, confirmations sent: {} (order 2 on attempt {})",
-        count(&db, "SELECT available FROM stock WHERE sku = 'kettle'").await?,
-        count(&db, "SELECT COUNT(*) FROM confirmation").await?,
-        count(&db, "SELECT attempt FROM confirmation WHERE order_id = 2").await?,
+        "kettles left: {kettles_left}, confirmations sent: {confirmations} (order 2 on attempt {})",
+        order_2.attempt,
     );
     runtime.shutdown().await;
 
     // What the run must show, checked so that the example fails loudly if it ever stops working.
-    assert_eq!(
-        count(&db, "SELECT available FROM stock WHERE sku = 'kettle'").await?,
-        4
-    );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM confirmation").await?, 4);
+    assert_eq!(kettles_left, 4);
+    assert_eq!(confirmations, 4);
     assert_eq!(dead.len(), 1);
     Ok(())
 }

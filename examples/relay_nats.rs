@@ -13,9 +13,32 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use outbox::prelude::*;
 use outbox::relay::Relay;
-use outbox::sea_orm::{ConnectionTrait, Database};
+use outbox::sea_orm::{
+    ActiveModelTrait, ConnectionTrait, Database, ExprTrait, Schema, Set,
+    sea_query::{Asterisk, Expr, Query},
+};
 use outbox::transport::{SubscribeOptions, Transport, nats::NatsTransport};
 use serde::{Deserialize, Serialize};
+
+/// The order service's orders.
+mod example_order {
+    use outbox::sea_orm; // the derives below expand to `sea_orm::…` paths
+    use outbox::sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "example_orders")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: i64,
+        pub customer: String,
+        pub total_cents: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
 
 #[derive(Debug, Serialize, Deserialize, DomainEvent)]
 #[event(name = "order.placed", aggregate = "order", version = 1)]
@@ -34,10 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let db = Database::connect(&database_url).await?;
     outbox::migrate(&db).await?;
-    db.execute_unprepared(
-        "CREATE TABLE IF NOT EXISTS example_orders (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, total_cents BIGINT NOT NULL)",
-    )
-    .await?;
+    let mut create_orders =
+        Schema::new(db.get_database_backend()).create_table_from_entity(example_order::Entity);
+    db.execute(create_orders.if_not_exists()).await?;
     let outbox = Outbox::new("order-service");
     let nats = NatsTransport::builder(&nats_url)
         .namespace("example")
@@ -66,19 +88,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     {
         let order_id = first_id + i as i64;
         let tx = outbox.begin(&db).await?;
-        tx.execute_unprepared(&format!(
-            "INSERT INTO example_orders (id, customer, total_cents) VALUES ({order_id}, '{customer}', {})",
-            1_000 * (i + 1)
-        ))
+        let total_cents = 1_000 * (i as i64 + 1);
+        example_order::ActiveModel {
+            id: Set(order_id),
+            customer: Set(customer.into()),
+            total_cents: Set(total_cents),
+        }
+        .insert(&tx)
         .await?;
         let event_id = tx.enqueue(&OrderPlaced {
             order_id,
             customer: customer.into(),
-            total_cents: 1_000 * (i as i64 + 1),
+            total_cents,
         })?;
         let _ = tx.commit().await?;
         expected.insert(event_id.to_string());
-        ids.push(format!("'{event_id}'"));
+        ids.push(event_id);
         println!("committed order {order_id} for {customer} with event {event_id}");
     }
 
@@ -100,14 +125,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         delivery.ack().await?;
     }
     relay.shutdown().await?; // finishes the round in flight: its events are marked by now
+    // SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'SENT' AND event_id IN ($1, $2, ...)
+    let sent = Query::select()
+        .expr_as(Expr::col(Asterisk).count(), "n")
+        .from("outbox_event")
+        .and_where(Expr::col("status").eq("SENT"))
+        .and_where(Expr::col("event_id").is_in(ids))
+        .to_owned();
     let sent = db
-        .query_one_raw(outbox::sea_orm::Statement::from_string(
-            db.get_database_backend(),
-            format!(
-                "SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'SENT' AND event_id IN ({})",
-                ids.join(", ")
-            ),
-        ))
+        .query_one(&sent)
         .await?
         .ok_or("no row")?
         .try_get::<i64>("", "n")?;

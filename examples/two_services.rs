@@ -20,11 +20,55 @@
 use std::{sync::Arc, time::Duration};
 
 use outbox::prelude::*;
-use outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection};
+use outbox::sea_orm::{
+    ActiveModelTrait, ConnectionTrait, Database, DatabaseConnection, DbErr, EntityTrait, ExprTrait,
+    Schema, Set,
+    sea_query::{Asterisk, Expr, Query},
+};
 use outbox::transport::{
     Transport, nats::NatsTransport, rabbitmq::RabbitMqTransport, redis::RedisTransport,
 };
 use serde::{Deserialize, Serialize};
+
+/// The order service's orders.
+mod example_order {
+    use outbox::sea_orm; // the derives below expand to `sea_orm::…` paths
+    use outbox::sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "example_order")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: i64,
+        pub sku: String,
+        pub quantity: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+/// The inventory service's reservations, one per order.
+mod example_reservation {
+    use outbox::sea_orm;
+    use outbox::sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "example_reservation")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub order_id: i64,
+        pub sku: String,
+        pub quantity: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
 
 #[derive(Debug, Serialize, Deserialize, DomainEvent)]
 #[event(name = "order.placed", aggregate = "order", version = 1)]
@@ -37,10 +81,12 @@ struct OrderPlaced {
 
 #[inbox_handler(consumer = "inventory-example")]
 async fn reserve(tx: &InboxTransaction, event: Event<OrderPlaced>) -> Result<(), HandlerError> {
-    tx.execute_unprepared(&format!(
-        "INSERT INTO example_reservation (order_id, sku, quantity) VALUES ({}, '{}', {})",
-        event.order_id, event.sku, event.quantity
-    ))
+    example_reservation::ActiveModel {
+        order_id: Set(event.order_id),
+        sku: Set(event.sku.clone()),
+        quantity: Set(event.quantity),
+    }
+    .insert(tx)
     .await?;
     println!(
         "inventory: reserved {} x {} for order {} (event {}, attempt {})",
@@ -50,6 +96,13 @@ async fn reserve(tx: &InboxTransaction, event: Event<OrderPlaced>) -> Result<(),
         event.id(),
         event.meta().attempt
     );
+    Ok(())
+}
+
+/// Creates an entity's table unless it exists.
+async fn create_table<E: EntityTrait>(db: &DatabaseConnection, entity: E) -> Result<(), DbErr> {
+    let mut create = Schema::new(db.get_database_backend()).create_table_from_entity(entity);
+    db.execute(create.if_not_exists()).await?;
     Ok(())
 }
 
@@ -95,10 +148,7 @@ async fn connect() -> Result<(DatabaseConnection, Arc<dyn Transport>), Box<dyn s
 
 async fn producer() -> Result<(), Box<dyn std::error::Error>> {
     let (db, transport) = connect().await?;
-    db.execute_unprepared(
-        "CREATE TABLE IF NOT EXISTS example_order (id BIGINT PRIMARY KEY, sku TEXT NOT NULL, quantity BIGINT NOT NULL)",
-    )
-    .await?;
+    create_table(&db, example_order::Entity).await?;
     let runtime = Runtime::builder(db.clone())
         .source("order-service")
         .transport_arc(transport)
@@ -110,10 +160,12 @@ async fn producer() -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..5 {
         let order_id = first + i;
         let tx = runtime.outbox().begin(&db).await?;
-        tx.execute_unprepared(&format!(
-            "INSERT INTO example_order (id, sku, quantity) VALUES ({order_id}, 'kettle', {})",
-            i + 1
-        ))
+        example_order::ActiveModel {
+            id: Set(order_id),
+            sku: Set("kettle".into()),
+            quantity: Set(i + 1),
+        }
+        .insert(&tx)
         .await?;
         let id = tx.enqueue(&OrderPlaced {
             order_id,
@@ -121,21 +173,18 @@ async fn producer() -> Result<(), Box<dyn std::error::Error>> {
             quantity: i + 1,
         })?;
         let _ = tx.commit().await?;
-        ids.push(format!("'{id}'"));
+        ids.push(id);
         println!("order-service: placed order {order_id} (event {id})");
     }
-    let sql = format!(
-        "SELECT COUNT(*) FROM outbox_event WHERE status = 'SENT' AND event_id IN ({})",
-        ids.join(", ")
-    );
+    // SELECT COUNT(*) FROM outbox_event WHERE status = 'SENT' AND event_id IN ($1, $2, ...)
+    let sent = Query::select()
+        .expr(Expr::col(Asterisk).count())
+        .from("outbox_event")
+        .and_where(Expr::col("status").eq("SENT"))
+        .and_where(Expr::col("event_id").is_in(ids))
+        .to_owned();
     for _ in 0..200 {
-        let row = db
-            .query_one_raw(outbox::sea_orm::Statement::from_string(
-                db.get_database_backend(),
-                sql.clone(),
-            ))
-            .await?
-            .ok_or("no row")?;
+        let row = db.query_one(&sent).await?.ok_or("no row")?;
         if row.try_get_by_index::<i64>(0)? == 5 {
             println!("order-service: all 5 events confirmed by the broker and marked SENT");
             runtime.shutdown().await;
@@ -149,10 +198,7 @@ async fn producer() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn consumer(wanted: u64) -> Result<(), Box<dyn std::error::Error>> {
     let (db, transport) = connect().await?;
-    db.execute_unprepared(
-        "CREATE TABLE IF NOT EXISTS example_reservation (order_id BIGINT NOT NULL, sku TEXT NOT NULL, quantity BIGINT NOT NULL)",
-    )
-    .await?;
+    create_table(&db, example_reservation::Entity).await?;
     let runtime = Runtime::builder(db)
         .source("inventory-service")
         .transport_arc(transport)
