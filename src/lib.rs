@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub use outbox_runtime::CancellationToken;
+pub use outbox_runtime::event::{AggregateVersionValue, DedupKeyValue};
 #[cfg(feature = "failpoints")]
 pub use outbox_runtime::failpoints;
 pub use outbox_runtime::inbox::InboxConfig;
@@ -20,7 +21,6 @@ pub use outbox_runtime::{
     TraceContext, TraceContextError, TransactionError, WakeReceiver, inbox, registry, relay,
     runtime, trace, transport,
 };
-pub use outbox_runtime::event::{AggregateVersionValue, DedupKeyValue};
 pub use outbox_runtime::{admin, metrics, retention};
 
 /// The SQL layer, for the SDK's own tests and benchmarks (feature `test-util`): not covered by

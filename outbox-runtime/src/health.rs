@@ -45,7 +45,7 @@ impl LoopHealth {
     }
 
     /// A snapshot.
-    pub fn report(&self) -> LoopReport {
+    pub(crate) fn report(&self) -> LoopReport {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let healthy = self.alive.load(Ordering::Relaxed)
             && match (&state.last_success, &state.last_error) {

@@ -49,7 +49,7 @@ use serde::Serialize;
 use crate::{
     admin::{ActionKind, Actor, AdminError, HumanDuration, db_error, secs},
     relay::RelayConfig,
-    store::{admin as sql, lease, lease::LeaseHolder, retention as purge},
+    store::{admin as sql, lease, lease::LeaseHolder, retention as purge_sql},
     util::backoff::Backoff,
 };
 
@@ -314,11 +314,11 @@ async fn run(
                 break 'tables;
             }
             let deleted = if outbox {
-                purge::purge_sent(db, report.sent_before, policy.batch_size)
+                purge_sql::purge_sent(db, report.sent_before, policy.batch_size)
                     .await
                     .map_err(db_error("deleting sent outbox events"))?
             } else {
-                purge::purge_finished(db, report.done_before, policy.batch_size)
+                purge_sql::purge_finished(db, report.done_before, policy.batch_size)
                     .await
                     .map_err(db_error("deleting processed inbox messages"))?
             };

@@ -217,7 +217,7 @@ impl fmt::Display for DeadLetterFilter {
     }
 }
 
-/// One dead letter, as [`dead_letters`] lists it.
+/// One dead letter, as [`dead_letters`](super::dead_letters) lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct DeadLetter {
@@ -242,7 +242,7 @@ pub struct DeadLetter {
     pub arrived_at: DateTime<Utc>,
 }
 
-/// Every column of one outbox or inbox row, as [`dead_letter`] shows it.
+/// Every column of one outbox or inbox row, as [`dead_letter`](super::dead_letter) shows it.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct DeadLetterDetail {

@@ -39,7 +39,7 @@ pub struct ConsumerStatsSnapshot {
     /// kept waiting behind it.
     pub unrecorded: u64,
     /// Batches whose run without savepoints met a failing handler, rolled back and ran again
-    /// with a savepoint per handler (see [`InboxConfig::commit_batch`]).
+    /// with a savepoint per handler (see [`InboxConfig::commit_batch`](super::InboxConfig::commit_batch)).
     pub batch_reruns: u64,
 }
 

@@ -1,17 +1,17 @@
 //! The SQL the SDK runs. Every statement that touches the SDK's tables lives under this module,
 //! and nothing above it asks which backend a connection is on.
 //!
-//! - [`dialect`]: what differs between the backends, as capabilities of a [`Dialect`],
-//!   implemented in [`postgres`], [`mysql`] and [`sqlite`];
-//! - [`sql`]: the statement builder, [`tx`]: the short transactions the SDK's statements run in,
-//!   [`status`]: the tables' states, [`errors`]: what a database error means;
-//! - [`outbox`](mod@outbox): the commit-time INSERT of buffered events;
-//! - [`claim`]: claiming rows of a work queue in id order, per aggregate;
-//! - [`relay`]: the relay's claim and write-back, [`local`]: the database-local transport;
-//! - [`inbox`]: recording deliveries, the worker's claim and write-back;
-//! - [`admin`]: operators' reads and state changes and the audit log, [`retention`]: purging
-//!   finished rows, [`lease`]: named leases, [`schema`]: introspection for `doctor`,
-//!   [`stats`]: backlog counts for the metrics.
+//! - `dialect`: what differs between the backends, as capabilities of a `Dialect`,
+//!   implemented in `postgres`, `mysql` and `sqlite`;
+//! - `sql`: the statement builder, `tx`: the short transactions the SDK's statements run in,
+//!   `status`: the tables' states, `errors`: what a database error means;
+//! - `outbox`: the commit-time INSERT of buffered events;
+//! - `claim`: claiming rows of a work queue in id order, per aggregate;
+//! - `relay`: the relay's claim and write-back, `local`: the database-local transport;
+//! - `inbox`: recording deliveries, the worker's claim and write-back;
+//! - `admin`: operators' reads and state changes and the audit log, `retention`: purging
+//!   finished rows, `lease`: named leases, `schema`: introspection for `doctor`,
+//!   `stats`: backlog counts for the metrics.
 
 pub mod admin;
 pub mod claim;
@@ -36,7 +36,7 @@ pub mod tx;
 pub use dialect::Dialect;
 pub use errors::{is_connection_error, is_transient};
 pub(crate) use outbox::{InsertOutcome, insert_events};
-pub use status::{Failure, InboxStatus, OutboxStatus, WorkStatus};
+pub use status::{Failure, InboxStatus, OutboxStatus};
 
 /// The outbox table.
 pub const OUTBOX_TABLE: &str = "outbox_event";
