@@ -35,26 +35,26 @@ pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 #[non_exhaustive]
 pub struct NatsConfig {
     /// Subjects are `{namespace}.{event_type}`. Default [`DEFAULT_NAMESPACE`] (`outbox`).
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The stream storing the namespace's subjects; `None` derives it from the namespace (see
     /// [`resolved_stream_name`](Self::resolved_stream_name)).
-    pub stream_name: Option<String>,
+    pub(crate) stream_name: Option<String>,
     /// The stream's duplicate window. Default [`DEFAULT_DUPLICATE_WINDOW`] (two minutes). With a
     /// shorter [`max_age`](Self::max_age) the window is shortened to it, as JetStream requires.
-    pub duplicate_window: Duration,
+    pub(crate) duplicate_window: Duration,
     /// How long a publish waits for its `PubAck` before it is reported as
     /// [`PublishError::Timeout`](crate::transport::PublishError::Timeout). Default
     /// [`DEFAULT_PUBLISH_TIMEOUT`] (10 s).
-    pub publish_timeout: Duration,
+    pub(crate) publish_timeout: Duration,
     /// Messages older than this are removed from the stream; `None` keeps them (the default).
-    pub max_age: Option<Duration>,
+    pub(crate) max_age: Option<Duration>,
     /// The stream's retention policy. Default [`RetentionPolicy::Limits`].
-    pub retention: RetentionPolicy,
+    pub(crate) retention: RetentionPolicy,
     /// The stream's storage. Default [`StorageType::File`].
-    pub storage: StorageType,
+    pub(crate) storage: StorageType,
     /// Connection timeout used by [`NatsTransportBuilder::connect`]. Default
     /// [`DEFAULT_CONNECTION_TIMEOUT`] (5 s).
-    pub connection_timeout: Duration,
+    pub(crate) connection_timeout: Duration,
 }
 
 impl Default for NatsConfig {

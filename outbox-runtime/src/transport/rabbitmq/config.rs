@@ -78,27 +78,27 @@ impl QueueType {
 pub struct RabbitMqConfig {
     /// Names the exchange (unless [`exchange`](Self::exchange) is set) and prefixes consumer
     /// queues (`{namespace}.{consumer}`). Default [`DEFAULT_NAMESPACE`] (`outbox`).
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The topic exchange events are published to; `None` uses the namespace.
-    pub exchange: Option<String>,
+    pub(crate) exchange: Option<String>,
     /// How long a publish waits for its confirm before it is reported as
     /// [`PublishError::Timeout`](crate::transport::PublishError::Timeout). Default
     /// [`DEFAULT_PUBLISH_TIMEOUT`] (10 s).
-    pub publish_timeout: Duration,
+    pub(crate) publish_timeout: Duration,
     /// How long connecting may take. Default [`DEFAULT_CONNECTION_TIMEOUT`] (5 s).
-    pub connection_timeout: Duration,
+    pub(crate) connection_timeout: Duration,
     /// Unacked deliveries per subscription; `None` uses [`SubscribeOptions::max_in_flight`].
-    pub prefetch: Option<u16>,
+    pub(crate) prefetch: Option<u16>,
     /// The kind of consumer queues declared. Default [`QueueType::Classic`]. An existing queue
     /// keeps its kind: the broker refuses to redeclare it as another one.
-    pub queue_type: QueueType,
+    pub(crate) queue_type: QueueType,
     /// Messages larger than this fail with
     /// [`PublishError::Permanent`](crate::transport::PublishError::Permanent) without being sent.
     /// Keep it at or below the broker's `max_message_size`: RabbitMQ answers a larger message by
     /// closing the channel, which fails the whole batch. Default [`DEFAULT_MAX_MESSAGE_SIZE`].
-    pub max_message_size: usize,
+    pub(crate) max_message_size: usize,
     /// The connection name the broker shows. Default [`DEFAULT_CONNECTION_NAME`].
-    pub connection_name: String,
+    pub(crate) connection_name: String,
 }
 
 impl Default for RabbitMqConfig {

@@ -63,30 +63,30 @@ impl GroupStart {
 pub struct RedisConfig {
     /// Events are stored in the stream `{namespace}:events`. Default [`DEFAULT_NAMESPACE`]
     /// (`outbox`).
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Each `XADD` trims the stream to this many entries; `None` never trims. Default
     /// `Some(`[`DEFAULT_MAX_LEN`]`)`. Trimming drops entries whether or not every consumer group
     /// has read and acknowledged them.
-    pub max_len: Option<usize>,
+    pub(crate) max_len: Option<usize>,
     /// Trim to exactly [`max_len`](Self::max_len) (`MAXLEN =`) instead of about it (`MAXLEN ~`,
     /// the default, which only removes whole internal nodes and is much cheaper).
-    pub exact_trim: bool,
+    pub(crate) exact_trim: bool,
     /// Entries pending (delivered, not acknowledged) for longer than this are claimed by a live
     /// subscription of the group and delivered again. `None` (the default) uses each
     /// subscription's [`SubscribeOptions::ack_wait`](crate::transport::SubscribeOptions::ack_wait).
-    pub claim_idle: Option<Duration>,
+    pub(crate) claim_idle: Option<Duration>,
     /// Longest time one `XREADGROUP` waits for new entries; claim sweeps run at least this often.
     /// Default [`DEFAULT_BLOCK`] (1 s).
-    pub block: Duration,
+    pub(crate) block: Duration,
     /// How long a publish waits for its `XADD` replies before reporting
     /// [`PublishError::Timeout`](crate::transport::PublishError::Timeout). Default
     /// [`DEFAULT_PUBLISH_TIMEOUT`] (10 s).
-    pub publish_timeout: Duration,
+    pub(crate) publish_timeout: Duration,
     /// Timeout of each connection attempt. Default [`DEFAULT_CONNECTION_TIMEOUT`] (5 s).
-    pub connection_timeout: Duration,
+    pub(crate) connection_timeout: Duration,
     /// Where a consumer group created by a subscription starts. Default
     /// [`GroupStart::Earliest`].
-    pub group_start: GroupStart,
+    pub(crate) group_start: GroupStart,
 }
 
 impl Default for RedisConfig {
