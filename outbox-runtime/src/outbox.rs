@@ -2,25 +2,18 @@
 
 use std::{
     fmt,
-    future::Future,
-    pin::Pin,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionOptions, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use tokio::sync::watch;
-
-use crate::{
-    error::{OutboxError, TransactionError},
-    store::Dialect,
-    transaction::OutboxTransaction,
-};
 
 /// Default PostgreSQL channel relays `LISTEN` on.
 pub const DEFAULT_NOTIFY_CHANNEL: &str = "outbox_event";
 
-/// Handle to the outbox of one service: begins [`OutboxTransaction`]s and wakes relays.
+/// Handle to the outbox of one service: begins [`OutboxTransaction`](crate::OutboxTransaction)s
+/// (see `transaction.rs`) and wakes relays.
 ///
 /// Cheap to clone; clones share configuration and wake-up signals.
 ///
@@ -176,64 +169,6 @@ impl Outbox {
     /// The PostgreSQL channel of the cross-process hint, if on.
     pub fn notify_channel(&self) -> Option<&str> {
         self.inner.notify.as_ref().map(|n| n.channel.as_str())
-    }
-
-    /// Begin a transaction whose events are written right before it commits.
-    pub async fn begin(&self, db: &DatabaseConnection) -> Result<OutboxTransaction, OutboxError> {
-        let options = if self.inner.sqlite_immediate {
-            Dialect::of(db).immediate_transaction()
-        } else {
-            TransactionOptions::default()
-        };
-        self.begin_with_options(db, options).await
-    }
-
-    /// Begin with an isolation level, access mode or SQLite mode of your choice.
-    pub async fn begin_with_options(
-        &self,
-        db: &DatabaseConnection,
-        options: TransactionOptions,
-    ) -> Result<OutboxTransaction, OutboxError> {
-        let txn = db.begin_with_options(options).await?;
-        Ok(OutboxTransaction::root(self.clone(), db.clone(), txn))
-    }
-
-    /// Run `f` in a transaction: commit its rows and events on `Ok`, roll back both on `Err`.
-    ///
-    /// ```no_run
-    /// # async fn demo(outbox: outbox_runtime::Outbox, db: sea_orm::DatabaseConnection) {
-    /// let n: Result<u64, outbox_runtime::TransactionError<sea_orm::DbErr>> = outbox
-    ///     .transaction(&db, |tx| Box::pin(async move {
-    ///         // insert rows with `tx`, `tx.enqueue(&event)`…
-    ///         Ok(1)
-    ///     }))
-    ///     .await;
-    /// # }
-    /// ```
-    pub async fn transaction<F, T, E>(
-        &self,
-        db: &DatabaseConnection,
-        f: F,
-    ) -> Result<T, TransactionError<E>>
-    where
-        F: for<'c> FnOnce(
-                &'c OutboxTransaction,
-            ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>
-            + Send,
-        T: Send,
-        E: Send,
-    {
-        let tx = self.begin(db).await?;
-        match f(&tx).await {
-            Ok(value) => {
-                let _report = tx.commit().await?;
-                Ok(value)
-            }
-            Err(e) => {
-                tx.rollback().await?;
-                Err(TransactionError::Callback(e))
-            }
-        }
     }
 
     /// A receiver that changes whenever a transaction of this handle (or a clone) commits events.

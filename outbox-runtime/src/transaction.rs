@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::{
     envelope::{RESERVED_ATTRIBUTES, is_valid_extension_name},
-    error::{EnqueueError, OutboxError},
+    error::{EnqueueError, OutboxError, TransactionError},
     event::{DomainEvent, EventId},
     outbox::Outbox,
     store,
@@ -148,6 +148,68 @@ fn lock(buffer: &Mutex<Buffer>) -> std::sync::MutexGuard<'_, Buffer> {
     buffer
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Beginning transactions: here, beside the transaction they begin, so that the handle does not
+/// depend on the transaction's module.
+impl Outbox {
+    /// Begin a transaction whose events are written right before it commits.
+    pub async fn begin(&self, db: &DatabaseConnection) -> Result<OutboxTransaction, OutboxError> {
+        let options = if self.inner.sqlite_immediate {
+            store::Dialect::of(db).immediate_transaction()
+        } else {
+            TransactionOptions::default()
+        };
+        self.begin_with_options(db, options).await
+    }
+
+    /// Begin with an isolation level, access mode or SQLite mode of your choice.
+    pub async fn begin_with_options(
+        &self,
+        db: &DatabaseConnection,
+        options: TransactionOptions,
+    ) -> Result<OutboxTransaction, OutboxError> {
+        let txn = db.begin_with_options(options).await?;
+        Ok(OutboxTransaction::root(self.clone(), db.clone(), txn))
+    }
+
+    /// Run `f` in a transaction: commit its rows and events on `Ok`, roll back both on `Err`.
+    ///
+    /// ```no_run
+    /// # async fn demo(outbox: outbox_runtime::Outbox, db: sea_orm::DatabaseConnection) {
+    /// let n: Result<u64, outbox_runtime::TransactionError<sea_orm::DbErr>> = outbox
+    ///     .transaction(&db, |tx| Box::pin(async move {
+    ///         // insert rows with `tx`, `tx.enqueue(&event)`…
+    ///         Ok(1)
+    ///     }))
+    ///     .await;
+    /// # }
+    /// ```
+    pub async fn transaction<F, T, E>(
+        &self,
+        db: &DatabaseConnection,
+        f: F,
+    ) -> Result<T, TransactionError<E>>
+    where
+        F: for<'c> FnOnce(
+                &'c OutboxTransaction,
+            ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>
+            + Send,
+        T: Send,
+        E: Send,
+    {
+        let tx = self.begin(db).await?;
+        match f(&tx).await {
+            Ok(value) => {
+                let _report = tx.commit().await?;
+                Ok(value)
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                Err(TransactionError::Callback(e))
+            }
+        }
+    }
 }
 
 impl OutboxTransaction {

@@ -426,11 +426,10 @@ impl RuntimeBuilder {
             let relay = match &self.transport {
                 Some(transport) => Relay::new(self.db.clone(), transport.clone()),
                 None => {
-                    let delivery = LocalDelivery::for_consumers(
-                        by_consumer
-                            .iter()
-                            .map(|(name, regs)| (*name, regs.as_slice())),
-                    );
+                    let delivery =
+                        LocalDelivery::for_subscriptions(by_consumer.iter().flat_map(
+                            |(name, regs)| regs.iter().map(|reg| (*name, reg.event_type)),
+                        ));
                     tasks.push(
                         delivery.spawn_fan_out(wakes.values().cloned().collect(), shutdown.clone()),
                     );

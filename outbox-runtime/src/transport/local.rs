@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     health::LoopHealth,
-    inbox::HandlerRegistration,
     store::{claim::ClaimParams, local::Moved},
 };
 
@@ -38,17 +37,16 @@ impl LocalDelivery {
         LocalDelivery { routes, delivered }
     }
 
-    /// Routes to every consumer of `consumers` (name, its handlers) that handles an event type.
-    pub(crate) fn for_consumers<'a>(
-        consumers: impl IntoIterator<Item = (&'static str, &'a [&'static HandlerRegistration])>,
+    /// Routes each event type to every consumer of `subscriptions` (a consumer and one event
+    /// type it handles) that handles it.
+    pub(crate) fn for_subscriptions(
+        subscriptions: impl IntoIterator<Item = (&'static str, &'static str)>,
     ) -> Self {
         let mut routes: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
-        for (name, regs) in consumers {
-            for reg in regs {
-                let list = routes.entry(reg.event_type.to_owned()).or_default();
-                if !list.contains(&name) {
-                    list.push(name);
-                }
+        for (consumer, event_type) in subscriptions {
+            let list = routes.entry(event_type.to_owned()).or_default();
+            if !list.contains(&consumer) {
+                list.push(consumer);
             }
         }
         let routes = Arc::new(routes);
