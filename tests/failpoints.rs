@@ -3,8 +3,11 @@
 //! handler, each handled exactly once, and nothing is left behind. The process-kill harness
 //! (`tests/chaos.rs`) arms the same failpoints with `panic` in real processes over JetStream.
 //!
-//! Failpoints are global to the process, so the scenarios take turns.
+//! Failpoints are global to the process, so the scenarios take turns, and they are a binary of
+//! their own (outside `tests/it`): an armed failpoint fires in every runtime of the process, so
+//! it would strike the other integration tests running beside these.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::{

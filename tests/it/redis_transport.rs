@@ -4,8 +4,6 @@
 //! the key when it ends, so tests run in parallel. When the server is not reachable the tests say
 //! so loudly and pass, unless `OUTBOX_REQUIRE_SERVICES=1`, which makes a missing server a failure.
 
-#![cfg(feature = "redis")]
-
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
@@ -26,11 +24,9 @@ use outbox::transport::{
 };
 use uuid::Uuid;
 
-mod common;
+use crate::common::assert_shared_and_fanned_out;
 
-use common::assert_shared_and_fanned_out;
-
-use common::services_required;
+use crate::common::services_required;
 
 // ---------------------------------------------------------------------------------------------
 // Harness: a transport on a fresh namespace whose stream key is deleted afterwards.

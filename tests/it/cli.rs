@@ -2,15 +2,11 @@
 //! a table, dead letters listed and shown, replay, ignore, resend and purge changing rows, the
 //! audit log, doctor, and readable errors with a non-zero exit status.
 
-#![cfg(feature = "cli")]
-
-mod common;
-
 use std::{process::Output, sync::Arc};
 
+use crate::common::carts::*;
+use crate::common::*;
 use chrono::{DateTime, Utc};
-use common::carts::*;
-use common::*;
 use outbox::prelude::*;
 use outbox::relay::Relay;
 use outbox::store::inbox::{InitialState, NewInboxRow, insert};

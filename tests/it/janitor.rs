@@ -1,12 +1,10 @@
 //! The runtime's retention janitor: old SENT outbox rows and old DONE inbox rows go, recent and
 //! unfinished ones stay; a window shorter than the redelivery horizon is refused at start-up.
 
-mod common;
-
 use std::time::Duration;
 
-use common::carts::*;
-use common::*;
+use crate::common::carts::*;
+use crate::common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::retention::RetentionPolicy;

@@ -6,8 +6,6 @@
 //! the tests say so loudly and pass, unless `OUTBOX_REQUIRE_SERVICES=1`, which makes a missing
 //! broker a failure.
 
-#![cfg(feature = "rabbitmq")]
-
 use std::{
     collections::HashSet,
     time::{Duration, Instant},
@@ -28,11 +26,9 @@ use outbox::transport::{
 };
 use uuid::Uuid;
 
-mod common;
+use crate::common::assert_shared_and_fanned_out;
 
-use common::assert_shared_and_fanned_out;
-
-use common::rabbitmq::*;
+use crate::common::rabbitmq::*;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

@@ -109,10 +109,22 @@ async fn fresh_server_db(
     Ok((url, db))
 }
 
-/// A fresh, migrated database for `test` on `backend`, or `None` (skipped).
+/// Database names handed out in this process: every test of the binary needs its own.
+static DB_NAMES: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A fresh, migrated database for `test` on `backend`, or `None` (skipped). Each name may be
+/// asked for once per process: two tests on one database would see each other's rows.
 pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
     let name = format!("ob_{}", test.replace(['-', ':'], "_")).to_lowercase();
     assert!(name.len() <= 63, "test database name too long: {name}");
+    assert!(
+        DB_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone()),
+        "test database name used by two tests: {name}"
+    );
     let (url, db) = match backend {
         Backend::Postgres => {
             let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
@@ -356,6 +368,14 @@ fn decode_row(d: &Dialect, r: &QueryResult) -> OutboxRow {
     }
 }
 
+/// The database name of a `backend_tests!` test: its module path below the crate (e.g.
+/// `relay_lost_confirm` for `it::relay::lost_confirm`) and the backend's tag, so tests of the
+/// same name in two modules get two databases.
+pub fn backend_test_name(module_path: &str, tag: &str) -> String {
+    let below_crate: Vec<&str> = module_path.split("::").skip(1).collect();
+    format!("{}_{tag}", below_crate.join("_"))
+}
+
 /// Instantiate `async fn(TestDb)` tests for every backend: `backend_tests!(name => body_fn);`
 #[macro_export]
 macro_rules! backend_tests {
@@ -364,7 +384,7 @@ macro_rules! backend_tests {
             use super::*;
 
             async fn run(backend: $crate::common::Backend, tag: &str) {
-                let test = format!("{}_{}", stringify!($name), tag);
+                let test = $crate::common::backend_test_name(module_path!(), tag);
                 if let Some(db) = $crate::common::test_db(backend, &test).await {
                     $body(db).await;
                 }
@@ -418,6 +438,29 @@ pub async fn table_status_counts<C: ConnectionTrait>(
             )
         })
         .collect()
+}
+
+/// Run `future` to completion on a tokio runtime of its own (two worker threads, as the other
+/// tests have), after calling `on_thread` on each of the runtime's threads and on this one: the
+/// way to give a test something thread-local (a metrics recorder, a tracing subscriber) that
+/// the runtime's tasks see and the other tests of the process do not. `on_thread` must keep
+/// what it sets for the thread's life (e.g. by forgetting the guard).
+pub fn on_own_runtime<Fut: std::future::Future>(
+    on_thread: impl Fn() + Send + Sync + 'static,
+    future: Fut,
+) -> Fut::Output {
+    let on_thread = std::sync::Arc::new(on_thread);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start({
+            let on_thread = on_thread.clone();
+            move || on_thread()
+        })
+        .build()
+        .unwrap();
+    on_thread();
+    runtime.block_on(future)
 }
 
 /// Poll `check` every 20 ms until it holds or `timeout` passes; returns whether it held.

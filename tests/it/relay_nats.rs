@@ -4,10 +4,6 @@
 //! pretends some confirms were lost, or refuses some messages before sending them, so the tests
 //! can show what the relay does when that happens on a real stream.
 
-#![cfg(feature = "nats")]
-
-mod common;
-
 use std::{
     collections::HashSet,
     sync::{
@@ -17,9 +13,9 @@ use std::{
     time::Duration,
 };
 
-use common::carts::*;
-use common::nats::transport;
-use common::*;
+use crate::common::carts::*;
+use crate::common::nats::transport;
+use crate::common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::transport::{

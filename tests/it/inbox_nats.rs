@@ -1,15 +1,11 @@
 //! Two runtimes of one service sharing a consumer name over real NATS JetStream: every event is
 //! handled exactly once as far as the database is concerned.
 
-#![cfg(feature = "nats")]
-
-mod common;
-
 use std::time::Duration;
 
-use common::carts::*;
-use common::nats::transport;
-use common::*;
+use crate::common::carts::*;
+use crate::common::nats::transport;
+use crate::common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
@@ -24,7 +20,7 @@ async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), Ha
 async fn start(t: &TestDb, nats: &NatsTransport, name: &str) -> Runtime {
     // Each runtime has its own connections, as two processes would.
     let db = t.connect_again().await;
-    let transport = NatsTransport::builder(common::nats::NATS_URL)
+    let transport = NatsTransport::builder(crate::common::nats::NATS_URL)
         .namespace(nats.namespace())
         .connect()
         .await

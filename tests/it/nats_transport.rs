@@ -4,8 +4,6 @@
 //! it ends, so tests run in parallel. When the server is not reachable the tests say so loudly and
 //! pass, unless `OUTBOX_REQUIRE_SERVICES=1`, which makes a missing server a failure.
 
-#![cfg(feature = "nats")]
-
 use std::time::{Duration, Instant};
 
 use outbox::transport::{
@@ -14,11 +12,9 @@ use outbox::transport::{
 };
 use uuid::Uuid;
 
-mod common;
+use crate::common::assert_shared_and_fanned_out;
 
-use common::assert_shared_and_fanned_out;
-
-use common::nats::{transport, transport_with};
+use crate::common::nats::{transport, transport_with};
 
 fn message(event_type: &str, n: usize) -> OutgoingMessage {
     let event_id = Uuid::now_v7();

@@ -12,12 +12,10 @@
 //! The in-memory path and the database-local transport run on PostgreSQL, MariaDB and SQLite;
 //! the broker paths on PostgreSQL.
 
-mod common;
-
 use std::{sync::Arc, time::Duration};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use outbox::admin::{self, Actor, DeadLetterFilter, Selector};
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
@@ -542,9 +540,9 @@ fn conflicting_dead() -> Vec<u8> {
 enum Broker {
     Memory(MemoryTransport),
     #[cfg(feature = "nats")]
-    Nats(common::nats::TestTransport),
+    Nats(crate::common::nats::TestTransport),
     #[cfg(feature = "rabbitmq")]
-    RabbitMq(common::rabbitmq::TestTransport),
+    RabbitMq(crate::common::rabbitmq::TestTransport),
     #[cfg(feature = "redis")]
     Redis(RedisStream),
 }
@@ -1245,7 +1243,7 @@ async fn nats_corpus() {
     let Some(t) = test_db(Backend::Postgres, "bad_input_nats").await else {
         return;
     };
-    let Some(nats) = common::nats::transport("bad_input").await else {
+    let Some(nats) = crate::common::nats::transport("bad_input").await else {
         return;
     };
     corpus_through(Broker::Nats(nats), t).await;
@@ -1257,7 +1255,7 @@ async fn rabbitmq_corpus() {
     let Some(t) = test_db(Backend::Postgres, "bad_input_rabbitmq").await else {
         return;
     };
-    let Some(rabbit) = common::rabbitmq::transport("bad_input").await else {
+    let Some(rabbit) = crate::common::rabbitmq::transport("bad_input").await else {
         return;
     };
     corpus_through(Broker::RabbitMq(rabbit), t).await;
@@ -1370,7 +1368,7 @@ async fn nats_rejects_an_event_over_max_payload() {
     let Some(t) = test_db(Backend::Postgres, "bad_input_nats_oversize").await else {
         return;
     };
-    let Some(nats) = common::nats::transport("bad_oversize").await else {
+    let Some(nats) = crate::common::nats::transport("bad_oversize").await else {
         return;
     };
     let max_payload = nats.client().server_info().max_payload;
@@ -1416,7 +1414,8 @@ async fn rabbitmq_rejects_an_event_over_max_message_size() {
     };
     let limit = 64 * 1024;
     let Some(rabbit) =
-        common::rabbitmq::transport_with("bad_oversize", |b| b.max_message_size(limit)).await
+        crate::common::rabbitmq::transport_with("bad_oversize", |b| b.max_message_size(limit))
+            .await
     else {
         return;
     };

@@ -4,17 +4,15 @@
 //! Deliveries come through the in-memory transport (its lost-ack fault is injected on purpose)
 //! or the database-local one.
 
-mod common;
-
 use std::{
     collections::HashMap,
     sync::{LazyLock, Mutex},
     time::Duration,
 };
 
+use crate::common::carts::*;
+use crate::common::*;
 use bytes::Bytes;
-use common::carts::*;
-use common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};

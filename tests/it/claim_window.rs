@@ -5,13 +5,11 @@
 //! not stop other aggregates; a backlog deeper than the window in a few aggregates must still
 //! give full batches; the inbox worker's claim behaves the same.
 
-mod common;
-
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use crate::common::carts::*;
+use crate::common::*;
 use chrono::Utc;
-use common::carts::*;
-use common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::sea_orm::{Statement, TransactionTrait};
