@@ -27,8 +27,6 @@ mod inbox_nats;
 mod janitor;
 mod metrics;
 mod migrations;
-#[cfg(feature = "nats")]
-mod nats_transport;
 #[cfg(all(feature = "opentelemetry", feature = "nats"))]
 mod otel;
 #[cfg(all(
@@ -39,13 +37,10 @@ mod otel;
 ))]
 mod outages;
 mod outbox_transaction;
-#[cfg(feature = "rabbitmq")]
-mod rabbitmq_transport;
-#[cfg(feature = "redis")]
-mod redis_transport;
 mod relay;
 #[cfg(feature = "nats")]
 mod relay_nats;
 mod state_machine;
+mod transport;
 mod ui;
 mod wakeup;

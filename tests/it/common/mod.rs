@@ -81,6 +81,34 @@ fn skip_or_fail(what: &str, err: impl std::fmt::Display) -> Option<TestDb> {
     None
 }
 
+/// A fresh namespace for a broker test: `t_<test>_<random>`.
+pub fn fresh_namespace(test: &str) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("t_{test}_{}", &random[..10])
+}
+
+/// What `connect` returns within 15 s, or `None` (after a loud message) when `service` at
+/// `address` cannot be reached; with `OUTBOX_REQUIRE_SERVICES=1` that is a failure instead.
+pub async fn connect_or_skip<T, E: std::fmt::Display>(
+    service: &str,
+    address: &str,
+    test: &str,
+    connect: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    let error = match tokio::time::timeout(Duration::from_secs(15), connect).await {
+        Ok(Ok(connected)) => return Some(connected),
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => "connecting timed out".to_owned(),
+    };
+    if services_required() {
+        panic!("{service} is required (OUTBOX_REQUIRE_SERVICES=1) but unavailable: {error}");
+    }
+    eprintln!(
+        "\n*** SKIPPED {test}: {service} is not reachable at {address} ({error}); start it to run this test ***\n"
+    );
+    None
+}
+
 pub async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, sea_orm::DbErr> {
     let mut opts = ConnectOptions::new(url.to_owned());
     opts.sqlx_logging(false)
