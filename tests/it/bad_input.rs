@@ -1207,24 +1207,31 @@ async fn relay_marks_unreadable_rows_dead(t: TestDb) {
         ))
         .await
         .unwrap();
-    let rows: Vec<(String, String, Option<String>)> = rows
+    let rows: Vec<OutboxRowStatus> = rows
         .iter()
-        .map(|r| {
-            (
-                r.try_get("", "aggregate_id").unwrap(),
-                r.try_get("", "status").unwrap(),
-                r.try_get("", "last_error").unwrap(),
-            )
+        .map(|r| OutboxRowStatus {
+            aggregate_id: r.try_get("", "aggregate_id").unwrap(),
+            status: r.try_get("", "status").unwrap(),
+            last_error: r.try_get("", "last_error").unwrap(),
         })
         .collect();
-    assert_eq!(rows[0].1, "DEAD", "{rows:?}");
-    let error = rows[0].2.as_deref().unwrap_or_default();
+    assert_eq!(rows[0].status, "DEAD", "{rows:?}");
+    let error = rows[0].last_error.as_deref().unwrap_or_default();
     assert!(
         error.contains("outbox row cannot be read") && error.contains("not a UUID"),
         "{error}"
     );
-    assert_eq!(rows[1].1, "PENDING", "held back behind it: {rows:?}");
-    assert_eq!(rows[2].1, "SENT", "{rows:?}");
+    assert_eq!(rows[1].status, "PENDING", "held back behind it: {rows:?}");
+    assert_eq!(rows[2].status, "SENT", "{rows:?}");
+}
+
+/// An outbox row read as raw columns (its event id may be unreadable).
+#[derive(Debug)]
+#[allow(dead_code)] // `aggregate_id` is read by `Debug`, in the failure messages.
+struct OutboxRowStatus {
+    aggregate_id: String,
+    status: String,
+    last_error: Option<String>,
 }
 
 backend_tests! {

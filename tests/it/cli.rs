@@ -127,7 +127,7 @@ async fn fixture(t: &TestDb) -> (OutboxRow, Vec<OutboxRow>, i64, i64) {
         };
         assert!(insert(&t.db, &row, &state, at).await.unwrap());
         let found = inbox_rows(&t.db, "inventory").await;
-        assert!(found.iter().any(|r| r.0 == message_id));
+        assert!(found.iter().any(|r| r.message_id == message_id));
     }
     let rows =
         t.db.query_all_raw(Statement::from_string(

@@ -92,7 +92,7 @@ async fn two_runtimes_share_a_consumer(t: TestDb) {
     assert_eq!(sa.handled + sb.handled, total as u64);
     let rows = inbox_rows(&t.db, "t-nats").await;
     assert_eq!(rows.len(), total);
-    assert!(rows.iter().all(|r| r.1 == "DONE"));
+    assert!(rows.iter().all(|r| r.status == "DONE"));
     assert_eq!(
         status_counts(&t.db).await.get("SENT"),
         Some(&(total as i64))

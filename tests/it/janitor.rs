@@ -53,7 +53,7 @@ async fn janitor_purges_old_rows_only(t: TestDb) {
             inbox_rows(&t.db, "t-janitor")
                 .await
                 .iter()
-                .filter(|r| r.1 == "DONE")
+                .filter(|r| r.status == "DONE")
                 .count()
                 == 40
         })

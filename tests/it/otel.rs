@@ -77,7 +77,7 @@ async fn one_trace_across_the_broker(exporter: InMemorySpanExporter, provider: S
         inbox_rows(&t.db, "t-otel")
             .await
             .iter()
-            .any(|r| r.1 == "DONE")
+            .any(|r| r.status == "DONE")
     })
     .await;
     runtime.shutdown().await;

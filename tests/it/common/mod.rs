@@ -274,11 +274,18 @@ pub async fn effects<C: ConnectionTrait>(db: &C) -> Vec<effect::Model> {
         .unwrap()
 }
 
-/// Inbox rows of a consumer: (message_id, status, attempts, last_error), in arrival order.
-pub async fn inbox_rows<C: ConnectionTrait>(
-    db: &C,
-    consumer: &str,
-) -> Vec<(String, String, i64, Option<String>, Option<String>)> {
+/// One inbox row, as the tests read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxRow {
+    pub message_id: String,
+    pub status: String,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub event_type: Option<String>,
+}
+
+/// Inbox rows of a consumer, in arrival order.
+pub async fn inbox_rows<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<InboxRow> {
     let backend = db.get_database_backend();
     let cast = if backend == DbBackend::MySql {
         "SIGNED"
@@ -298,14 +305,12 @@ pub async fn inbox_rows<C: ConnectionTrait>(
         .await
         .unwrap();
     rows.iter()
-        .map(|r| {
-            (
-                r.try_get("", "message_id").unwrap(),
-                r.try_get("", "status").unwrap(),
-                r.try_get("", "attempts").unwrap(),
-                r.try_get("", "last_error").unwrap(),
-                r.try_get("", "event_type").unwrap(),
-            )
+        .map(|r| InboxRow {
+            message_id: r.try_get("", "message_id").unwrap(),
+            status: r.try_get("", "status").unwrap(),
+            attempts: r.try_get("", "attempts").unwrap(),
+            last_error: r.try_get("", "last_error").unwrap(),
+            event_type: r.try_get("", "event_type").unwrap(),
         })
         .collect()
 }
