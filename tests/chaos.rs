@@ -39,7 +39,12 @@
 //! `target/chaos-report.json`). The chaos database runs with `synchronous_commit = off`: only
 //! client processes are killed here, never the database server, so a commit the server
 //! acknowledged is never lost, and the harness gets more events through per minute.
+//!
+//! A binary of its own (`harness = false`, outside `tests/it`): it runs copies of itself as the
+//! child processes, arms failpoints in them and kills them, none of which may happen to the
+//! other tests' process.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::{

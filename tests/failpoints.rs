@@ -3,8 +3,11 @@
 //! handler, each handled exactly once, and nothing is left behind. The process-kill harness
 //! (`tests/chaos.rs`) arms the same failpoints with `panic` in real processes over JetStream.
 //!
-//! Failpoints are global to the process, so the scenarios take turns.
+//! Failpoints are global to the process, so the scenarios take turns, and they are a binary of
+//! their own (outside `tests/it`): an armed failpoint fires in every runtime of the process, so
+//! it would strike the other integration tests running beside these.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::{
@@ -96,7 +99,10 @@ async fn survives_with(
     let settled = eventually(Duration::from_secs(30), || async {
         effects(&t.db).await.len() >= EVENTS
             && status_counts(&t.db).await.get("SENT") == Some(&(EVENTS as i64))
-            && inbox_rows(&t.db, "fp").await.iter().all(|r| r.1 == "DONE")
+            && inbox_rows(&t.db, "fp")
+                .await
+                .iter()
+                .all(|r| r.status == "DONE")
     })
     .await;
     // Let late redeliveries arrive: they must be suppressed, not handled.
@@ -115,7 +121,10 @@ async fn survives_with(
     assert!(rows.iter().all(|r| r.status == "SENT"), "{test}: {rows:?}");
     let inbox = inbox_rows(&t.db, "fp").await;
     assert_eq!(inbox.len(), EVENTS, "{test}: one inbox row per event");
-    assert!(inbox.iter().all(|r| r.1 == "DONE"), "{test}: {inbox:?}");
+    assert!(
+        inbox.iter().all(|r| r.status == "DONE"),
+        "{test}: {inbox:?}"
+    );
     Some(Outcome {
         report,
         transport,

@@ -1,12 +1,10 @@
 //! The producer half on real PostgreSQL, MariaDB and SQLite (file and in-memory): business rows
 //! and events commit together or not at all.
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 
+use crate::common::*;
 use chrono::Utc;
-use common::*;
 use outbox::prelude::*;
 use sea_orm::{ActiveModelTrait, Set, TransactionTrait};
 use serde::{Deserialize, Serialize, Serializer};

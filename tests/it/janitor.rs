@@ -1,12 +1,10 @@
 //! The runtime's retention janitor: old SENT outbox rows and old DONE inbox rows go, recent and
 //! unfinished ones stay; a window shorter than the redelivery horizon is refused at start-up.
 
-mod common;
-
 use std::time::Duration;
 
-use common::carts::*;
-use common::*;
+use crate::common::carts::*;
+use crate::common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::retention::RetentionPolicy;
@@ -55,7 +53,7 @@ async fn janitor_purges_old_rows_only(t: TestDb) {
             inbox_rows(&t.db, "t-janitor")
                 .await
                 .iter()
-                .filter(|r| r.1 == "DONE")
+                .filter(|r| r.status == "DONE")
                 .count()
                 == 40
         })

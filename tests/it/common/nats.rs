@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
+use super::{connect_or_skip, fresh_namespace};
 use outbox::transport::nats::{NatsTransport, NatsTransportBuilder, async_nats};
-use uuid::Uuid;
-
-use super::services_required;
 
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 
@@ -60,22 +58,11 @@ pub async fn transport_with(
     test: &str,
     configure: impl FnOnce(NatsTransportBuilder) -> NatsTransportBuilder,
 ) -> Option<TestTransport> {
-    let random = Uuid::new_v4().simple().to_string();
-    let namespace = format!("t_{test}_{}", &random[..10]);
     let builder = NatsTransport::builder(NATS_URL)
-        .namespace(namespace)
+        .namespace(fresh_namespace(test))
         .connection_timeout(Duration::from_secs(3));
     let connect = configure(builder).connect();
-    let error = match tokio::time::timeout(Duration::from_secs(15), connect).await {
-        Ok(Ok(transport)) => return Some(TestTransport(transport)),
-        Ok(Err(err)) => err.to_string(),
-        Err(_) => "connecting timed out".to_owned(),
-    };
-    if services_required() {
-        panic!("NATS is required (OUTBOX_REQUIRE_SERVICES=1) but unavailable: {error}");
-    }
-    eprintln!(
-        "\n*** SKIPPED {test}: NATS JetStream is not reachable at {NATS_URL} ({error}); start it to run this test ***\n"
-    );
-    None
+    connect_or_skip("NATS JetStream", NATS_URL, test, connect)
+        .await
+        .map(TestTransport)
 }

@@ -4,17 +4,15 @@
 //! Deliveries come through the in-memory transport (its lost-ack fault is injected on purpose)
 //! or the database-local one.
 
-mod common;
-
 use std::{
     collections::HashMap,
     sync::{LazyLock, Mutex},
     time::Duration,
 };
 
+use crate::common::carts::*;
+use crate::common::*;
 use bytes::Bytes;
-use common::carts::*;
-use common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
@@ -252,7 +250,7 @@ async fn same_message_five_times_one_effect(t: TestDb) {
     assert_eq!(effects[0].event_id, m.event_id.to_string());
     let rows = inbox_rows(&t.db, "t-inline").await;
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].1, "DONE");
+    assert_eq!(rows[0].status, "DONE");
 }
 
 async fn lost_ack_is_redelivered_and_suppressed(t: TestDb) {
@@ -293,12 +291,12 @@ async fn transient_errors_retry_then_done(t: TestDb) {
         inbox_rows(&t.db, "t-inline")
             .await
             .first()
-            .is_some_and(|r| r.1 == "DONE")
+            .is_some_and(|r| r.status == "DONE")
     })
     .await;
     let stats = runtime.shutdown().await.consumer("t-inline");
     let rows = inbox_rows(&t.db, "t-inline").await;
-    assert_eq!(rows[0].2, 3, "two failed attempts, then success");
+    assert_eq!(rows[0].attempts, 3, "two failed attempts, then success");
     assert_eq!((stats.retried, stats.handled), (2, 1));
     let effects = effects(&t.db).await;
     assert_eq!(
@@ -318,18 +316,21 @@ async fn permanent_failures_dead_after_limit_others_flow(t: TestDb) {
     assert!(transport.publish(&messages).await.iter().all(Result::is_ok));
     wait_until("poison DEAD and the rest DONE", || async {
         let rows = inbox_rows(&t.db, "t-limited").await;
-        rows.len() == 11 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
+        rows.len() == 11
+            && rows
+                .iter()
+                .all(|r| r.status == "DONE" || r.status == "DEAD")
     })
     .await;
     let stats = runtime.shutdown().await.consumer("t-limited");
     let rows = inbox_rows(&t.db, "t-limited").await;
-    let dead: Vec<_> = rows.iter().filter(|r| r.1 == "DEAD").collect();
+    let dead: Vec<_> = rows.iter().filter(|r| r.status == "DEAD").collect();
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].0, messages[0].event_id.to_string());
-    assert_eq!(dead[0].2, 3, "DEAD after max_attempts = 3");
+    assert_eq!(dead[0].message_id, messages[0].event_id.to_string());
+    assert_eq!(dead[0].attempts, 3, "DEAD after max_attempts = 3");
     assert!(
         dead[0]
-            .3
+            .last_error
             .as_deref()
             .unwrap()
             .contains("cannot reserve stock for poison-1")
@@ -388,7 +389,10 @@ async fn consume_then_produce_is_atomic(t: TestDb) {
     );
     wait_until("both settled", || async {
         let rows = inbox_rows(&t.db, "t-chain").await;
-        rows.len() == 2 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
+        rows.len() == 2
+            && rows
+                .iter()
+                .all(|r| r.status == "DONE" || r.status == "DEAD")
     })
     .await;
     runtime.shutdown().await;
@@ -406,10 +410,10 @@ async fn consume_then_produce_is_atomic(t: TestDb) {
     let dead = inbox_rows(&t.db, "t-chain")
         .await
         .into_iter()
-        .find(|r| r.1 == "DEAD")
+        .find(|r| r.status == "DEAD")
         .unwrap();
-    assert_eq!(dead.0, broken.event_id.to_string());
-    assert!(dead.3.unwrap().contains("price list missing"));
+    assert_eq!(dead.message_id, broken.event_id.to_string());
+    assert!(dead.last_error.unwrap().contains("price list missing"));
 }
 
 async fn bad_input_is_dead_with_a_clear_error(t: TestDb) {
@@ -431,21 +435,26 @@ async fn bad_input_is_dead_with_a_clear_error(t: TestDb) {
     assert!(transport.publish(std::slice::from_ref(&good)).await[0].is_ok());
     wait_until("every message settled", || async {
         let rows = inbox_rows(&t.db, "t-inline").await;
-        rows.len() == cases.len() + 1 && rows.iter().all(|r| r.1 == "DONE" || r.1 == "DEAD")
+        rows.len() == cases.len() + 1
+            && rows
+                .iter()
+                .all(|r| r.status == "DONE" || r.status == "DEAD")
     })
     .await;
     runtime.shutdown().await;
     let rows = inbox_rows(&t.db, "t-inline").await;
     for (_, expected) in &cases {
         assert!(
-            rows.iter()
-                .any(|r| r.1 == "DEAD" && r.3.as_deref().is_some_and(|e| e.contains(expected))),
+            rows.iter().any(|r| r.status == "DEAD"
+                && r.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains(expected))),
             "no DEAD row mentioning {expected:?}: {rows:?}"
         );
     }
     assert!(
         rows.iter()
-            .any(|r| r.1 == "DONE" && r.0 == good.event_id.to_string()),
+            .any(|r| r.status == "DONE" && r.message_id == good.event_id.to_string()),
         "the loop kept going"
     );
     assert_eq!(effects(&t.db).await.len(), 1);
@@ -463,7 +472,7 @@ async fn stored_mode_acks_first_then_handles(t: TestDb) {
     let stats = runtime.shutdown().await.consumer("t-stored");
     assert_eq!(stats.stored, 1, "stored before handling");
     let rows = inbox_rows(&t.db, "t-stored").await;
-    assert_eq!(rows[0].1, "DONE");
+    assert_eq!(rows[0].status, "DONE");
     assert_eq!(effects(&t.db).await.len(), 1);
 }
 
@@ -532,7 +541,7 @@ async fn local_transport_delivers_to_every_consumer_once(t: TestDb) {
         inbox_rows(&t.db, "t-inline")
             .await
             .iter()
-            .all(|r| r.1 == "DONE")
+            .all(|r| r.status == "DONE")
     );
 }
 
@@ -657,7 +666,7 @@ async fn batched_deliveries_isolate_each_handler(t: TestDb) {
     assert_eq!(per_cart[&cart("sqlfail")], [1, 2]);
     let rows = inbox_rows(&t.db, "t-batch").await;
     assert_eq!(rows.len(), 8);
-    assert!(rows.iter().all(|r| r.1 == "DONE"), "{rows:?}");
+    assert!(rows.iter().all(|r| r.status == "DONE"), "{rows:?}");
 
     if t.backend == Backend::Postgres {
         let xids = BATCH_XIDS.lock().unwrap();
@@ -721,7 +730,7 @@ async fn batches_take_savepoints_only_after_a_failure(t: TestDb) {
     assert_eq!(per_cart[&cart("once")], [1], "handled on its retry");
     let rows = inbox_rows(&t.db, "t-batch").await;
     assert_eq!(rows.len(), 11);
-    assert!(rows.iter().all(|r| r.1 == "DONE"), "{rows:?}");
+    assert!(rows.iter().all(|r| r.status == "DONE"), "{rows:?}");
 }
 
 /// A batch whose aggregate has an unfinished message recorded before it (here waiting for its
@@ -779,7 +788,7 @@ async fn batch_waits_behind_an_earlier_unfinished_message(t: TestDb) {
     let statuses: Vec<String> = inbox_rows(&t.db, "t-batch")
         .await
         .into_iter()
-        .map(|r| r.1)
+        .map(|r| r.status)
         .collect();
     assert_eq!(
         statuses,
@@ -805,7 +814,7 @@ async fn batch_waits_behind_an_earlier_unfinished_message(t: TestDb) {
     assert_eq!((stats.dead, stats.duplicates), (0, 0));
     assert_eq!(effects_per_cart(&t.db).await[&held], [1, 2, 3]);
     let rows = inbox_rows(&t.db, "t-batch").await;
-    assert!(rows.iter().all(|r| r.1 == "DONE"), "{rows:?}");
+    assert!(rows.iter().all(|r| r.status == "DONE"), "{rows:?}");
 }
 
 backend_tests! {

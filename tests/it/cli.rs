@@ -2,15 +2,11 @@
 //! a table, dead letters listed and shown, replay, ignore, resend and purge changing rows, the
 //! audit log, doctor, and readable errors with a non-zero exit status.
 
-#![cfg(feature = "cli")]
-
-mod common;
-
 use std::{process::Output, sync::Arc};
 
+use crate::common::carts::*;
+use crate::common::*;
 use chrono::{DateTime, Utc};
-use common::carts::*;
-use common::*;
 use outbox::prelude::*;
 use outbox::relay::Relay;
 use outbox::store::Failure;
@@ -132,7 +128,7 @@ async fn fixture(t: &TestDb) -> (OutboxRow, Vec<OutboxRow>, i64, i64) {
         };
         assert!(insert(&t.db, &row, &state, at).await.unwrap());
         let found = inbox_rows(&t.db, "inventory").await;
-        assert!(found.iter().any(|r| r.0 == message_id));
+        assert!(found.iter().any(|r| r.message_id == message_id));
     }
     let rows =
         t.db.query_all_raw(Statement::from_string(

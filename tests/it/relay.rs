@@ -2,17 +2,15 @@
 //! injected faults (publish failures, lost confirms, slow confirms): claims, leases, fencing,
 //! backoff, dead letters, per-aggregate order, wake-up and shutdown.
 
-mod common;
-
 use std::{
     collections::HashSet,
     sync::Arc,
     time::{Duration, Instant},
 };
 
+use crate::common::carts::*;
+use crate::common::*;
 use chrono::Utc;
-use common::carts::*;
-use common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::store::claim::ClaimParams;

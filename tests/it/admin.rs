@@ -2,13 +2,11 @@
 //! and ages, dead letters listed, shown, replayed (and then published), ignored and resent, the
 //! status guard on every change, the audit log, doctor, batched purges and the janitor lease.
 
-mod common;
-
 use std::{sync::Arc, time::Duration};
 
+use crate::common::carts::*;
+use crate::common::*;
 use chrono::{DateTime, Utc};
-use common::carts::*;
-use common::*;
 use outbox::admin::{
     self, Actor, AdminError, DeadLetterFilter, DoctorOptions, Page, Selector, Severity, Source,
     Target,

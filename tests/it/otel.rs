@@ -1,16 +1,15 @@
 //! With the `opentelemetry` feature, the producer's OpenTelemetry span travels in the envelope
 //! through a real broker (NATS JetStream), and the consumer's `outbox.handle` span is its child:
 //! one trace from the request that committed the event to the handler that consumed it.
-
-#![cfg(all(feature = "opentelemetry", feature = "nats"))]
-
-mod common;
+//!
+//! The tracing subscriber is the test's own, set on every thread of the test's tokio runtime:
+//! the spans of the other tests in the process do not reach its exporter.
 
 use std::time::Duration;
 
-use common::carts::*;
-use common::nats::transport;
-use common::*;
+use crate::common::carts::*;
+use crate::common::nats::transport;
+use crate::common::*;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use outbox::prelude::*;
@@ -24,21 +23,29 @@ async fn handle(_tx: &InboxTransaction, _event: Event<LineAdded>) -> Result<(), 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_handler_span_continues_the_producers_trace() {
-    let Some(t) = test_db(Backend::Postgres, "otel_trace_pg").await else {
-        return;
-    };
-    let Some(nats) = transport("otel_pg").await else {
-        return;
-    };
+#[test]
+fn the_handler_span_continues_the_producers_trace() {
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let dispatch = tracing::Dispatch::new(subscriber);
+    // Each thread keeps the subscriber until it ends.
+    on_own_runtime(
+        move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)),
+        one_trace_across_the_broker(exporter, provider),
+    );
+}
+
+async fn one_trace_across_the_broker(exporter: InMemorySpanExporter, provider: SdkTracerProvider) {
+    let Some(t) = test_db(Backend::Postgres, "otel_trace_pg").await else {
+        return;
+    };
+    let Some(nats) = transport("otel_pg").await else {
+        return;
+    };
     assert!(outbox::trace::otel::install());
 
     let runtime = Runtime::builder(t.db.clone())
@@ -70,7 +77,7 @@ async fn the_handler_span_continues_the_producers_trace() {
         inbox_rows(&t.db, "t-otel")
             .await
             .iter()
-            .any(|r| r.1 == "DONE")
+            .any(|r| r.status == "DONE")
     })
     .await;
     runtime.shutdown().await;

@@ -1,8 +1,6 @@
 //! The SDK's migrations: up, down and up again on every backend, alone or inside an app's Migrator.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use outbox::Migrator;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 use sea_orm_migration::prelude::*;

@@ -81,6 +81,34 @@ fn skip_or_fail(what: &str, err: impl std::fmt::Display) -> Option<TestDb> {
     None
 }
 
+/// A fresh namespace for a broker test: `t_<test>_<random>`.
+pub fn fresh_namespace(test: &str) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("t_{test}_{}", &random[..10])
+}
+
+/// What `connect` returns within 15 s, or `None` (after a loud message) when `service` at
+/// `address` cannot be reached; with `OUTBOX_REQUIRE_SERVICES=1` that is a failure instead.
+pub async fn connect_or_skip<T, E: std::fmt::Display>(
+    service: &str,
+    address: &str,
+    test: &str,
+    connect: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    let error = match tokio::time::timeout(Duration::from_secs(15), connect).await {
+        Ok(Ok(connected)) => return Some(connected),
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => "connecting timed out".to_owned(),
+    };
+    if services_required() {
+        panic!("{service} is required (OUTBOX_REQUIRE_SERVICES=1) but unavailable: {error}");
+    }
+    eprintln!(
+        "\n*** SKIPPED {test}: {service} is not reachable at {address} ({error}); start it to run this test ***\n"
+    );
+    None
+}
+
 pub async fn connect(url: &str, max: u32) -> Result<DatabaseConnection, sea_orm::DbErr> {
     let mut opts = ConnectOptions::new(url.to_owned());
     opts.sqlx_logging(false)
@@ -109,10 +137,22 @@ async fn fresh_server_db(
     Ok((url, db))
 }
 
-/// A fresh, migrated database for `test` on `backend`, or `None` (skipped).
+/// Database names handed out in this process: every test of the binary needs its own.
+static DB_NAMES: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A fresh, migrated database for `test` on `backend`, or `None` (skipped). Each name may be
+/// asked for once per process: two tests on one database would see each other's rows.
 pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
     let name = format!("ob_{}", test.replace(['-', ':'], "_")).to_lowercase();
     assert!(name.len() <= 63, "test database name too long: {name}");
+    assert!(
+        DB_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone()),
+        "test database name used by two tests: {name}"
+    );
     let (url, db) = match backend {
         Backend::Postgres => {
             let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
@@ -234,11 +274,18 @@ pub async fn effects<C: ConnectionTrait>(db: &C) -> Vec<effect::Model> {
         .unwrap()
 }
 
-/// Inbox rows of a consumer: (message_id, status, attempts, last_error), in arrival order.
-pub async fn inbox_rows<C: ConnectionTrait>(
-    db: &C,
-    consumer: &str,
-) -> Vec<(String, String, i64, Option<String>, Option<String>)> {
+/// One inbox row, as the tests read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxRow {
+    pub message_id: String,
+    pub status: String,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub event_type: Option<String>,
+}
+
+/// Inbox rows of a consumer, in arrival order.
+pub async fn inbox_rows<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<InboxRow> {
     let backend = db.get_database_backend();
     let cast = if backend == DbBackend::MySql {
         "SIGNED"
@@ -258,14 +305,12 @@ pub async fn inbox_rows<C: ConnectionTrait>(
         .await
         .unwrap();
     rows.iter()
-        .map(|r| {
-            (
-                r.try_get("", "message_id").unwrap(),
-                r.try_get("", "status").unwrap(),
-                r.try_get("", "attempts").unwrap(),
-                r.try_get("", "last_error").unwrap(),
-                r.try_get("", "event_type").unwrap(),
-            )
+        .map(|r| InboxRow {
+            message_id: r.try_get("", "message_id").unwrap(),
+            status: r.try_get("", "status").unwrap(),
+            attempts: r.try_get("", "attempts").unwrap(),
+            last_error: r.try_get("", "last_error").unwrap(),
+            event_type: r.try_get("", "event_type").unwrap(),
         })
         .collect()
 }
@@ -356,6 +401,14 @@ fn decode_row(d: &Dialect, r: &QueryResult) -> OutboxRow {
     }
 }
 
+/// The database name of a `backend_tests!` test: its module path below the crate (e.g.
+/// `relay_lost_confirm` for `it::relay::lost_confirm`) and the backend's tag, so tests of the
+/// same name in two modules get two databases.
+pub fn backend_test_name(module_path: &str, tag: &str) -> String {
+    let below_crate: Vec<&str> = module_path.split("::").skip(1).collect();
+    format!("{}_{tag}", below_crate.join("_"))
+}
+
 /// Instantiate `async fn(TestDb)` tests for every backend: `backend_tests!(name => body_fn);`
 #[macro_export]
 macro_rules! backend_tests {
@@ -364,7 +417,7 @@ macro_rules! backend_tests {
             use super::*;
 
             async fn run(backend: $crate::common::Backend, tag: &str) {
-                let test = format!("{}_{}", stringify!($name), tag);
+                let test = $crate::common::backend_test_name(module_path!(), tag);
                 if let Some(db) = $crate::common::test_db(backend, &test).await {
                     $body(db).await;
                 }
@@ -418,6 +471,29 @@ pub async fn table_status_counts<C: ConnectionTrait>(
             )
         })
         .collect()
+}
+
+/// Run `future` to completion on a tokio runtime of its own (two worker threads, as the other
+/// tests have), after calling `on_thread` on each of the runtime's threads and on this one: the
+/// way to give a test something thread-local (a metrics recorder, a tracing subscriber) that
+/// the runtime's tasks see and the other tests of the process do not. `on_thread` must keep
+/// what it sets for the thread's life (e.g. by forgetting the guard).
+pub fn on_own_runtime<Fut: std::future::Future>(
+    on_thread: impl Fn() + Send + Sync + 'static,
+    future: Fut,
+) -> Fut::Output {
+    let on_thread = std::sync::Arc::new(on_thread);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start({
+            let on_thread = on_thread.clone();
+            move || on_thread()
+        })
+        .build()
+        .unwrap();
+    on_thread();
+    runtime.block_on(future)
 }
 
 /// Poll `check` every 20 ms until it holds or `timeout` passes; returns whether it held.

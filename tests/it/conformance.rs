@@ -10,8 +10,6 @@
 //! whose subscriber went away without acking (and not an acked one), and survive its broker being
 //! killed and restarted mid-stream (a broker process of the test's own) without losing anything.
 
-mod common;
-
 use std::{
     any::Any,
     collections::HashMap,
@@ -19,8 +17,8 @@ use std::{
     time::Duration,
 };
 
-use common::own_server::{Broker, OwnServer};
-use common::*;
+use crate::common::own_server::{Broker, OwnServer};
+use crate::common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
@@ -208,7 +206,7 @@ async fn transport(kind: Kind, test: &str) -> Option<Setup> {
         }),
         #[cfg(feature = "nats")]
         Kind::Nats => {
-            let nats = common::nats::transport(test).await?;
+            let nats = crate::common::nats::transport(test).await?;
             Some(Setup {
                 transport: Some(Arc::new(nats.0.clone())),
                 _guard: Box::new(nats),
@@ -249,7 +247,7 @@ async fn transport(kind: Kind, test: &str) -> Option<Setup> {
 
 #[cfg(feature = "rabbitmq")]
 async fn rabbitmq(test: &str) -> Option<Setup> {
-    let rabbit = common::rabbitmq::transport(test).await?;
+    let rabbit = crate::common::rabbitmq::transport(test).await?;
     // Consumer queues are declared by the scenarios (the runtime's dispatcher, or a direct
     // subscription); remove them with the rest.
     for consumer in ["conformance", "redelivery"] {

@@ -12,12 +12,10 @@
 //! The in-memory path and the database-local transport run on PostgreSQL, MariaDB and SQLite;
 //! the broker paths on PostgreSQL.
 
-mod common;
-
 use std::{sync::Arc, time::Duration};
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use outbox::admin::{self, Actor, DeadLetterFilter, Selector};
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
@@ -542,9 +540,9 @@ fn conflicting_dead() -> Vec<u8> {
 enum Broker {
     Memory(MemoryTransport),
     #[cfg(feature = "nats")]
-    Nats(common::nats::TestTransport),
+    Nats(crate::common::nats::TestTransport),
     #[cfg(feature = "rabbitmq")]
-    RabbitMq(common::rabbitmq::TestTransport),
+    RabbitMq(crate::common::rabbitmq::TestTransport),
     #[cfg(feature = "redis")]
     Redis(RedisStream),
 }
@@ -1209,24 +1207,31 @@ async fn relay_marks_unreadable_rows_dead(t: TestDb) {
         ))
         .await
         .unwrap();
-    let rows: Vec<(String, String, Option<String>)> = rows
+    let rows: Vec<OutboxRowStatus> = rows
         .iter()
-        .map(|r| {
-            (
-                r.try_get("", "aggregate_id").unwrap(),
-                r.try_get("", "status").unwrap(),
-                r.try_get("", "last_error").unwrap(),
-            )
+        .map(|r| OutboxRowStatus {
+            aggregate_id: r.try_get("", "aggregate_id").unwrap(),
+            status: r.try_get("", "status").unwrap(),
+            last_error: r.try_get("", "last_error").unwrap(),
         })
         .collect();
-    assert_eq!(rows[0].1, "DEAD", "{rows:?}");
-    let error = rows[0].2.as_deref().unwrap_or_default();
+    assert_eq!(rows[0].status, "DEAD", "{rows:?}");
+    let error = rows[0].last_error.as_deref().unwrap_or_default();
     assert!(
         error.contains("outbox row cannot be read") && error.contains("not a UUID"),
         "{error}"
     );
-    assert_eq!(rows[1].1, "PENDING", "held back behind it: {rows:?}");
-    assert_eq!(rows[2].1, "SENT", "{rows:?}");
+    assert_eq!(rows[1].status, "PENDING", "held back behind it: {rows:?}");
+    assert_eq!(rows[2].status, "SENT", "{rows:?}");
+}
+
+/// An outbox row read as raw columns (its event id may be unreadable).
+#[derive(Debug)]
+#[allow(dead_code)] // `aggregate_id` is read by `Debug`, in the failure messages.
+struct OutboxRowStatus {
+    aggregate_id: String,
+    status: String,
+    last_error: Option<String>,
 }
 
 backend_tests! {
@@ -1245,7 +1250,7 @@ async fn nats_corpus() {
     let Some(t) = test_db(Backend::Postgres, "bad_input_nats").await else {
         return;
     };
-    let Some(nats) = common::nats::transport("bad_input").await else {
+    let Some(nats) = crate::common::nats::transport("bad_input").await else {
         return;
     };
     corpus_through(Broker::Nats(nats), t).await;
@@ -1257,7 +1262,7 @@ async fn rabbitmq_corpus() {
     let Some(t) = test_db(Backend::Postgres, "bad_input_rabbitmq").await else {
         return;
     };
-    let Some(rabbit) = common::rabbitmq::transport("bad_input").await else {
+    let Some(rabbit) = crate::common::rabbitmq::transport("bad_input").await else {
         return;
     };
     corpus_through(Broker::RabbitMq(rabbit), t).await;
@@ -1370,7 +1375,7 @@ async fn nats_rejects_an_event_over_max_payload() {
     let Some(t) = test_db(Backend::Postgres, "bad_input_nats_oversize").await else {
         return;
     };
-    let Some(nats) = common::nats::transport("bad_oversize").await else {
+    let Some(nats) = crate::common::nats::transport("bad_oversize").await else {
         return;
     };
     let max_payload = nats.client().server_info().max_payload;
@@ -1416,7 +1421,8 @@ async fn rabbitmq_rejects_an_event_over_max_message_size() {
     };
     let limit = 64 * 1024;
     let Some(rabbit) =
-        common::rabbitmq::transport_with("bad_oversize", |b| b.max_message_size(limit)).await
+        crate::common::rabbitmq::transport_with("bad_oversize", |b| b.max_message_size(limit))
+            .await
     else {
         return;
     };

@@ -1,11 +1,9 @@
 //! Wake-up signals after commit: in-process always, and on PostgreSQL a coalesced `NOTIFY` sent
 //! outside the business transaction for relays in other processes.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use outbox::prelude::*;
 use sea_orm::sqlx::postgres::PgListener;
 use serde::{Deserialize, Serialize};

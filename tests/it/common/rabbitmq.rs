@@ -5,6 +5,7 @@
 
 use std::{sync::Mutex, time::Duration};
 
+use super::{connect_or_skip, fresh_namespace};
 use outbox::transport::{
     SubscribeOptions, Subscription, Transport,
     rabbitmq::{
@@ -16,9 +17,6 @@ use outbox::transport::{
         },
     },
 };
-use uuid::Uuid;
-
-use super::services_required;
 
 // ---------------------------------------------------------------------------------------------
 // Harness: a transport on a fresh namespace whose exchange and queues are deleted afterwards.
@@ -158,31 +156,17 @@ pub async fn transport_at(
     url: &str,
     configure: impl FnOnce(RabbitMqTransportBuilder) -> RabbitMqTransportBuilder,
 ) -> Option<TestTransport> {
-    let random = Uuid::new_v4().simple().to_string();
-    let namespace = format!("t_{test}_{}", &random[..10]);
     let builder = RabbitMqTransport::builder(url)
-        .namespace(namespace)
+        .namespace(fresh_namespace(test))
         .connection_timeout(Duration::from_secs(3));
     let connect = configure(builder).connect();
-    let error = match tokio::time::timeout(Duration::from_secs(15), connect).await {
-        Ok(Ok(transport)) => {
-            let exchange = transport.exchange().to_owned();
-            return Some(TestTransport {
-                transport,
-                queues: Mutex::new(Vec::new()),
-                exchanges: Mutex::new(vec![exchange]),
-            });
-        }
-        Ok(Err(err)) => err.to_string(),
-        Err(_) => "connecting timed out".to_owned(),
-    };
-    if services_required() {
-        panic!("RabbitMQ is required (OUTBOX_REQUIRE_SERVICES=1) but unavailable: {error}");
-    }
-    eprintln!(
-        "\n*** SKIPPED {test}: RabbitMQ is not reachable at 127.0.0.1:5672 ({error}); start it to run this test ***\n"
-    );
-    None
+    let transport = connect_or_skip("RabbitMQ", "127.0.0.1:5672", test, connect).await?;
+    let exchange = transport.exchange().to_owned();
+    Some(TestTransport {
+        transport,
+        queues: Mutex::new(Vec::new()),
+        exchanges: Mutex::new(vec![exchange]),
+    })
 }
 
 /// A TCP proxy in front of the broker that the test can cut (like a broker crash or a network

@@ -1,15 +1,11 @@
 //! Two runtimes of one service sharing a consumer name over real NATS JetStream: every event is
 //! handled exactly once as far as the database is concerned.
 
-#![cfg(feature = "nats")]
-
-mod common;
-
 use std::time::Duration;
 
-use common::carts::*;
-use common::nats::transport;
-use common::*;
+use crate::common::carts::*;
+use crate::common::nats::transport;
+use crate::common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
@@ -24,7 +20,7 @@ async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), Ha
 async fn start(t: &TestDb, nats: &NatsTransport, name: &str) -> Runtime {
     // Each runtime has its own connections, as two processes would.
     let db = t.connect_again().await;
-    let transport = NatsTransport::builder(common::nats::NATS_URL)
+    let transport = NatsTransport::builder(crate::common::nats::NATS_URL)
         .namespace(nats.namespace())
         .connect()
         .await
@@ -96,7 +92,7 @@ async fn two_runtimes_share_a_consumer(t: TestDb) {
     assert_eq!(sa.handled + sb.handled, total as u64);
     let rows = inbox_rows(&t.db, "t-nats").await;
     assert_eq!(rows.len(), total);
-    assert!(rows.iter().all(|r| r.1 == "DONE"));
+    assert!(rows.iter().all(|r| r.status == "DONE"));
     assert_eq!(
         status_counts(&t.db).await.get("SENT"),
         Some(&(total as i64))

@@ -5,13 +5,11 @@
 //! not stop other aggregates; a backlog deeper than the window in a few aggregates must still
 //! give full batches; the inbox worker's claim behaves the same.
 
-mod common;
-
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use crate::common::carts::*;
+use crate::common::*;
 use chrono::Utc;
-use common::carts::*;
-use common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::sea_orm::{Statement, TransactionTrait};
@@ -112,13 +110,29 @@ async fn release(t: &TestDb, token: uuid::Uuid, events: &[ClaimedEvent]) {
     assert_eq!(released.released, events.len() as u64);
 }
 
-/// The stuck cart's rows, with its head DEAD: (status, attempts) in id order.
-async fn stuck_rows(t: &TestDb) -> Vec<(String, i64)> {
+/// A row of the stuck cart: its status and attempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StuckRow {
+    status: String,
+    attempts: i64,
+}
+
+impl StuckRow {
+    fn new(status: &str, attempts: i64) -> Self {
+        StuckRow {
+            status: status.to_owned(),
+            attempts,
+        }
+    }
+}
+
+/// The stuck cart's rows, with its head DEAD, in id order.
+async fn stuck_rows(t: &TestDb) -> Vec<StuckRow> {
     outbox_rows(&t.db)
         .await
         .into_iter()
         .filter(|r| r.aggregate_id == "stuck")
-        .map(|r| (r.status, r.attempts))
+        .map(|r| StuckRow::new(&r.status, r.attempts))
         .collect()
 }
 
@@ -169,9 +183,9 @@ async fn dead_head_with_a_tail_longer_than_the_window(t: TestDb) {
     assert_eq!(order.len(), 5);
     assert_strictly_increasing(&order, 4);
     let stuck = stuck_rows(&t).await;
-    assert_eq!(stuck[0], ("DEAD".to_owned(), 3));
+    assert_eq!(stuck[0], StuckRow::new("DEAD", 3));
     assert!(
-        stuck[1..].iter().all(|r| r == &("PENDING".to_owned(), 0)),
+        stuck[1..].iter().all(|r| r == &StuckRow::new("PENDING", 0)),
         "the stuck cart waits behind its DEAD head, uncharged"
     );
     assert_eq!(stuck.len() as u32, 1 + PAST_THE_WINDOW);
@@ -367,14 +381,14 @@ async fn inbox_dead_head_with_a_tail_longer_than_the_window(t: TestDb) {
     let billing = inbox_rows(&t.db, "billing").await;
     let stuck: Vec<&str> = billing
         .iter()
-        .filter(|r| r.0.starts_with("stuck:"))
-        .map(|r| r.1.as_str())
+        .filter(|r| r.message_id.starts_with("stuck:"))
+        .map(|r| r.status.as_str())
         .collect();
     assert_eq!(stuck.len() as u32, 1 + PAST_THE_WINDOW);
     assert_eq!(stuck[0], "DEAD");
     assert!(stuck[1..].iter().all(|s| *s == "PENDING"));
     let audit = inbox_rows(&t.db, "audit").await;
-    assert!(audit.iter().all(|r| r.1 == "PENDING"), "{audit:?}");
+    assert!(audit.iter().all(|r| r.status == "PENDING"), "{audit:?}");
 }
 
 /// The inbox worker's claim with three aggregates deeper than the window: full batches of heads

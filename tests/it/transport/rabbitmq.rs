@@ -1,20 +1,19 @@
 //! The RabbitMQ transport against a real broker (127.0.0.1:5672, guest/guest; override with
-//! `OUTBOX_TEST_RABBITMQ_URL`).
+//! `OUTBOX_TEST_RABBITMQ_URL`): its fixture for the shared suite, and what only RabbitMQ has
+//! (the topic exchange, unroutable messages and nacks, queue types and bindings, reconnecting
+//! after a closed connection or an outage).
 //!
 //! Each test works in its own namespace (`t_<test>_<random>`): its own exchange and consumer
-//! queues, deleted when the test ends, so tests run in parallel. When the broker is not reachable
-//! the tests say so loudly and pass, unless `OUTBOX_REQUIRE_SERVICES=1`, which makes a missing
-//! broker a failure.
-
-#![cfg(feature = "rabbitmq")]
+//! queues, deleted when the test ends.
 
 use std::{
     collections::HashSet,
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use outbox::transport::{
-    Delivery, OutgoingMessage, PublishError, SubscribeOptions, Subscription, Transport,
+    OutgoingMessage, PublishError, SubscribeOptions, Subscription, Transport,
     rabbitmq::{
         QueueType, RabbitMqTransport,
         lapin::{
@@ -26,45 +25,160 @@ use outbox::transport::{
         },
     },
 };
-use uuid::Uuid;
 
-mod common;
+use super::{
+    Fixture, Stored, assert_permanent, assert_rejected, batch, message, next_delivery, next_within,
+    publish_ok,
+};
+use crate::common::rabbitmq::*;
 
-use common::assert_shared_and_fanned_out;
+/// A RabbitMQ transport on an exchange of the test's own, and the queue [`Fixture::stored`]
+/// reads.
+pub(crate) struct RabbitMq {
+    transport: TestTransport,
+    audit: Mutex<Option<String>>,
+}
 
-use common::rabbitmq::*;
+impl std::ops::Deref for RabbitMq {
+    type Target = TestTransport;
+
+    fn deref(&self) -> &TestTransport {
+        &self.transport
+    }
+}
+
+#[async_trait::async_trait]
+impl Fixture for RabbitMq {
+    const NAME: &'static str = "rabbitmq";
+    const HEALTHY_BEFORE_SETUP: bool = false;
+    const CLOSED_PORT_URL: &'static str = "amqp://guest:guest@127.0.0.1:1/%2f";
+
+    async fn open(test: &str) -> Option<Self> {
+        Some(RabbitMq {
+            transport: transport(test).await?,
+            audit: Mutex::new(None),
+        })
+    }
+
+    wrapped_transport!(RabbitMqTransport, |f| f.transport.transport);
+
+    async fn declare(&self, consumer: &str, event_types: &[&str]) {
+        self.declare_queue(consumer, event_types).await;
+    }
+
+    async fn subscribe(
+        &self,
+        consumer: &str,
+        event_types: &[&str],
+        options: &SubscribeOptions,
+    ) -> Box<dyn Subscription> {
+        self.subscribe_as(consumer, event_types, options).await
+    }
+
+    /// The queue of a consumer group `audit` that nothing consumes.
+    async fn keep_stored(&self, event_types: &[&str]) {
+        let queue = self.declare_queue("audit", event_types).await;
+        assert_eq!(queue, format!("{}.audit", self.namespace()));
+        *self.audit.lock().unwrap() = Some(queue);
+    }
+
+    /// Takes every message out of the `audit` queue, as many as it holds.
+    async fn stored(&self) -> Vec<Stored> {
+        let queue = self.audit.lock().unwrap().clone().expect("keep_stored");
+        let depth = self.queue_depth(&queue).await;
+        let channel = self.channel().await.expect("channel");
+        let mut all = Vec::new();
+        for n in 0..depth {
+            let got = channel
+                .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .expect("basic.get")
+                .unwrap_or_else(|| panic!("message {n} is missing"));
+            let properties = &got.delivery.properties;
+            let text = |value: Option<&lapin::types::ShortString>| value.map(|v| v.to_string());
+            let mut fields = std::collections::BTreeMap::new();
+            fields.insert(
+                "routing-key".to_owned(),
+                got.delivery.routing_key.to_string(),
+            );
+            fields.insert("exchange".to_owned(), got.delivery.exchange.to_string());
+            fields.insert(
+                "redelivered".to_owned(),
+                got.delivery.redelivered.to_string(),
+            );
+            fields.insert(
+                "delivery-mode".to_owned(),
+                format!("{:?}", properties.delivery_mode()),
+            );
+            for (name, value) in properties.headers().as_ref().expect("headers").inner() {
+                let AMQPValue::LongString(value) = value else {
+                    panic!("header {name}: {value:?}");
+                };
+                fields.insert(name.to_string(), value.to_string());
+            }
+            all.push(Stored {
+                message_id: text(properties.message_id().as_ref()).expect("message id"),
+                event_type: text(properties.kind().as_ref()).expect("type"),
+                content_type: text(properties.content_type().as_ref()),
+                body: got.delivery.data.clone(),
+                fields,
+            });
+        }
+        let rest = channel
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get");
+        assert!(
+            rest.is_none(),
+            "more messages stored than the queue counted"
+        );
+        all
+    }
+
+    fn check_stored(&self, i: usize, stored: &Stored, sent: &OutgoingMessage) {
+        assert_eq!(stored.field("routing-key"), sent.event_type, "message {i}");
+        assert_eq!(stored.field("exchange"), self.exchange());
+        assert_eq!(stored.field("redelivered"), "false");
+        assert_eq!(stored.field("delivery-mode"), "Some(2)", "not persistent");
+        assert_eq!(stored.field("ce-id"), sent.event_id.to_string());
+        assert_eq!(stored.field("ce-type"), sent.event_type);
+        assert_eq!(stored.field("ce-specversion"), "1.0");
+    }
+
+    async fn after_filtered(&self) {
+        // The cancelled orders wait in the queue of the group that wants them.
+        assert_eq!(self.queue_depth(&self.queue_name("refunds")).await, 3);
+    }
+
+    /// A dropped subscription closes its channel: what it had not acked would be back in the
+    /// queue.
+    async fn after_closed(&self, consumer: &str) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(self.queue_depth(&self.queue_name(consumer)).await, 0);
+    }
+
+    async fn check_healthy(&self) {
+        assert!(self.is_connected());
+        let shown = format!("{:?}", *self.transport);
+        assert!(
+            !shown.contains("guest:guest"),
+            "the password leaks: {shown}"
+        );
+    }
+
+    fn check_connect_error(text: &str) {
+        assert!(!text.contains("guest:guest"), "the password leaks: {text}");
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn message(event_type: &str, n: usize) -> OutgoingMessage {
-    let event_id = Uuid::now_v7();
-    let body = serde_json::json!({
-        "specversion": "1.0",
-        "id": event_id.to_string(),
-        "type": event_type,
-        "source": "/tests/rabbitmq",
-        "data": { "n": n },
-    });
-    OutgoingMessage {
-        event_id,
-        event_type: event_type.to_owned(),
-        aggregate_type: "order".to_owned(),
-        aggregate_id: format!("order-{n}"),
-        body: serde_json::to_vec(&body).expect("json").into(),
-    }
-}
-
-fn batch(event_type: &str, count: usize) -> Vec<OutgoingMessage> {
-    (0..count).map(|n| message(event_type, n)).collect()
-}
-
-async fn publish_ok(transport: &RabbitMqTransport, messages: &[OutgoingMessage]) {
-    let results = transport.publish(messages).await;
-    assert_eq!(results.len(), messages.len());
-    for (i, result) in results.iter().enumerate() {
-        assert!(result.is_ok(), "message {i} not confirmed: {result:?}");
+fn options(max_in_flight: usize) -> SubscribeOptions {
+    SubscribeOptions {
+        max_in_flight,
+        ..SubscribeOptions::default()
     }
 }
 
@@ -78,32 +192,6 @@ fn assert_unroutable(result: &Result<(), PublishError>, event_type: &str) {
             );
         }
         other => panic!("expected an unroutable rejection for `{event_type}`, got {other:?}"),
-    }
-}
-
-/// The next delivery within `within`, or `None` when nothing arrived in time.
-async fn next_within(
-    subscription: &mut Box<dyn Subscription>,
-    within: Duration,
-) -> Option<Delivery> {
-    match tokio::time::timeout(within, subscription.next()).await {
-        Ok(Some(Ok(delivery))) => Some(delivery),
-        Ok(Some(Err(err))) => panic!("subscription error: {err}"),
-        Ok(None) => panic!("subscription closed"),
-        Err(_) => None,
-    }
-}
-
-async fn next_delivery(subscription: &mut Box<dyn Subscription>) -> Delivery {
-    next_within(subscription, Duration::from_secs(10))
-        .await
-        .expect("a delivery within 10 s")
-}
-
-fn options(max_in_flight: usize) -> SubscribeOptions {
-    SubscribeOptions {
-        max_in_flight,
-        ..SubscribeOptions::default()
     }
 }
 
@@ -229,61 +317,6 @@ async fn setup_refuses_an_existing_exchange_of_another_type() {
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publish_confirms_a_thousand_messages_stored_in_order_with_their_properties() {
-    let Some(transport) = transport("thousand").await else {
-        return;
-    };
-    transport.setup().await.expect("setup");
-    let queue = transport.declare_queue("audit", &["order.placed"]).await;
-    assert_eq!(queue, format!("{}.audit", transport.namespace()));
-    let messages = batch("order.placed", 1_000);
-
-    publish_ok(&transport, &messages).await;
-
-    assert_eq!(transport.queue_depth(&queue).await, 1_000);
-    let channel = transport.channel().await.expect("channel");
-    for (n, sent) in messages.iter().enumerate() {
-        let got = channel
-            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic.get")
-            .unwrap_or_else(|| panic!("message {n} is missing"));
-        let properties = &got.delivery.properties;
-        assert_eq!(
-            properties.message_id().as_ref().map(|id| id.as_str()),
-            Some(sent.event_id.to_string().as_str()),
-            "message {n} out of order"
-        );
-        assert_eq!(got.delivery.data, sent.body.to_vec());
-        assert_eq!(got.delivery.routing_key.as_str(), "order.placed");
-        assert_eq!(got.delivery.exchange.as_str(), transport.exchange());
-        assert!(!got.delivery.redelivered);
-        assert_eq!(
-            properties.content_type().as_ref().map(|c| c.as_str()),
-            Some("application/cloudevents+json")
-        );
-        assert_eq!(*properties.delivery_mode(), Some(2), "not persistent");
-        assert_eq!(
-            properties.kind().as_ref().map(|k| k.as_str()),
-            Some("order.placed")
-        );
-        let headers = properties.headers().as_ref().expect("headers");
-        let header = |name: &str| match headers.inner().get(name) {
-            Some(AMQPValue::LongString(value)) => value.to_string(),
-            other => panic!("header {name}: {other:?}"),
-        };
-        assert_eq!(header("ce-id"), sent.event_id.to_string());
-        assert_eq!(header("ce-type"), "order.placed");
-        assert_eq!(header("ce-specversion"), "1.0");
-    }
-    let rest = channel
-        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
-        .await
-        .expect("basic.get");
-    assert!(rest.is_none(), "more than 1,000 messages stored");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_messages_are_rejected_and_routable_ones_confirmed() {
     let Some(transport) = transport("unroutable").await else {
         return;
@@ -321,7 +354,7 @@ async fn unroutable_messages_are_rejected_and_routable_ones_confirmed() {
     let shipping = transport
         .declare_queue("shipping", &["order.shipped"])
         .await;
-    publish_ok(&transport, &lost).await;
+    publish_ok(&*transport, &lost).await;
     assert_eq!(transport.queue_depth(&shipping).await, 5);
     assert_eq!(transport.queue_depth(&queue).await, 3);
 }
@@ -333,20 +366,12 @@ async fn publishing_before_setup_is_rejected_and_recovers_after_setup() {
     };
     let results = transport.publish(&batch("order.placed", 3)).await;
     assert_eq!(results.len(), 3);
-    for result in &results {
-        match result {
-            Err(PublishError::Rejected(reason)) => {
-                assert!(reason.contains("setup()"), "no hint in: {reason}");
-                assert!(reason.contains(transport.exchange()), "{reason}");
-            }
-            other => panic!("expected a rejection, got {other:?}"),
-        }
-    }
+    assert_rejected(&results, &["setup()", transport.exchange()]);
 
     // The broker closed the publish channel; the next publish opens a new one.
     transport.setup().await.expect("setup");
     let queue = transport.declare_queue("late", &["order.placed"]).await;
-    publish_ok(&transport, &batch("order.placed", 3)).await;
+    publish_ok(&*transport, &batch("order.placed", 3)).await;
     assert_eq!(transport.queue_depth(&queue).await, 3);
 }
 
@@ -399,22 +424,9 @@ async fn a_full_queue_nacks_and_oversized_messages_fail_permanently() {
 
     assert_eq!(results.len(), 5);
     assert!(results[0].is_ok(), "{:?}", results[0]);
-    match &results[1] {
-        Err(err @ PublishError::Permanent(reason)) => {
-            assert!(err.is_permanent());
-            assert!(reason.contains("maximum message size"), "{reason}");
-        }
-        other => panic!("expected a permanent failure, got {other:?}"),
-    }
+    assert_permanent(&results[1], &["maximum message size"]);
     assert!(results[2].is_ok(), "{:?}", results[2]);
-    for result in &results[3..] {
-        match result {
-            Err(PublishError::Rejected(reason)) => {
-                assert!(reason.contains("basic.nack"), "unclear reason: {reason}")
-            }
-            other => panic!("expected a nack, got {other:?}"),
-        }
-    }
+    assert_rejected(&results[3..], &["basic.nack"]);
     assert_eq!(transport.queue_depth(&queue).await, 2);
 }
 
@@ -463,143 +475,6 @@ async fn concurrent_publishes_each_get_their_own_confirms_and_returns() {
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subscribe_delivers_in_order_and_ack_settles() {
-    let Some(transport) = transport("ack").await else {
-        return;
-    };
-    transport.setup().await.expect("setup");
-    let mut subscription = transport
-        .subscribe_as("billing", &["order.placed"], &options(16))
-        .await;
-    transport
-        .declare_queue("shipping", &["order.shipped"])
-        .await;
-    let mut messages = Vec::new();
-    for n in 0..5 {
-        messages.push(message("order.placed", n));
-        messages.push(message("order.shipped", n));
-    }
-    publish_ok(&transport, &messages).await;
-
-    let subject = format!("{}.order.placed", transport.namespace());
-    for sent in messages.iter().filter(|m| m.event_type == "order.placed") {
-        let delivery = next_delivery(&mut subscription).await;
-        assert_eq!(delivery.subject, subject);
-        assert_eq!(delivery.message_id, Some(sent.event_id.to_string()));
-        assert_eq!(delivery.body, sent.body);
-        assert_eq!(delivery.delivery_count, 1);
-        delivery.ack().await.expect("ack");
-    }
-    assert!(
-        next_within(&mut subscription, Duration::from_secs(1))
-            .await
-            .is_none(),
-        "an unexpected delivery"
-    );
-
-    // Acked for good: closing the channel requeues nothing.
-    drop(subscription);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let queue = transport.queue_name("billing");
-    assert_eq!(transport.queue_depth(&queue).await, 0);
-    assert_eq!(
-        transport
-            .queue_depth(&transport.queue_name("shipping"))
-            .await,
-        5
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nack_requeues_and_a_dropped_subscription_returns_its_unacked_deliveries() {
-    let Some(transport) = transport("nack").await else {
-        return;
-    };
-    transport.setup().await.expect("setup");
-    let mut subscription = transport
-        .subscribe_as("retrying", &["order.placed"], &options(16))
-        .await;
-    let messages = batch("order.placed", 2);
-    publish_ok(&transport, &messages).await;
-
-    let first = next_delivery(&mut subscription).await;
-    let second = next_delivery(&mut subscription).await;
-    assert_eq!(first.message_id, Some(messages[0].event_id.to_string()));
-    assert_eq!(second.message_id, Some(messages[1].event_id.to_string()));
-    assert_eq!((first.delivery_count, second.delivery_count), (1, 1));
-
-    first.nack(None).await.expect("nack");
-    let redelivered = next_delivery(&mut subscription).await;
-    assert_eq!(
-        redelivered.message_id,
-        Some(messages[0].event_id.to_string())
-    );
-    assert_eq!(redelivered.delivery_count, 2, "flagged as a redelivery");
-    redelivered.ack().await.expect("ack");
-
-    // The second is never settled; dropping the subscription closes its channel.
-    drop(second);
-    drop(subscription);
-    let mut again = transport
-        .subscribe_as("retrying", &["order.placed"], &options(16))
-        .await;
-    let returned = next_delivery(&mut again).await;
-    assert_eq!(returned.message_id, Some(messages[1].event_id.to_string()));
-    assert_eq!(returned.delivery_count, 2);
-    returned.ack().await.expect("ack");
-    assert!(
-        next_within(&mut again, Duration::from_secs(1))
-            .await
-            .is_none()
-    );
-    drop(again);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        transport
-            .queue_depth(&transport.queue_name("retrying"))
-            .await,
-        0
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delayed_nack_returns_at_once_and_requeues_after_the_delay() {
-    let Some(transport) = transport("nack_delay").await else {
-        return;
-    };
-    transport.setup().await.expect("setup");
-    let mut subscription = transport
-        .subscribe_as("delaying", &["order.placed"], &options(16))
-        .await;
-    let messages = batch("order.placed", 1);
-    publish_ok(&transport, &messages).await;
-
-    let delivery = next_delivery(&mut subscription).await;
-    let nacked_at = Instant::now();
-    delivery
-        .nack(Some(Duration::from_millis(400)))
-        .await
-        .expect("nack");
-    assert!(
-        nacked_at.elapsed() < Duration::from_millis(200),
-        "a delayed nack blocked the caller for {:?}",
-        nacked_at.elapsed()
-    );
-    let redelivered = next_delivery(&mut subscription).await;
-    assert!(
-        nacked_at.elapsed() >= Duration::from_millis(350),
-        "requeued before the delay: {:?}",
-        nacked_at.elapsed()
-    );
-    assert_eq!(
-        redelivered.message_id,
-        Some(messages[0].event_id.to_string())
-    );
-    assert_eq!(redelivered.delivery_count, 2);
-    redelivered.ack().await.expect("ack");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_queues_count_every_delivery() {
     let Some(transport) =
         transport_with("quorum", |builder| builder.queue_type(QueueType::Quorum)).await
@@ -611,7 +486,7 @@ async fn quorum_queues_count_every_delivery() {
         .subscribe_as("counting", &["order.placed"], &options(16))
         .await;
     let messages = batch("order.placed", 1);
-    publish_ok(&transport, &messages).await;
+    publish_ok(&*transport, &messages).await;
 
     for expected in 1..=3 {
         let delivery = next_delivery(&mut subscription).await;
@@ -640,95 +515,27 @@ async fn quorum_queues_count_every_delivery() {
     assert!(text.contains(&transport.queue_name("counting")), "{text}");
 }
 
-/// Reads and acks until nothing arrives for `idle`; returns the message ids in delivery order.
-async fn drain(mut subscription: Box<dyn Subscription>, idle: Duration) -> Vec<String> {
-    let mut ids = Vec::new();
-    while let Some(delivery) = next_within(&mut subscription, idle).await {
-        ids.push(delivery.message_id.clone().expect("message id"));
-        delivery.ack().await.expect("ack");
-    }
-    ids
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wildcard_is_not_an_event_type() {
+    let Some(transport) = transport("arguments").await else {
+        return;
+    };
+    let err = transport
+        .subscribe("billing", &types(&["order.*"]), &options(4))
+        .await
+        .expect_err("a wildcard is not an event type");
+    assert!(err.to_string().contains("wildcard"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_consumer_name_shares_deliveries_and_different_names_each_get_all() {
-    let Some(transport) = transport("groups").await else {
+async fn a_narrower_group_keeps_its_bindings_and_skips_the_other_types() {
+    let Some(transport) = transport("narrower").await else {
         return;
     };
     transport.setup().await.expect("setup");
-    let small = options(4);
-    let worker_1 = transport
-        .subscribe_as("workers", &["order.placed"], &small)
-        .await;
-    let worker_2 = transport
-        .subscribe_as("workers", &["order.placed"], &small)
-        .await;
-    let auditor = transport
-        .subscribe_as("auditors", &["order.placed"], &small)
-        .await;
-    let messages = batch("order.placed", 40);
-    publish_ok(&transport, &messages).await;
-    let all: Vec<String> = messages.iter().map(|m| m.event_id.to_string()).collect();
-
-    let idle = Duration::from_secs(2);
-    let (got_1, got_2, audited) = tokio::join!(
-        tokio::spawn(drain(worker_1, idle)),
-        tokio::spawn(drain(worker_2, idle)),
-        tokio::spawn(drain(auditor, idle)),
-    );
-    let (got_1, got_2, audited) = (
-        got_1.expect("task"),
-        got_2.expect("task"),
-        audited.expect("task"),
-    );
-
-    assert_shared_and_fanned_out(&got_1, &got_2, &audited, &all);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_of_two_types_gets_only_those() {
-    let Some(transport) = transport("filter").await else {
-        return;
-    };
-    transport.setup().await.expect("setup");
-    let mut subscription = transport
+    let subscription = transport
         .subscribe_as("shipping", &["order.placed", "order.shipped"], &options(16))
         .await;
-    transport
-        .declare_queue("refunds", &["order.cancelled"])
-        .await;
-    let mut messages = Vec::new();
-    for n in 0..3 {
-        messages.push(message("order.placed", n));
-        messages.push(message("order.cancelled", n));
-        messages.push(message("order.shipped", n));
-    }
-    publish_ok(&transport, &messages).await;
-
-    for sent in messages
-        .iter()
-        .filter(|m| m.event_type != "order.cancelled")
-    {
-        let delivery = next_delivery(&mut subscription).await;
-        assert_eq!(delivery.message_id, Some(sent.event_id.to_string()));
-        assert_eq!(
-            delivery.subject,
-            format!("{}.{}", transport.namespace(), sent.event_type)
-        );
-        delivery.ack().await.expect("ack");
-    }
-    assert!(
-        next_within(&mut subscription, Duration::from_secs(1))
-            .await
-            .is_none(),
-        "a delivery of another type"
-    );
-    assert_eq!(
-        transport
-            .queue_depth(&transport.queue_name("refunds"))
-            .await,
-        3
-    );
 
     // The group now wants only `order.shipped`. The queue is still bound to `order.placed`
     // (bindings are only added), so those still arrive; the subscription acks and skips them.
@@ -742,7 +549,7 @@ async fn a_consumer_of_two_types_gets_only_those() {
         message("order.placed", 11),
         message("order.shipped", 11),
     ];
-    publish_ok(&transport, &later).await;
+    publish_ok(&*transport, &later).await;
     for sent in later.iter().filter(|m| m.event_type == "order.shipped") {
         let delivery = next_delivery(&mut narrower).await;
         assert_eq!(delivery.message_id, Some(sent.event_id.to_string()));
@@ -764,115 +571,9 @@ async fn a_consumer_of_two_types_gets_only_those() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subscribing_checks_its_arguments() {
-    let Some(transport) = transport("arguments").await else {
-        return;
-    };
-    let err = transport
-        .subscribe("billing", &types(&["order.*"]), &options(4))
-        .await
-        .expect_err("a wildcard is not an event type");
-    assert!(err.to_string().contains("wildcard"), "{err}");
-    let err = transport
-        .subscribe("billing", &[], &options(4))
-        .await
-        .expect_err("no event type");
-    assert!(err.to_string().contains("no event type"), "{err}");
-    let err = transport
-        .subscribe("", &types(&["order.placed"]), &options(4))
-        .await
-        .expect_err("no consumer name");
-    assert!(err.to_string().contains("consumer name"), "{err}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_and_unicode_payloads_round_trip_byte_exact() {
-    let Some(transport) = transport("payloads").await else {
-        return;
-    };
-    transport.setup().await.expect("setup");
-    let mut subscription = transport
-        .subscribe_as("archive", &["order.placed", "commande.passée"], &options(4))
-        .await;
-
-    let mut large = message("order.placed", 0);
-    let mut rng = fastrand::Rng::with_seed(7);
-    large.body = (0..500 * 1024)
-        .map(|_| rng.u8(..))
-        .collect::<Vec<u8>>()
-        .into();
-    let mut unicode = message("commande.passée", 1);
-    unicode.body = serde_json::to_vec(&serde_json::json!({
-        "specversion": "1.0",
-        "id": unicode.event_id.to_string(),
-        "type": "commande.passée",
-        "data": { "text": "héllo wörld — 日本語 🎉 \u{0000} \u{fffd} ∑", "emoji": "👩‍👩‍👧‍👦" },
-    }))
-    .expect("json")
-    .into();
-    let messages = vec![large, unicode];
-    publish_ok(&transport, &messages).await;
-
-    for sent in &messages {
-        let delivery = next_delivery(&mut subscription).await;
-        assert_eq!(delivery.message_id, Some(sent.event_id.to_string()));
-        assert_eq!(delivery.body.len(), sent.body.len());
-        assert!(
-            delivery.body == sent.body,
-            "body of `{}` changed",
-            sent.event_type
-        );
-        assert_eq!(
-            delivery.subject,
-            format!("{}.{}", transport.namespace(), sent.event_type)
-        );
-        delivery.ack().await.expect("ack");
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
-// Health and connections
+// Connections
 // ---------------------------------------------------------------------------------------------
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_is_ok_on_a_live_broker_and_names_a_missing_exchange() {
-    let Some(transport) = transport("health").await else {
-        return;
-    };
-    assert_eq!(transport.name(), "rabbitmq");
-    let err = transport.health().await.expect_err("no exchange yet");
-    assert!(err.to_string().contains("setup()"), "no hint in: {err}");
-    transport.setup().await.expect("setup");
-    transport.health().await.expect("healthy");
-    assert!(transport.is_connected());
-    let shown = format!("{:?}", *transport);
-    assert!(
-        !shown.contains("guest:guest"),
-        "the password leaks: {shown}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connecting_to_a_closed_port_fails_instead_of_hanging() {
-    let started = Instant::now();
-    let result = tokio::time::timeout(
-        Duration::from_secs(15),
-        RabbitMqTransport::builder("amqp://guest:guest@127.0.0.1:1/%2f")
-            .connection_timeout(Duration::from_secs(2))
-            .connect(),
-    )
-    .await
-    .expect("connect returned instead of hanging");
-    let err = result.expect_err("nothing listens on port 1");
-    let text = err.to_string();
-    assert!(
-        text.contains("127.0.0.1:1"),
-        "the error names the broker: {text}"
-    );
-    assert!(!text.contains("guest:guest"), "the password leaks: {text}");
-    assert!(started.elapsed() < Duration::from_secs(15));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_connection_is_reopened_by_the_next_call() {
@@ -884,7 +585,7 @@ async fn a_closed_connection_is_reopened_by_the_next_call() {
         .subscribe_as("survivor", &["order.placed"], &options(16))
         .await;
     let before = batch("order.placed", 2);
-    publish_ok(&transport, &before).await;
+    publish_ok(&*transport, &before).await;
     let unacked = next_delivery(&mut subscription).await;
     assert_eq!(unacked.message_id, Some(before[0].event_id.to_string()));
 
@@ -915,7 +616,7 @@ async fn a_closed_connection_is_reopened_by_the_next_call() {
 
     // ...and the next calls reconnect.
     let after = batch("order.placed", 2);
-    publish_ok(&transport, &after).await;
+    publish_ok(&*transport, &after).await;
     assert!(transport.is_connected());
     transport.health().await.expect("healthy again");
     let mut resubscribed = transport
@@ -964,7 +665,7 @@ async fn a_broker_outage_fails_calls_until_the_transport_reconnects() {
         .subscribe_as("steadfast", &["order.placed"], &options(16))
         .await;
     let before = batch("order.placed", 3);
-    publish_ok(&transport, &before).await;
+    publish_ok(&*transport, &before).await;
     let unacked = next_delivery(&mut subscription).await;
     assert_eq!(unacked.message_id, Some(before[0].event_id.to_string()));
 

@@ -1,13 +1,12 @@
 //! The metrics a Prometheus server would scrape, from a running runtime: the series exist and
-//! move as events are written, published and handled. One test per binary: a process has one
-//! metrics recorder.
-
-mod common;
+//! move as events are written, published and handled. The exporter's recorder is the test's
+//! own, set on every thread of the test's tokio runtime, so the counters hold this test's events
+//! only, not those of the other tests in the process.
 
 use std::time::Duration;
 
-use common::carts::*;
-use common::*;
+use crate::common::carts::*;
+use crate::common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
@@ -44,21 +43,44 @@ fn value(body: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prometheus_scrape_shows_the_series_moving() {
-    let Some(t) = test_db(Backend::SqliteFile, "metrics_scrape").await else {
-        return;
+/// A Prometheus exporter listening on `port`, serving from a thread of its own, as
+/// `PrometheusBuilder::install` starts one, but with its recorder returned instead of installed
+/// for the whole process.
+fn exporter(port: u16) -> &'static metrics_exporter_prometheus::PrometheusRecorder {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (recorder, exporter) = {
+        let _entered = runtime.enter();
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(([127, 0, 0, 1], port))
+            .build()
+            .expect("a Prometheus exporter")
     };
+    std::thread::spawn(move || runtime.block_on(exporter));
+    Box::leak(Box::new(recorder))
+}
+
+#[test]
+fn prometheus_scrape_shows_the_series_moving() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(([127, 0, 0, 1], port))
-        .install()
-        .expect("a Prometheus exporter");
+    let recorder = exporter(port);
+    // Each thread keeps the recorder until it ends; the recorder is never freed.
+    on_own_runtime(
+        move || std::mem::forget(metrics::set_default_local_recorder(recorder)),
+        scrape_while_running(port),
+    );
+}
 
+async fn scrape_while_running(port: u16) {
+    let Some(t) = test_db(Backend::SqliteFile, "metrics_scrape").await else {
+        return;
+    };
     let runtime = Runtime::builder(t.db.clone())
         .source("carts")
         .consumers(["t-metrics"])

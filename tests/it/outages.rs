@@ -15,8 +15,6 @@
 //! Each test runs on a tokio runtime of its own whose threads record metrics into a Prometheus
 //! recorder of the test's own, so the tests run in parallel without mixing their counters.
 
-mod common;
-
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     future::Future,
@@ -27,9 +25,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::carts::{LineAdded, record_line};
-use common::own_server::{Broker, OwnServer};
-use common::*;
+use crate::common::carts::{LineAdded, record_line};
+use crate::common::own_server::{Broker, OwnServer};
+use crate::common::*;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
@@ -98,15 +96,11 @@ where
     let recorder: &'static PrometheusRecorder =
         Box::leak(Box::new(PrometheusBuilder::new().build_recorder()));
     let metrics = Metrics(recorder.handle());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        // The thread keeps the recorder until it ends; the recorder is never freed.
-        .on_thread_start(move || std::mem::forget(metrics::set_default_local_recorder(recorder)))
-        .build()
-        .unwrap();
-    let _local = metrics::set_default_local_recorder(recorder);
-    runtime.block_on(scenario(metrics));
+    // The thread keeps the recorder until it ends; the recorder is never freed.
+    on_own_runtime(
+        move || std::mem::forget(metrics::set_default_local_recorder(recorder)),
+        scenario(metrics),
+    );
 }
 
 #[derive(Clone)]
@@ -723,7 +717,7 @@ fn runtime_survives_its_postgres_connections_being_killed() {
         let Some(t) = test_db(Backend::Postgres, "outages_pg_kill").await else {
             return;
         };
-        let Some(nats) = common::nats::transport("outages_pg_kill").await else {
+        let Some(nats) = crate::common::nats::transport("outages_pg_kill").await else {
             return;
         };
         // The runtime's own pool, recognisable in pg_stat_activity; the producer's is spared.

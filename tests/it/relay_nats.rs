@@ -4,10 +4,6 @@
 //! pretends some confirms were lost, or refuses some messages before sending them, so the tests
 //! can show what the relay does when that happens on a real stream.
 
-#![cfg(feature = "nats")]
-
-mod common;
-
 use std::{
     collections::HashSet,
     sync::{
@@ -17,9 +13,9 @@ use std::{
     time::Duration,
 };
 
-use common::carts::*;
-use common::nats::transport;
-use common::*;
+use crate::common::carts::*;
+use crate::common::nats::transport;
+use crate::common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::transport::{
@@ -42,8 +38,18 @@ fn config(batch: usize, relay: usize) -> RelayConfig {
     }
 }
 
-/// Every message on the stream: (Nats-Msg-Id, subject aggregate from the body, body).
-async fn stream_contents(nats: &NatsTransport) -> Vec<(String, String, Vec<u8>)> {
+/// One message on the stream.
+#[derive(Debug, Clone)]
+struct OnStream {
+    /// Its `Nats-Msg-Id`.
+    message_id: String,
+    /// The aggregate id, the envelope's `subject`.
+    aggregate_id: String,
+    body: Vec<u8>,
+}
+
+/// Every message on the stream, in stream order.
+async fn stream_contents(nats: &NatsTransport) -> Vec<OnStream> {
     let stream = nats
         .jetstream()
         .get_stream(nats.stream_name())
@@ -53,11 +59,24 @@ async fn stream_contents(nats: &NatsTransport) -> Vec<(String, String, Vec<u8>)>
     let mut out = Vec::with_capacity(count as usize);
     for seq in 1..=count {
         let m = stream.get_raw_message(seq).await.unwrap();
-        let id = m.headers.get("Nats-Msg-Id").unwrap().as_str().to_owned();
+        let message_id = m.headers.get("Nats-Msg-Id").unwrap().as_str().to_owned();
         let envelope = Envelope::from_json(&m.payload).unwrap();
-        out.push((id, envelope.subject.unwrap(), m.payload.to_vec()));
+        out.push(OnStream {
+            message_id,
+            aggregate_id: envelope.subject.unwrap(),
+            body: m.payload.to_vec(),
+        });
     }
     out
+}
+
+/// Per aggregate, the sequence numbers on the stream (see `per_aggregate_order`).
+fn order_on_stream(contents: &[OnStream]) -> std::collections::HashMap<String, Vec<u32>> {
+    per_aggregate_order(
+        contents
+            .iter()
+            .map(|m| (m.message_id.clone(), m.aggregate_id.clone(), &m.body[..])),
+    )
 }
 
 async fn ten_thousand_events_four_relays_once_each_on_the_stream(t: TestDb) {
@@ -88,7 +107,7 @@ async fn ten_thousand_events_four_relays_once_each_on_the_stream(t: TestDb) {
     );
     let contents = stream_contents(&nats).await;
     assert_eq!(contents.len(), 10_000);
-    let ids: HashSet<&str> = contents.iter().map(|(id, _, _)| id.as_str()).collect();
+    let ids: HashSet<&str> = contents.iter().map(|m| m.message_id.as_str()).collect();
     assert_eq!(ids.len(), 10_000, "no event id twice on the stream");
     let rows: HashSet<String> = outbox_rows(&t.db)
         .await
@@ -100,11 +119,7 @@ async fn ten_thousand_events_four_relays_once_each_on_the_stream(t: TestDb) {
         rows.iter().map(String::as_str).collect(),
         "exactly the outbox's events"
     );
-    let order = per_aggregate_order(
-        contents
-            .iter()
-            .map(|(id, agg, body)| (id.clone(), agg.clone(), &body[..])),
-    );
+    let order = order_on_stream(&contents);
     assert_strictly_increasing(&order, 10);
 }
 
@@ -216,11 +231,7 @@ async fn lost_confirms_are_republished_and_jetstream_drops_duplicates(t: TestDb)
     );
     let rows = outbox_rows(&t.db).await;
     assert_eq!(rows.iter().filter(|r| r.attempts == 1).count(), 5);
-    let order = per_aggregate_order(
-        contents
-            .iter()
-            .map(|(id, agg, body)| (id.clone(), agg.clone(), &body[..])),
-    );
+    let order = order_on_stream(&contents);
     assert_strictly_increasing(&order, 4);
 }
 
@@ -262,10 +273,6 @@ async fn order_on_the_stream_with_failures_and_four_relays() {
     assert!(retried > 0, "failures were injected");
     let contents = stream_contents(&nats).await;
     assert_eq!(contents.len(), total);
-    let order = per_aggregate_order(
-        contents
-            .iter()
-            .map(|(id, agg, body)| (id.clone(), agg.clone(), &body[..])),
-    );
+    let order = order_on_stream(&contents);
     assert_strictly_increasing(&order, 200);
 }

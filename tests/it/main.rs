@@ -1,0 +1,46 @@
+//! The integration tests: one binary, one module per area, sharing the support code in
+//! `common`. Every test works on a database, stream, queue or key of its own, so the tests run
+//! in parallel in this one process.
+//!
+//! What is global to a process is handled here: handlers registered with `#[inbox_handler]`
+//! are linked in from every module, so each runtime names the consumers it runs
+//! (`Runtime::builder(..).consumers([..])`), and consumer names are unique across modules; a
+//! test that records metrics or traces does it into a recorder or subscriber of its own, set on
+//! the threads of a tokio runtime of its own. Two tests stay separate binaries: `tests/chaos.rs`
+//! (kills and restarts processes) and `tests/failpoints.rs` (arms process-wide failpoints).
+//!
+//! Run one area with e.g. `cargo test --all-features --test it -- relay::`.
+
+#[macro_use]
+mod common;
+
+mod admin;
+mod bad_input;
+#[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod claim_window;
+#[cfg(feature = "cli")]
+mod cli;
+mod conformance;
+mod inbox;
+#[cfg(feature = "nats")]
+mod inbox_nats;
+mod janitor;
+mod metrics;
+mod migrations;
+#[cfg(all(feature = "opentelemetry", feature = "nats"))]
+mod otel;
+#[cfg(all(
+    feature = "postgres",
+    feature = "nats",
+    feature = "rabbitmq",
+    feature = "redis"
+))]
+mod outages;
+mod outbox_transaction;
+mod relay;
+#[cfg(feature = "nats")]
+mod relay_nats;
+mod state_machine;
+mod transport;
+mod ui;
+mod wakeup;
