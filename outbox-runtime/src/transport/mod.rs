@@ -43,6 +43,66 @@ pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+/// The content type of a structured-mode CloudEvent: what every broker transport marks a message
+/// with.
+pub const CONTENT_TYPE: &str = "application/cloudevents+json";
+
+/// The check every broker transport makes before subscribing: a consumer name.
+#[allow(dead_code)] // used by the broker transports, each behind its feature
+pub(crate) fn check_consumer_name(
+    transport: &'static str,
+    consumer: &str,
+) -> Result<(), TransportError> {
+    if consumer.is_empty() {
+        return Err(TransportError::new(
+            transport,
+            "the consumer name must not be empty",
+        ));
+    }
+    Ok(())
+}
+
+/// The event types a subscription asked for, each once, in the order given; an error when there
+/// is none.
+#[allow(dead_code)] // used by the broker transports, each behind its feature
+pub(crate) fn distinct_event_types<'a>(
+    transport: &'static str,
+    consumer: &str,
+    event_types: &'a [String],
+) -> Result<Vec<&'a str>, TransportError> {
+    let mut types: Vec<&str> = Vec::with_capacity(event_types.len());
+    for event_type in event_types {
+        if !types.contains(&event_type.as_str()) {
+            types.push(event_type.as_str());
+        }
+    }
+    if types.is_empty() {
+        return Err(TransportError::new(
+            transport,
+            format!("consumer `{consumer}` subscribes to no event type"),
+        ));
+    }
+    Ok(types)
+}
+
+/// The results of a publish once every message was tried: a message no step answered for is an
+/// error, never a silent success.
+#[allow(dead_code)] // used by the broker transports, each behind its feature
+pub(crate) fn publish_results(
+    results: Vec<Option<Result<(), PublishError>>>,
+) -> Vec<Result<(), PublishError>> {
+    results
+        .into_iter()
+        .map(|result| {
+            result.unwrap_or_else(|| {
+                Err(PublishError::Rejected(
+                    "internal error: no publish result".into(),
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Default namespace events are routed under.
 pub const DEFAULT_NAMESPACE: &str = "outbox";
 

@@ -1,6 +1,8 @@
 //! Publishing: every message sent with its `Nats-Msg-Id` without waiting, then each JetStream
 //! `PubAck` awaited, and the mapping of publish errors to per-message results.
 
+use crate::transport::CONTENT_TYPE;
+use crate::transport::publish_results;
 use std::collections::VecDeque;
 
 use async_nats::{
@@ -58,16 +60,7 @@ impl NatsTransport {
         for (i, subject, ack, deadline) in pending {
             results[i] = Some(self.confirm(subject, ack, deadline).await);
         }
-        results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(PublishError::Rejected(
-                        "internal error: no publish result".into(),
-                    ))
-                })
-            })
-            .collect()
+        publish_results(results)
     }
 
     /// Sends one message; the `PubAck` future is returned without being awaited.
@@ -83,7 +76,7 @@ impl NatsTransport {
         let event_id = message.event_id.to_string();
         let mut headers = HeaderMap::new();
         headers.insert(NATS_MESSAGE_ID, event_id.as_str());
-        headers.insert("Content-Type", "application/cloudevents+json");
+        headers.insert("Content-Type", CONTENT_TYPE);
         headers.insert("ce-specversion", "1.0");
         headers.insert("ce-id", event_id.as_str());
         headers.insert("ce-type", message.event_type.as_str());

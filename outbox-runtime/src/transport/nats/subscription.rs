@@ -1,6 +1,7 @@
 //! A subscription: the durable pull consumer of a consumer group ([`durable_name`]), created or
 //! updated on subscribe, and [`NatsSubscription`], which pulls from it and skips other types.
 
+use crate::transport::{check_consumer_name, distinct_event_types};
 use std::{collections::HashSet, fmt, time::Duration};
 
 use async_nats::{
@@ -37,24 +38,8 @@ impl NatsTransport {
         options: &SubscribeOptions,
     ) -> Result<Box<dyn Subscription>, TransportError> {
         let durable = durable_name(consumer);
-        if durable.is_empty() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                "the consumer name must not be empty",
-            ));
-        }
-        let mut types: Vec<&str> = Vec::with_capacity(event_types.len());
-        for event_type in event_types {
-            if !types.contains(&event_type.as_str()) {
-                types.push(event_type.as_str());
-            }
-        }
-        if types.is_empty() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                format!("consumer `{consumer}` subscribes to no event type"),
-            ));
-        }
+        check_consumer_name(TRANSPORT, &durable)?;
+        let types = distinct_event_types(TRANSPORT, consumer, event_types)?;
         let subjects: HashSet<String> = types.iter().map(|t| self.subject(t)).collect();
         if let Some(bad) = subjects.iter().find(|s| !is_valid_subject(s)) {
             return Err(TransportError::new(

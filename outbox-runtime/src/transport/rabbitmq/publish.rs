@@ -1,6 +1,7 @@
 //! Publishing with publisher confirms: the single confirm-mode channel, the properties of each
 //! message, and a batch's sends, confirms and returns mapped to per-message results.
 
+use crate::transport::publish_results;
 use std::{
     collections::HashMap,
     time::{SystemTime, UNIX_EPOCH},
@@ -21,7 +22,7 @@ use crate::transport::{OutgoingMessage, PublishError};
 
 /// The `content_type` of every published message: a CloudEvents 1.0 JSON envelope
 /// (structured mode).
-pub const CONTENT_TYPE: &str = "application/cloudevents+json";
+pub use crate::transport::CONTENT_TYPE;
 
 pub(super) struct PublishChannel {
     channel: Channel,
@@ -340,16 +341,7 @@ impl RabbitMqTransport {
                 results[index] = Some(Err(failure.clone()));
             }
         }
-        let results = results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(PublishError::Rejected(
-                        "internal error: no publish result".to_owned(),
-                    ))
-                })
-            })
-            .collect();
+        let results = publish_results(results);
         Batch { results, retire }
     }
 }

@@ -1,6 +1,7 @@
 //! Topology: the topic exchange, each consumer group's durable queue (named by [`queue_name`])
 //! and its bindings, with the checks on names and binding keys.
 
+use crate::transport::{check_consumer_name, distinct_event_types};
 use lapin::{
     Channel, ExchangeKind,
     options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions},
@@ -93,12 +94,7 @@ impl RabbitMqTransport {
         consumer: &str,
         event_types: &'a [String],
     ) -> Result<(ShortString, Vec<&'a str>), TransportError> {
-        if consumer.is_empty() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                "the consumer name must not be empty",
-            ));
-        }
+        check_consumer_name(TRANSPORT, consumer)?;
         let name = self.queue_name(consumer);
         let queue = ShortString::try_new(name.as_str()).map_err(|_| {
             TransportError::new(
@@ -109,7 +105,6 @@ impl RabbitMqTransport {
                 ),
             )
         })?;
-        let mut keys: Vec<&str> = Vec::with_capacity(event_types.len());
         for event_type in event_types {
             if let Err(reason) = check_binding_key(event_type) {
                 return Err(TransportError::new(
@@ -117,16 +112,8 @@ impl RabbitMqTransport {
                     format!("consumer `{consumer}`: {reason}"),
                 ));
             }
-            if !keys.contains(&event_type.as_str()) {
-                keys.push(event_type.as_str());
-            }
         }
-        if keys.is_empty() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                format!("consumer `{consumer}` subscribes to no event type"),
-            ));
-        }
+        let keys = distinct_event_types(TRANSPORT, consumer, event_types)?;
         Ok((queue, keys))
     }
 

@@ -1,6 +1,7 @@
 //! Publishing: one `XADD` per message, sent in pipelines, and the mapping of every reply to a
 //! per-message result.
 
+use crate::transport::publish_results;
 use std::fmt;
 
 use ::redis::{Cmd, RedisError, Value};
@@ -9,7 +10,7 @@ use super::{RedisTransport, connection::is_connection_error};
 use crate::transport::{OutgoingMessage, PublishError};
 
 /// The value of every entry's `content-type` field.
-pub const CONTENT_TYPE: &str = "application/cloudevents+json";
+pub use crate::transport::CONTENT_TYPE;
 
 /// Messages sent in one pipeline, at most.
 const PUBLISH_CHUNK_MESSAGES: usize = 1_000;
@@ -59,16 +60,7 @@ impl RedisTransport {
                 failed = Some(error);
             }
         }
-        results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(PublishError::Rejected(
-                        "internal error: no publish result".into(),
-                    ))
-                })
-            })
-            .collect()
+        publish_results(results)
     }
 
     /// The `XADD` of one message.

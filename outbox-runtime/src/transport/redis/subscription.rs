@@ -1,6 +1,7 @@
 //! A subscription: [`RedisSubscription`] (one Redis consumer inside the group), the entries it
 //! holds until they are settled, and its loop (reconnect, then claim, re-read or read).
 
+use crate::transport::{check_consumer_name, distinct_event_types};
 use std::{
     collections::{HashSet, VecDeque},
     fmt,
@@ -42,19 +43,11 @@ impl RedisTransport {
         event_types: &[String],
         options: &SubscribeOptions,
     ) -> Result<Box<dyn Subscription>, TransportError> {
-        if consumer.is_empty() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                "the consumer name must not be empty",
-            ));
-        }
-        let types: HashSet<String> = event_types.iter().cloned().collect();
-        if types.is_empty() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                format!("consumer `{consumer}` subscribes to no event type"),
-            ));
-        }
+        check_consumer_name(TRANSPORT, consumer)?;
+        let types: HashSet<String> = distinct_event_types(TRANSPORT, consumer, event_types)?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         let claim_idle = self
             .inner
             .config
