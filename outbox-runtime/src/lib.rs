@@ -45,6 +45,7 @@ pub mod failpoints;
 pub(crate) mod health;
 pub mod inbox;
 pub mod metrics;
+pub(crate) mod operations;
 pub mod outbox;
 pub mod registry;
 pub mod relay;

@@ -11,7 +11,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use chrono::{DateTime, SubsecRound, Utc};
+use chrono::{SubsecRound, Utc};
 use sea_orm::{
     AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, IsolationLevel,
     TransactionOptions, TransactionSession, TransactionTrait,
@@ -34,42 +34,8 @@ pub type Headers = BTreeMap<String, String>;
 /// Longest aggregate id, dedup key or source the tables hold.
 const MAX_KEY_CHARS: usize = 255;
 
-/// An event serialized at `enqueue`, waiting for commit.
-#[derive(Debug, Clone)]
-pub(crate) struct PendingEvent {
-    pub(crate) event_id: EventId,
-    pub(crate) source: String,
-    pub(crate) event_type: Cow<'static, str>,
-    pub(crate) schema_version: u32,
-    pub(crate) aggregate_type: Cow<'static, str>,
-    pub(crate) aggregate_id: String,
-    pub(crate) aggregate_version: Option<i64>,
-    pub(crate) dedup_key: Option<String>,
-    pub(crate) payload: String,
-    pub(crate) headers: String,
-    pub(crate) created_at: DateTime<Utc>,
-}
-
-impl PendingEvent {
-    pub(crate) fn skipped(&self) -> SkippedEvent {
-        SkippedEvent {
-            event_id: self.event_id,
-            event_type: self.event_type.to_string(),
-            dedup_key: self.dedup_key.clone().unwrap_or_default(),
-        }
-    }
-}
-
-/// An event not written because its `(event_type, dedup_key)` was already in the outbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkippedEvent {
-    /// The id `enqueue` returned for it (no row has it).
-    pub event_id: EventId,
-    /// Its type.
-    pub event_type: String,
-    /// The key that was already present.
-    pub dedup_key: String,
-}
+pub(crate) use crate::store::outbox::PendingEvent;
+pub use crate::store::outbox::SkippedEvent;
 
 /// What a commit wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -523,7 +523,7 @@ async fn check_handlers(
         );
         return Ok(());
     }
-    let linked = match crate::runtime::handlers() {
+    let linked = match crate::inbox::linked_handlers() {
         Ok(linked) => linked,
         Err(e) => {
             report.push(Severity::Error, "handlers", e.to_string());

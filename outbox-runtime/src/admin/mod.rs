@@ -41,7 +41,6 @@ mod actions;
 mod dead_letters;
 mod doctor;
 mod duration;
-pub(crate) mod model;
 mod status;
 
 use std::time::Duration;
@@ -49,69 +48,14 @@ use std::time::Duration;
 use sea_orm::DbErr;
 use serde::Serializer;
 
+pub use crate::operations::{
+    Actor, AdminAction, AdminError, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target,
+};
 pub use actions::{ActionKind, ActionReport, Selector, Skipped, audit_log, ignore, replay, resend};
 pub use dead_letters::{Page, dead_letter, dead_letters};
 pub use doctor::{DoctorOptions, DoctorReport, Finding, Severity, doctor};
 pub use duration::HumanDuration;
-pub use model::{
-    Actor, AdminAction, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target,
-};
 pub use status::{ConsumerStatus, OutboxStatus, Status, StatusCounts, status};
-
-/// Why an admin call failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum AdminError {
-    /// The SDK's tables (or the operations tables of migration `outbox_0004`) are missing.
-    #[error(
-        "the outbox tables are missing or out of date ({0}); apply the SDK migrations: \
-         `outbox migrate`, `outbox::migrate(&db)`, or your own Migrator with `outbox::migrations()`"
-    )]
-    NotMigrated(DbErr),
-    /// A database call failed.
-    #[error("{doing} failed: {error}")]
-    Database {
-        /// What the admin API was doing.
-        doing: &'static str,
-        /// The database's error.
-        error: DbErr,
-    },
-    /// No row has this id.
-    #[error("{0} not found (ids are shown by `outbox dead list`)")]
-    NotFound(String),
-    /// A row id could not be parsed.
-    #[error(
-        "`{0}` is not a row id: write `outbox:ID` or `inbox:ID`, as `outbox dead list` shows them"
-    )]
-    BadTarget(String),
-    /// A duration could not be parsed.
-    #[error(
-        "`{0}` is not a duration: write a number with a unit, e.g. `7d`, `36h`, `90m`, `30s`, `500ms`"
-    )]
-    BadDuration(String),
-    /// A selection by filter with no criterion.
-    #[error(
-        "refusing to {0} every dead letter with an empty filter: narrow it (consumer, event type, \
-         aggregate id, error text) or select all of them explicitly"
-    )]
-    EmptyFilter(&'static str),
-    /// A selection by id with no id.
-    #[error("no row ids given to {0}")]
-    NoIds(&'static str),
-    /// A filter on a consumer, which only inbox rows have, limited to the outbox.
-    #[error("a consumer filter selects inbox messages, but the selection is limited to the outbox")]
-    ConsumerOnOutbox,
-    /// An action given a row of the wrong table.
-    #[error("{action} applies to {expected} rows only; {target} is not one")]
-    WrongTable {
-        /// The action.
-        action: &'static str,
-        /// The table it applies to.
-        expected: Source,
-        /// The row given.
-        target: Target,
-    },
-}
 
 /// Map a database error, recognising a missing table (the migrations were not applied).
 pub(crate) fn db_error(doing: &'static str) -> impl FnOnce(DbErr) -> AdminError {

@@ -15,6 +15,7 @@ pub(crate) mod consumer;
 mod deliver;
 mod digest;
 mod dispatch;
+mod linked;
 mod settle;
 mod stats;
 mod worker;
@@ -22,6 +23,8 @@ mod worker;
 use std::{fmt, future::Future, ops::Deref, pin::Pin, sync::Arc, time::Duration};
 
 pub use config::InboxConfig;
+pub use linked::DuplicateHandler;
+pub(crate) use linked::linked_handlers;
 pub use stats::{ConsumerStats, ConsumerStatsSnapshot};
 
 use chrono::{DateTime, Utc};

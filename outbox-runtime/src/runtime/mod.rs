@@ -155,33 +155,13 @@ fn list(errors: &[RegistryError]) -> String {
 /// Every handler linked into this binary, grouped by consumer, checked for duplicates.
 pub fn handlers() -> Result<BTreeMap<&'static str, Vec<&'static HandlerRegistration>>, RuntimeError>
 {
-    handlers_from(inventory::iter::<HandlerRegistration>.into_iter())
-}
-
-fn handlers_from(
-    registrations: impl Iterator<Item = &'static HandlerRegistration>,
-) -> Result<BTreeMap<&'static str, Vec<&'static HandlerRegistration>>, RuntimeError> {
-    let mut by_consumer: BTreeMap<&'static str, Vec<&'static HandlerRegistration>> =
-        BTreeMap::new();
-    let mut all: Vec<&'static HandlerRegistration> = registrations.collect();
-    all.sort_by_key(|r| (r.consumer, r.event_type, r.schema_version, r.file, r.line));
-    for reg in all {
-        let list = by_consumer.entry(reg.consumer).or_default();
-        if let Some(first) = list
-            .iter()
-            .find(|r| r.event_type == reg.event_type && r.schema_version == reg.schema_version)
-        {
-            return Err(RuntimeError::DuplicateHandler {
-                consumer: reg.consumer.to_owned(),
-                event_type: reg.event_type.to_owned(),
-                schema_version: reg.schema_version,
-                first: first.location(),
-                second: reg.location(),
-            });
-        }
-        list.push(reg);
-    }
-    Ok(by_consumer)
+    crate::inbox::linked_handlers().map_err(|d| RuntimeError::DuplicateHandler {
+        consumer: d.consumer,
+        event_type: d.event_type,
+        schema_version: d.schema_version,
+        first: d.first,
+        second: d.second,
+    })
 }
 
 /// Configures and starts a [`Runtime`].

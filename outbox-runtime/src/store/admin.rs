@@ -15,7 +15,7 @@ use super::{
     status::{InboxStatus, OutboxStatus, WorkStatus},
 };
 use crate::{
-    admin::model::{AdminAction, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target},
+    operations::{AdminAction, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target},
     util::text::truncate,
 };
 

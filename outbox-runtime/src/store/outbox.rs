@@ -1,12 +1,51 @@
-//! The commit-time INSERT of a transaction's buffered events into `outbox_event`.
+//! The commit-time INSERT of a transaction's buffered events into `outbox_event`, and the
+//! events it carries and skips.
 
-use std::collections::HashSet;
+use std::{borrow::Cow, collections::HashSet};
 
+use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DbErr};
 use uuid::Uuid;
 
 use super::{Dialect, OUTBOX_TABLE};
-use crate::transaction::{PendingEvent, SkippedEvent};
+use crate::event::EventId;
+
+/// An event serialized at `enqueue`, waiting for commit.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingEvent {
+    pub(crate) event_id: EventId,
+    pub(crate) source: String,
+    pub(crate) event_type: Cow<'static, str>,
+    pub(crate) schema_version: u32,
+    pub(crate) aggregate_type: Cow<'static, str>,
+    pub(crate) aggregate_id: String,
+    pub(crate) aggregate_version: Option<i64>,
+    pub(crate) dedup_key: Option<String>,
+    pub(crate) payload: String,
+    pub(crate) headers: String,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+impl PendingEvent {
+    pub(crate) fn skipped(&self) -> SkippedEvent {
+        SkippedEvent {
+            event_id: self.event_id,
+            event_type: self.event_type.to_string(),
+            dedup_key: self.dedup_key.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// An event not written because its `(event_type, dedup_key)` was already in the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedEvent {
+    /// The id `enqueue` returned for it (no row has it).
+    pub event_id: EventId,
+    /// Its type.
+    pub event_type: String,
+    /// The key that was already present.
+    pub dedup_key: String,
+}
 
 /// Columns bound per row by the commit-time INSERT, in order.
 const INSERT_COLUMNS: [&str; 11] = [

@@ -1,12 +1,68 @@
-//! The admin API's vocabulary: which table and row an action names, who acts, how dead letters
-//! are filtered, and what an operator is shown of a row.
+//! The vocabulary of the operations API ([`crate::admin`], [`crate::retention`], the CLI): which
+//! table and row an action names, who acts, how dead letters are filtered, what an operator is
+//! shown of a row, and why a call failed. Below both the admin API and the SQL that builds these
+//! values.
 
 use std::{fmt, str::FromStr};
 
 use chrono::{DateTime, Utc};
+use sea_orm::DbErr;
 use serde::{Serialize, Serializer};
 
-use super::AdminError;
+/// Why an admin call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The SDK's tables (or the operations tables of migration `outbox_0004`) are missing.
+    #[error(
+        "the outbox tables are missing or out of date ({0}); apply the SDK migrations: \
+         `outbox migrate`, `outbox::migrate(&db)`, or your own Migrator with `outbox::migrations()`"
+    )]
+    NotMigrated(DbErr),
+    /// A database call failed.
+    #[error("{doing} failed: {error}")]
+    Database {
+        /// What the admin API was doing.
+        doing: &'static str,
+        /// The database's error.
+        error: DbErr,
+    },
+    /// No row has this id.
+    #[error("{0} not found (ids are shown by `outbox dead list`)")]
+    NotFound(String),
+    /// A row id could not be parsed.
+    #[error(
+        "`{0}` is not a row id: write `outbox:ID` or `inbox:ID`, as `outbox dead list` shows them"
+    )]
+    BadTarget(String),
+    /// A duration could not be parsed.
+    #[error(
+        "`{0}` is not a duration: write a number with a unit, e.g. `7d`, `36h`, `90m`, `30s`, `500ms`"
+    )]
+    BadDuration(String),
+    /// A selection by filter with no criterion.
+    #[error(
+        "refusing to {0} every dead letter with an empty filter: narrow it (consumer, event type, \
+         aggregate id, error text) or select all of them explicitly"
+    )]
+    EmptyFilter(&'static str),
+    /// A selection by id with no id.
+    #[error("no row ids given to {0}")]
+    NoIds(&'static str),
+    /// A filter on a consumer, which only inbox rows have, limited to the outbox.
+    #[error("a consumer filter selects inbox messages, but the selection is limited to the outbox")]
+    ConsumerOnOutbox,
+    /// An action given a row of the wrong table.
+    #[error("{action} applies to {expected} rows only; {target} is not one")]
+    WrongTable {
+        /// The action.
+        action: &'static str,
+        /// The table it applies to.
+        expected: Source,
+        /// The row given.
+        target: Target,
+    },
+}
 
 /// Which table a row lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -181,7 +237,7 @@ impl DeadLetterFilter {
     }
 
     /// The tables this filter selects from.
-    pub(super) fn sources(&self) -> Result<Vec<Source>, AdminError> {
+    pub(crate) fn sources(&self) -> Result<Vec<Source>, AdminError> {
         match (self.source, &self.consumer) {
             (Some(Source::Outbox), Some(_)) => Err(AdminError::ConsumerOnOutbox),
             (_, Some(_)) => Ok(vec![Source::Inbox]),
@@ -217,7 +273,7 @@ impl fmt::Display for DeadLetterFilter {
     }
 }
 
-/// One dead letter, as [`dead_letters`](super::dead_letters) lists it.
+/// One dead letter, as [`dead_letters`](crate::admin::dead_letters) lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct DeadLetter {
@@ -242,7 +298,7 @@ pub struct DeadLetter {
     pub arrived_at: DateTime<Utc>,
 }
 
-/// Every column of one outbox or inbox row, as [`dead_letter`](super::dead_letter) shows it.
+/// Every column of one outbox or inbox row, as [`dead_letter`](crate::admin::dead_letter) shows it.
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct DeadLetterDetail {
