@@ -43,4 +43,5 @@ mod relay_nats;
 mod state_machine;
 mod transport;
 mod ui;
+#[cfg(feature = "postgres")]
 mod wakeup;
