@@ -17,7 +17,7 @@
 //! | `inbox_handler_duration_seconds` | histogram | `consumer`, `event_type` | handler run time |
 //! | `inbox_backlog_messages` | gauge | `consumer`, `status` | unfinished inbox rows per status (the retry backlog is `RETRY`) |
 
-use std::{sync::Once, time::Duration};
+use std::time::Duration;
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
@@ -48,61 +48,57 @@ pub const HANDLER_DURATION: &str = "inbox_handler_duration_seconds";
 /// Unfinished inbox rows per consumer and status.
 pub const INBOX_BACKLOG: &str = "inbox_backlog_messages";
 
-static DESCRIBED: Once = Once::new();
-
 /// Inbox backlog series reported so far, so an emptied one can be set back to 0.
 static REPORTED_INBOX: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
-/// Register descriptions and units with the installed recorder (once; the runtime calls it at
-/// start).
+/// Register descriptions and units with the recorder in effect (the runtime calls it at every
+/// start, so a recorder installed after another runtime started gets them too).
 pub fn describe() {
-    DESCRIBED.call_once(|| {
-        describe_counter!(
-            EVENTS_WRITTEN,
-            Unit::Count,
-            "Outbox event rows written at commit"
-        );
-        describe_counter!(
-            EVENTS_PUBLISHED,
-            Unit::Count,
-            "Events confirmed by the broker and marked SENT"
-        );
-        describe_counter!(
-            PUBLISH_FAILURES,
-            Unit::Count,
-            "Publishes that failed (RETRY or DEAD)"
-        );
-        describe_counter!(EVENTS_DEAD, Unit::Count, "Outbox events that went DEAD");
-        describe_counter!(
-            STALE_CLAIMS,
-            Unit::Count,
-            "Relay writes fenced off because another relay took the claim over"
-        );
-        describe_counter!(RELAY_ERRORS, Unit::Count, "Relay rounds that failed");
-        describe_histogram!(
-            PUBLISH_LAG,
-            Unit::Seconds,
-            "Time from enqueue to broker confirmation"
-        );
-        describe_gauge!(BACKLOG, Unit::Count, "Unsent outbox rows per status");
-        describe_gauge!(
-            OLDEST_PENDING_AGE,
-            Unit::Seconds,
-            "Age of the oldest unsent, not dead, outbox event"
-        );
-        describe_counter!(
-            INBOX_MESSAGES,
-            Unit::Count,
-            "Inbox messages per consumer and outcome"
-        );
-        describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Handler run time");
-        describe_gauge!(
-            INBOX_BACKLOG,
-            Unit::Count,
-            "Unfinished inbox rows per consumer and status"
-        );
-    });
+    describe_counter!(
+        EVENTS_WRITTEN,
+        Unit::Count,
+        "Outbox event rows written at commit"
+    );
+    describe_counter!(
+        EVENTS_PUBLISHED,
+        Unit::Count,
+        "Events confirmed by the broker and marked SENT"
+    );
+    describe_counter!(
+        PUBLISH_FAILURES,
+        Unit::Count,
+        "Publishes that failed (RETRY or DEAD)"
+    );
+    describe_counter!(EVENTS_DEAD, Unit::Count, "Outbox events that went DEAD");
+    describe_counter!(
+        STALE_CLAIMS,
+        Unit::Count,
+        "Relay writes fenced off because another relay took the claim over"
+    );
+    describe_counter!(RELAY_ERRORS, Unit::Count, "Relay rounds that failed");
+    describe_histogram!(
+        PUBLISH_LAG,
+        Unit::Seconds,
+        "Time from enqueue to broker confirmation"
+    );
+    describe_gauge!(BACKLOG, Unit::Count, "Unsent outbox rows per status");
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest unsent, not dead, outbox event"
+    );
+    describe_counter!(
+        INBOX_MESSAGES,
+        Unit::Count,
+        "Inbox messages per consumer and outcome"
+    );
+    describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Handler run time");
+    describe_gauge!(
+        INBOX_BACKLOG,
+        Unit::Count,
+        "Unfinished inbox rows per consumer and status"
+    );
 }
 
 pub(crate) fn events_written(n: usize) {

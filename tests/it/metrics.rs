@@ -144,8 +144,8 @@ async fn scrape_while_running(port: u16) {
     );
     assert!(before.contains("outbox_oldest_pending_age_seconds"));
     assert!(
-        before.contains("# HELP outbox_publish_lag_seconds")
-            || before.contains("outbox_events_published_total")
+        before.contains("# HELP outbox_events_written_total"),
+        "the runtime describes its metrics to the recorder in effect: {before}"
     );
 
     // More work moves the counters.

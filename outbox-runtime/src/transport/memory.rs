@@ -281,6 +281,8 @@ impl Transport for MemoryTransport {
         event_types: &[String],
         options: &SubscribeOptions,
     ) -> Result<Box<dyn Subscription>, TransportError> {
+        super::check_consumer_name("memory", consumer)?;
+        super::distinct_event_types("memory", consumer, event_types)?;
         self.health().await?;
         let mut state = self.state();
         let group = state

@@ -47,8 +47,7 @@ pub mod redis;
 /// with.
 pub const CONTENT_TYPE: &str = "application/cloudevents+json";
 
-/// The check every broker transport makes before subscribing: a consumer name.
-#[allow(dead_code)] // used by the broker transports, each behind its feature
+/// The check every transport makes before subscribing: a consumer name.
 pub(crate) fn check_consumer_name(
     transport: &'static str,
     consumer: &str,
@@ -64,7 +63,6 @@ pub(crate) fn check_consumer_name(
 
 /// The event types a subscription asked for, each once, in the order given; an error when there
 /// is none.
-#[allow(dead_code)] // used by the broker transports, each behind its feature
 pub(crate) fn distinct_event_types<'a>(
     transport: &'static str,
     consumer: &str,

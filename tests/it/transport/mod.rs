@@ -712,7 +712,7 @@ pub(crate) async fn health_is_ok_on_a_live_broker<F: Fixture>(fixture: F) {
     fixture.check_healthy().await;
 }
 
-/// For broker transports: a subscription names its group and at least one event type.
+/// A subscription names its group and at least one event type.
 pub(crate) async fn subscribing_checks_its_arguments<F: Fixture>(fixture: F) {
     let transport = fixture.transport();
     let err = transport
@@ -800,6 +800,7 @@ macro_rules! stream_suite {
             nack_requeues_and_a_dropped_subscriptions_deliveries_return => "nack",
             a_delayed_nack_returns_at_once_and_redelivers_after_the_delay => "nack_delay",
             health_is_ok_on_a_live_broker => "health",
+            subscribing_checks_its_arguments => "arguments",
         }
     };
 }
@@ -810,7 +811,6 @@ macro_rules! broker_suite {
     ($f:ty, $transport:ident) => {
         fixture_tests! { $f, $transport:
             one_consumer_name_shares_deliveries_and_different_names_each_get_all => "groups",
-            subscribing_checks_its_arguments => "arguments",
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
