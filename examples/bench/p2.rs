@@ -19,7 +19,7 @@ use outbox::sea_orm::{
 use outbox::transport::nats::async_nats;
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{self, BoxError, Ctx, closed_loop, pre_enqueue, wait_drained};
+use crate::support::{self, BoxError, Ctx, closed_loop, execute_bound, pre_enqueue, wait_drained};
 
 pub(crate) const RELAYS: [usize; 3] = [1, 2, 4];
 const RAW_WORKERS: [usize; 2] = [1, 4];
@@ -377,13 +377,14 @@ pub(crate) async fn raw_relay(
             ack.await?;
         }
         published += ids.len() as u64;
-        let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
         let tx = db.begin().await?;
         tx.execute_unprepared("SET LOCAL synchronous_commit = off")
             .await?;
-        tx.execute_unprepared(&format!(
-            "UPDATE outbox_event SET status = 'SENT', sent_at = now() WHERE id IN ({list})"
-        ))
+        execute_bound(
+            &tx,
+            "UPDATE outbox_event SET status = 'SENT', sent_at = now() WHERE id = ANY($1)",
+            [ids.clone().into()],
+        )
         .await?;
         tx.commit().await?;
     }

@@ -24,7 +24,9 @@ use outbox::store::relay::{Settlement, claim, settle};
 use outbox::transport::nats::NatsTransport;
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{BoxError, Ctx, pre_enqueue, rss_kib, scalar_i64};
+use crate::support::{
+    BoxError, Ctx, execute_bound, pre_enqueue, rss_kib, scalar_i64, scalar_i64_bound,
+};
 
 /// Aggregates the pending events are spread over.
 const AGGREGATES: u64 = 10_000;
@@ -102,20 +104,26 @@ async fn measure_all(ctx: &Ctx, runs: usize) -> Result<Vec<Measure>, BoxError> {
 async fn add_sent(db: &DatabaseConnection, n: u64, total: u64) -> Result<(), BoxError> {
     let t = Instant::now();
     let first = total - n; // SENT rows already in the table, numbered from 1
-    let payload =
-        serde_json::to_string(&crate::support::OrderPlaced::sample(1, 1))?.replace('\'', "''");
+    let payload = serde_json::to_string(&crate::support::OrderPlaced::sample(1, 1))?;
     let mut done = 0;
     while done < n {
         let chunk = BUILD_CHUNK.min(n - done);
         let (from, to) = (first + done + 1, first + done + chunk);
-        db.execute_unprepared(&format!(
+        execute_bound(
+            db,
             "INSERT INTO outbox_event (event_id, source, event_type, schema_version, \
              aggregate_type, aggregate_id, payload, headers, status, sent_at, created_at) \
              SELECT ('018f0000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'bench', \
-             'bench.order_placed', 1, 'order', 'customer-' || (g % {AGGREGATES}), \
-             '{payload}'::jsonb, '{{}}'::jsonb, 'SENT', now(), now() \
-             FROM generate_series({from}, {to}) g"
-        ))
+             'bench.order_placed', 1, 'order', 'customer-' || (g % $1), \
+             CAST($2 AS jsonb), '{}'::jsonb, 'SENT', now(), now() \
+             FROM generate_series($3::bigint, $4::bigint) g",
+            [
+                (AGGREGATES as i64).into(),
+                payload.clone().into(),
+                (from as i64).into(),
+                (to as i64).into(),
+            ],
+        )
         .await?;
         done += chunk;
         if n > BUILD_CHUNK {
@@ -214,9 +222,10 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
         )
         .into());
     }
-    let sent = scalar_i64(
+    let sent = scalar_i64_bound(
         db,
-        &format!("SELECT count(*) FROM outbox_event WHERE id > {base} AND status = 'SENT'"),
+        "SELECT count(*) FROM outbox_event WHERE id > $1 AND status = 'SENT'",
+        [base.into()],
     )
     .await? as u64;
     if sent != events || stats.sent < rest || stored != rest {
@@ -239,8 +248,7 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
 
     // Back to the table this measurement is named after.
     let t = Instant::now();
-    db.execute_unprepared(&format!("DELETE FROM outbox_event WHERE id > {base}"))
-        .await?;
+    execute_bound(db, "DELETE FROM outbox_event WHERE id > $1", [base.into()]).await?;
     vacuum(db).await?;
     println!(
         "  P5 run {run}, {table} table: events deleted and vacuumed in {:.1} s",

@@ -11,7 +11,7 @@ use std::{
 
 use outbox::prelude::*;
 use outbox::sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value,
 };
 use outbox::transport::nats::{NatsTransport, async_nats};
 use serde::{Deserialize, Serialize};
@@ -196,16 +196,17 @@ async fn create_database(url: &str) -> Result<(), BoxError> {
     }
     let admin = Database::connect(format!("{server}/postgres")).await?;
     let exists = admin
-        .query_one_raw(Statement::from_string(
+        .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            format!("SELECT 1 AS one FROM pg_database WHERE datname = '{name}'"),
+            "SELECT 1 AS one FROM pg_database WHERE datname = $1",
+            [name.into()],
         ))
         .await?
         .is_some();
     if !exists {
-        admin
-            .execute_unprepared(&format!("CREATE DATABASE {name}"))
-            .await?;
+        // An identifier cannot be a bound parameter: quoted, after the check above.
+        let create = format!("CREATE DATABASE \"{name}\"");
+        admin.execute_unprepared(&create).await?;
     }
     admin.close().await?;
     Ok(())
@@ -230,11 +231,40 @@ pub(crate) async fn scalar_text(db: &impl ConnectionTrait, sql: &str) -> Result<
 }
 
 pub(crate) async fn scalar_i64(db: &impl ConnectionTrait, sql: &str) -> Result<i64, BoxError> {
+    scalar_i64_bound(db, sql, []).await
+}
+
+/// The first column of the one row `sql` returns, with `values` bound to its `$n` placeholders.
+pub(crate) async fn scalar_i64_bound(
+    db: &impl ConnectionTrait,
+    sql: &str,
+    values: impl IntoIterator<Item = Value>,
+) -> Result<i64, BoxError> {
     let row = db
-        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            values,
+        ))
         .await?
         .ok_or("no row")?;
     Ok(row.try_get_by_index::<i64>(0)?)
+}
+
+/// Run `sql` with `values` bound to its `$n` placeholders.
+pub(crate) async fn execute_bound(
+    db: &impl ConnectionTrait,
+    sql: &str,
+    values: impl IntoIterator<Item = Value>,
+) -> Result<u64, BoxError> {
+    let result = db
+        .execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            values,
+        ))
+        .await?;
+    Ok(result.rows_affected())
 }
 
 /// Outbox rows not yet SENT (served by the partial index).
@@ -451,25 +481,29 @@ pub(crate) async fn pre_enqueue(
     aggregates: u64,
     status: &str,
 ) -> Result<(), BoxError> {
-    let sent_at = if status == "SENT" { "now()" } else { "NULL" };
     let chunk = 500_000u64;
     let mut done = 0u64;
     while done < n {
         let upto = (done + chunk).min(n);
-        db.execute_unprepared(&format!(
+        execute_bound(
+            db,
             "INSERT INTO outbox_event (event_id, source, event_type, schema_version, aggregate_type, \
              aggregate_id, payload, headers, status, sent_at, created_at) \
              SELECT gen_random_uuid(), 'bench', 'bench.order_placed', 1, 'order', \
-             'customer-' || (g % {aggregates}), \
-             jsonb_build_object('customer', 'customer-' || (g % {aggregates}), 'order_id', g, \
+             'customer-' || (g % $1), \
+             jsonb_build_object('customer', 'customer-' || (g % $1), 'order_id', g, \
                'total_cents', 4599 + g % 1000, 'currency', 'EUR', 'lines', \
-               '[{{\"sku\":\"KETTLE-1.7L-STEEL\",\"quantity\":1,\"price_cents\":3499}},{{\"sku\":\"FILTER-PACK-12\",\"quantity\":2,\"price_cents\":550}}]'::jsonb, \
+               '[{\"sku\":\"KETTLE-1.7L-STEEL\",\"quantity\":1,\"price_cents\":3499},{\"sku\":\"FILTER-PACK-12\",\"quantity\":2,\"price_cents\":550}]'::jsonb, \
                'note', 'leave at the door; ring twice; fragile items inside'), \
-             '{{}}'::jsonb, '{status}', {sent_at}, now() \
-             FROM generate_series({}, {}) g",
-            done + 1,
-            upto
-        ))
+             '{}'::jsonb, $2, CASE WHEN $2 = 'SENT' THEN now() END, now() \
+             FROM generate_series($3::bigint, $4::bigint) g",
+            [
+                (aggregates as i64).into(),
+                status.to_owned().into(),
+                ((done + 1) as i64).into(),
+                (upto as i64).into(),
+            ],
+        )
         .await?;
         done = upto;
     }
