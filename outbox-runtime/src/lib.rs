@@ -56,7 +56,7 @@ pub mod runtime;
 #[cfg(feature = "test-util")]
 pub mod store;
 #[cfg(not(feature = "test-util"))]
-#[allow(unreachable_pub, dead_code)]
+#[allow(unreachable_pub)]
 pub(crate) mod store;
 pub mod trace;
 pub mod transaction;

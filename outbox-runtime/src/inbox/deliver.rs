@@ -36,6 +36,7 @@ use crate::{
         inbox::{InboxState, MAX_MESSAGE_ID_CHARS, NewInboxRow},
     },
     transport::Delivery,
+    util::text::truncate,
 };
 
 /// First pause before recording a delivery again after a database error; doubled up to
@@ -270,10 +271,6 @@ impl Consumer {
 /// id cut so that the digest always fits the column.
 fn conflict_id(message_id: &str, digest: u64) -> String {
     const SUFFIX_CHARS: usize = "#conflict-".len() + 16;
-    let keep = MAX_MESSAGE_ID_CHARS - SUFFIX_CHARS;
-    let prefix = match message_id.char_indices().nth(keep) {
-        Some((i, _)) => &message_id[..i],
-        None => message_id,
-    };
+    let prefix = truncate(message_id, MAX_MESSAGE_ID_CHARS - SUFFIX_CHARS);
     format!("{prefix}#conflict-{digest:016x}")
 }

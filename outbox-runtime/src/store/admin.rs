@@ -544,7 +544,7 @@ pub(crate) async fn record_action<C: ConnectionTrait>(
     .push(", ")
     .bind(dialect.timestamp(at))
     .push(")");
-    if dialect.returning_id() {
+    if dialect.insert_returning() {
         sql.push(" RETURNING id");
         let row = conn
             .query_one_raw(sql.build())

@@ -95,12 +95,6 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         true
     }
 
-    /// Whether an INSERT returns the generated id with `RETURNING id` rather than through the
-    /// driver's last insert id.
-    fn returning_id(&self) -> bool {
-        false
-    }
-
     /// The row-lock clause of a `SELECT` whose rows the transaction then changes; empty where
     /// the transaction itself excludes other writers.
     fn lock_rows(&self, skip_locked: bool) -> &'static str {
@@ -218,7 +212,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// row someone else holds.
     fn purge_statement(
         &self,
-        purge: &super::retention::Purge<'_>,
+        purge: &super::retention::Purge,
         statuses: &[&'static str],
         limit: usize,
     ) -> Statement {
@@ -267,8 +261,9 @@ impl Dialect {
         Self::from_backend(conn.get_database_backend())
     }
 
-    /// SeaORM's name of the backend, for building statements (the SDK's own code asks the
-    /// dialect's capabilities instead).
+    /// SeaORM's name of the backend, for tests that write their own SQL (the SDK's own code asks
+    /// the dialect's capabilities instead).
+    #[cfg(feature = "test-util")]
     pub fn backend(&self) -> DbBackend {
         self.backend.db_backend()
     }

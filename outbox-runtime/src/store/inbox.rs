@@ -14,14 +14,11 @@ use super::{
 };
 use crate::util::text::truncate;
 
-/// Longest consumer name the table holds.
-pub const MAX_CONSUMER_CHARS: usize = 128;
-
 /// Longest message id the table holds; a longer one is stored cut to this many characters.
 pub const MAX_MESSAGE_ID_CHARS: usize = 255;
 
-const COLUMNS: &str = "id, consumer, message_id, event_type, aggregate_type, aggregate_id, \
-     payload, status, attempts, locked_until";
+const COLUMNS: &str = "id, consumer, message_id, aggregate_type, aggregate_id, payload, status, \
+     attempts, locked_until";
 
 /// A delivery to record.
 #[derive(Debug, Clone, Default)]
@@ -502,8 +499,6 @@ pub struct ClaimedMessage {
     pub id: i64,
     /// Message id.
     pub message_id: String,
-    /// Event type, when known.
-    pub event_type: Option<String>,
     /// Aggregate type, when known.
     pub aggregate_type: Option<String>,
     /// Aggregate id, when known.
@@ -566,7 +561,6 @@ pub async fn claim(
         let mut message = ClaimedMessage {
             id: candidate.id,
             message_id: row.try_get("", "message_id")?,
-            event_type: row.try_get("", "event_type")?,
             aggregate_type: row.try_get("", "aggregate_type")?,
             aggregate_id: row.try_get("", "aggregate_id")?,
             payload: row.try_get("", "payload")?,

@@ -180,12 +180,7 @@ impl Backend for MySql {
     /// MySQL does not allow `LIMIT` in an `IN` subquery, and a derived table can turn the outer
     /// delete into a scan: `DELETE … ORDER BY <column>, id LIMIT n` on the `(status, <column>)`
     /// index instead, one status at a time.
-    fn purge_statement(
-        &self,
-        purge: &Purge<'_>,
-        statuses: &[&'static str],
-        limit: usize,
-    ) -> Statement {
+    fn purge_statement(&self, purge: &Purge, statuses: &[&'static str], limit: usize) -> Statement {
         let mut sql = Sql::new(purge.dialect);
         sql.push(&format!(
             "DELETE FROM {} WHERE {} AND {} < ",

@@ -46,10 +46,6 @@ impl Backend for Postgres {
             .map(|v| v.to_string())
     }
 
-    fn returning_id(&self) -> bool {
-        true
-    }
-
     /// Isolation and `synchronous_commit` in one round trip (see [`Self::work_session`]).
     fn work_transaction(&self) -> sea_orm::TransactionOptions {
         sea_orm::TransactionOptions::default()

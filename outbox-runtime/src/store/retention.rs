@@ -13,13 +13,11 @@ use super::{
 
 /// One purge: which rows, by which timestamp column, before which instant.
 #[derive(Debug)]
-pub struct Purge<'a> {
+pub struct Purge {
     /// The connection's dialect.
     pub dialect: Dialect,
     /// The table.
     pub table: &'static str,
-    /// The statuses purged, as SQL literals.
-    pub statuses: &'a [&'static str],
     /// The timestamp compared with the cutoff.
     pub column: &'static str,
     /// The cutoff, as the dialect binds it.
@@ -30,7 +28,7 @@ pub struct Purge<'a> {
 /// id … LIMIT n)`, the status predicate written as the partial index's own so the planner uses
 /// it.
 pub(crate) fn purge_by_subquery(
-    purge: &Purge<'_>,
+    purge: &Purge,
     statuses: &[&'static str],
     limit: usize,
     lock: &str,
@@ -88,7 +86,6 @@ async fn purge_batch(
     let purge = Purge {
         dialect,
         table,
-        statuses,
         column,
         cutoff: dialect.timestamp(cutoff),
     };

@@ -19,6 +19,8 @@ macro_rules! statuses {
             $($(#[$vmeta])* $variant,)+
         }
 
+        // Not every table's enum needs each of these (the claim's `WorkStatus` never lists all).
+        #[allow(dead_code)]
         impl $name {
             /// Every state.
             pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
