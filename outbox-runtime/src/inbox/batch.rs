@@ -30,6 +30,7 @@ use super::{
 };
 use crate::{
     envelope::Envelope,
+    error::OutboxError,
     store::{
         self, Failure,
         inbox::{InboxState, NewInboxRow, Recorded},
@@ -133,7 +134,7 @@ impl Consumer {
             .outbox
             .begin(&self.db)
             .await
-            .map_err(|e| e.into_db_err())?;
+            .map_err(OutboxError::into_db_err)?;
         let rows: Vec<NewInboxRow<'_>> = run
             .iter()
             .map(|inline| inbox_row(self.name, &inline.envelope, &inline.delivery.body))
@@ -190,7 +191,7 @@ impl Consumer {
                         }
                         Err(error) if !savepoints => {
                             // Everything goes; the batch runs again with savepoints.
-                            tx.rollback().await.map_err(|e| e.into_db_err())?;
+                            tx.rollback().await.map_err(OutboxError::into_db_err)?;
                             return Ok(Some((i, error)));
                         }
                         Err(error) => {
@@ -215,7 +216,7 @@ impl Consumer {
                 blocked.insert(aggregate); // later messages of it wait behind this one
             }
         }
-        let _ = tx.commit().await.map_err(|e| e.into_db_err())?;
+        let _ = tx.commit().await.map_err(OutboxError::into_db_err)?;
         self.settle_batch(run, &rows, outcomes).await?;
         Ok(None)
     }

@@ -31,6 +31,7 @@ use super::{
 };
 use crate::{
     envelope::Envelope,
+    error::OutboxError,
     store::{
         self, Failure,
         inbox::{InboxState, MAX_MESSAGE_ID_CHARS, NewInboxRow},
@@ -159,9 +160,9 @@ impl Consumer {
             .outbox
             .begin(&self.db)
             .await
-            .map_err(|e| e.into_db_err())?;
+            .map_err(OutboxError::into_db_err)?;
         if !store::inbox::insert(&tx, &row, &InboxState::Done, Utc::now()).await? {
-            tx.rollback().await.map_err(|e| e.into_db_err())?;
+            tx.rollback().await.map_err(OutboxError::into_db_err)?;
             return self.recorded_already(&row).await;
         }
         let itx = self.attempt_tx(tx, &envelope.id, 1);

@@ -30,17 +30,16 @@ use sea_orm::DatabaseConnection;
 use tokio::{sync::Notify, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::health::LoopHealth;
 pub use crate::health::{Health, LoopReport};
-use crate::transport::local::LocalDelivery;
 use crate::{
+    health::LoopHealth,
     inbox::{
         ConsumerStats, ConsumerStatsSnapshot, HandlerRegistration, InboxConfig, consumer::Consumer,
     },
     outbox::Outbox,
     registry::{EventCatalogue, RegistryError},
     relay::{Relay, RelayConfig, RelayStats, RelayStatsSnapshot},
-    transport::Transport,
+    transport::{Transport, local::LocalDelivery},
 };
 
 /// Why the runtime did not start.
