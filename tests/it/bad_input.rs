@@ -119,78 +119,10 @@ where
 // The inbox as an operator sees it.
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Clone)]
-struct InboxRow {
-    message_id: String,
-    status: String,
-    attempts: i64,
-    last_error: Option<String>,
-    event_type: Option<String>,
-    source: Option<String>,
-    aggregate_type: Option<String>,
-    aggregate_id: Option<String>,
-    payload: Vec<u8>,
-}
-
-impl std::fmt::Debug for InboxRow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = String::from_utf8_lossy(&self.payload);
-        let shown: String = text.chars().take(160).collect();
-        f.debug_struct("InboxRow")
-            .field("message_id", &self.message_id)
-            .field("status", &self.status)
-            .field("attempts", &self.attempts)
-            .field("last_error", &self.last_error)
-            .field("event_type", &self.event_type)
-            .field("source", &self.source)
-            .field("aggregate_type", &self.aggregate_type)
-            .field("aggregate_id", &self.aggregate_id)
-            .field(
-                "payload",
-                &format_args!("{} bytes: {shown:?}", self.payload.len()),
-            )
-            .finish()
-    }
-}
-
 impl InboxRow {
     fn settled(&self) -> bool {
         self.status == "DONE" || self.status == "DEAD"
     }
-}
-
-async fn inbox<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<InboxRow> {
-    let backend = db.get_database_backend();
-    let (cast, placeholder) = match backend {
-        DbBackend::MySql => ("SIGNED", "?"),
-        DbBackend::Postgres => ("BIGINT", "$1"),
-        _ => ("BIGINT", "?"),
-    };
-    let rows = db
-        .query_all_raw(Statement::from_sql_and_values(
-            backend,
-            format!(
-                "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, last_error, \
-                 event_type, source, aggregate_type, aggregate_id, payload \
-                 FROM inbox_event WHERE consumer = {placeholder} ORDER BY id"
-            ),
-            [consumer.into()],
-        ))
-        .await
-        .unwrap();
-    rows.iter()
-        .map(|r| InboxRow {
-            message_id: r.try_get("", "message_id").unwrap(),
-            status: r.try_get("", "status").unwrap(),
-            attempts: r.try_get("", "attempts").unwrap(),
-            last_error: r.try_get("", "last_error").unwrap(),
-            event_type: r.try_get("", "event_type").unwrap(),
-            source: r.try_get("", "source").unwrap(),
-            aggregate_type: r.try_get("", "aggregate_type").unwrap(),
-            aggregate_id: r.try_get("", "aggregate_id").unwrap(),
-            payload: r.try_get("", "payload").unwrap(),
-        })
-        .collect()
 }
 
 /// The one row of `consumer` holding exactly `body`.
@@ -705,7 +637,7 @@ async fn corpus_through(broker: Broker, t: TestDb) {
         let db = &t.db;
         async move {
             for consumer in CONSUMERS {
-                let rows = inbox(db, consumer).await;
+                let rows = inbox_rows(db, consumer).await;
                 if rows.len() < n || !rows.iter().all(InboxRow::settled) {
                     return false;
                 }
@@ -742,7 +674,7 @@ async fn corpus_through(broker: Broker, t: TestDb) {
     wait_until("the good message was handled by both consumers", || async {
         let mut done = 0;
         for consumer in CONSUMERS {
-            let rows = inbox(&t.db, consumer).await;
+            let rows = inbox_rows(&t.db, consumer).await;
             let stats = runtime.consumer_stats(consumer).unwrap();
             if rows.iter().any(|r| r.payload == good && r.status == "DONE") && stats.duplicates >= 3
             {
@@ -768,7 +700,7 @@ async fn corpus_through(broker: Broker, t: TestDb) {
     wait_until("the replayed messages are DEAD again", || async {
         let mut ok = true;
         for consumer in CONSUMERS {
-            let rows = inbox(&t.db, consumer).await;
+            let rows = inbox_rows(&t.db, consumer).await;
             let replayed = rows
                 .iter()
                 .filter(|r| {
@@ -803,7 +735,7 @@ async fn corpus_through(broker: Broker, t: TestDb) {
         .count() as u64;
     let effects = effects(&t.db).await;
     for consumer in CONSUMERS {
-        let rows = inbox(&t.db, consumer).await;
+        let rows = inbox_rows(&t.db, consumer).await;
         assert_eq!(
             rows.len(),
             cases.len() + 2 + 2,
@@ -1087,7 +1019,7 @@ async fn local_bad_rows(t: TestDb) {
         || async {
             let mut ok = true;
             for consumer in CONSUMERS {
-                let rows = inbox(&t.db, consumer).await;
+                let rows = inbox_rows(&t.db, consumer).await;
                 ok &= rows.len() == expected_rows && rows.iter().all(InboxRow::settled);
             }
             let counts = status_counts(&t.db).await;
@@ -1136,7 +1068,7 @@ async fn local_bad_rows(t: TestDb) {
 
     let effects = effects(&t.db).await;
     for consumer in CONSUMERS {
-        let rows = inbox(&t.db, consumer).await;
+        let rows = inbox_rows(&t.db, consumer).await;
         for (aggregate, error) in &inbox_dead {
             let row = rows
                 .iter()

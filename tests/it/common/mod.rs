@@ -275,13 +275,39 @@ pub async fn effects<C: ConnectionTrait>(db: &C) -> Vec<effect::Model> {
 }
 
 /// One inbox row, as the tests read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct InboxRow {
     pub message_id: String,
     pub status: String,
     pub attempts: i64,
     pub last_error: Option<String>,
     pub event_type: Option<String>,
+    pub source: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub payload: Vec<u8>,
+}
+
+/// The payload as (at most 160 characters of) text, so that a failing assertion reads.
+impl std::fmt::Debug for InboxRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = String::from_utf8_lossy(&self.payload);
+        let shown: String = text.chars().take(160).collect();
+        f.debug_struct("InboxRow")
+            .field("message_id", &self.message_id)
+            .field("status", &self.status)
+            .field("attempts", &self.attempts)
+            .field("last_error", &self.last_error)
+            .field("event_type", &self.event_type)
+            .field("source", &self.source)
+            .field("aggregate_type", &self.aggregate_type)
+            .field("aggregate_id", &self.aggregate_id)
+            .field(
+                "payload",
+                &format_args!("{} bytes: {shown:?}", self.payload.len()),
+            )
+            .finish()
+    }
 }
 
 /// Inbox rows of a consumer, in arrival order.
@@ -296,9 +322,14 @@ pub async fn inbox_rows<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<Inbox
         .query_all_raw(Statement::from_sql_and_values(
             backend,
             format!(
-                "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, last_error, event_type \
+                "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, last_error, \
+                 event_type, source, aggregate_type, aggregate_id, payload \
                  FROM inbox_event WHERE consumer = {} ORDER BY id",
-                if backend == DbBackend::Postgres { "$1" } else { "?" }
+                if backend == DbBackend::Postgres {
+                    "$1"
+                } else {
+                    "?"
+                }
             ),
             [consumer.into()],
         ))
@@ -311,6 +342,10 @@ pub async fn inbox_rows<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<Inbox
             attempts: r.try_get("", "attempts").unwrap(),
             last_error: r.try_get("", "last_error").unwrap(),
             event_type: r.try_get("", "event_type").unwrap(),
+            source: r.try_get("", "source").unwrap(),
+            aggregate_type: r.try_get("", "aggregate_type").unwrap(),
+            aggregate_id: r.try_get("", "aggregate_id").unwrap(),
+            payload: r.try_get("", "payload").unwrap(),
         })
         .collect()
 }
