@@ -52,16 +52,18 @@ pub async fn move_to_inbox(
             Err(e) => Err(format!("outbox row cannot be read: {e}")),
             Ok(read) => match read.event.envelope() {
                 Err(reason) => Err(reason),
-                Ok(_) if routes(&read.event.event_type).is_empty() => Err(format!(
-                    "no consumer of this runtime handles event type `{}` (database-local \
-                     transport): nothing would ever receive it",
-                    read.event.event_type
-                )),
-                Ok(envelope) => Ok((read.event, envelope)),
+                Ok(envelope) => match routes(&read.event.event_type) {
+                    consumers if consumers.is_empty() => Err(format!(
+                        "no consumer of this runtime handles event type `{}` (database-local \
+                         transport): nothing would ever receive it",
+                        read.event.event_type
+                    )),
+                    consumers => Ok((read.event, envelope, consumers)),
+                },
             },
         };
-        let (event, envelope) = match ready {
-            Ok(pair) => pair,
+        let (event, envelope, consumers) = match ready {
+            Ok(ready) => ready,
             Err(reason) => {
                 mark_dead(&txn, &dialect, candidate.id, &reason).await?;
                 moved.dead += 1;
@@ -71,7 +73,7 @@ pub async fn move_to_inbox(
         };
         let body = envelope.to_json();
         let message_id = event.event_id.to_string();
-        for consumer in routes(&event.event_type) {
+        for consumer in consumers {
             let row = NewInboxRow {
                 consumer,
                 message_id: &message_id,
