@@ -16,7 +16,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chrono::Utc;
 use outbox::relay::{Relay, RelayConfig, RelayStatsSnapshot};
 use outbox::sea_orm::{ConnectionTrait, DatabaseConnection};
 use outbox::store::claim::ClaimParams;
@@ -171,12 +170,10 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
     let mut claim_us = Vec::with_capacity(claims as usize);
     let mut claimed = 0u64;
     for _ in 0..claims {
-        let now = Utc::now();
         let params = ClaimParams {
             owner: "bench",
             batch_size: BATCH,
-            locked_until: now + chrono::Duration::seconds(30),
-            now,
+            lease: std::time::Duration::from_secs(30),
             ordering: true,
             max_attempts: 12,
         };
@@ -194,7 +191,7 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
             sent: got.events.iter().map(|e| e.id).collect(),
             ..Settlement::default()
         };
-        let settled = settle(db, got.token, &settlement, Utc::now()).await?;
+        let settled = settle(db, got.token, &settlement).await?;
         if settled.sent != got.events.len() as u64 {
             return Err(format!(
                 "P5 {table}: settled {} of {} claimed events",

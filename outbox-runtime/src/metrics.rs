@@ -161,7 +161,6 @@ pub(crate) fn inbox_backlog(consumer: String, status: &'static str, count: i64) 
 pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
     use crate::store::{InboxStatus, OutboxStatus, stats};
 
-    let now = chrono::Utc::now();
     let mut oldest: Option<chrono::DateTime<chrono::Utc>> = None;
     let mut seen = std::collections::HashMap::new();
     for row in stats::outbox_backlog(db).await? {
@@ -175,11 +174,14 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
     for status in OutboxStatus::UNSENT {
         backlog(status.as_str(), seen.get(&status).copied().unwrap_or(0));
     }
-    oldest_pending_age(
-        oldest
-            .and_then(|t| (now - t).to_std().ok())
+    // The age by the database's clock, which `created_at` was written by.
+    let age = match oldest {
+        Some(t) => (crate::store::database_now(db).await? - t)
+            .to_std()
             .unwrap_or(Duration::ZERO),
-    );
+        None => Duration::ZERO,
+    };
+    oldest_pending_age(age);
 
     let mut counts: std::collections::BTreeMap<(String, &'static str), i64> = Default::default();
     for row in stats::inbox_backlog(db).await? {

@@ -40,11 +40,10 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
-use chrono::Utc;
 use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -430,11 +429,12 @@ impl Relay {
                     transport,
                     claim,
                     report,
+                    claimed,
                 }) => {
                     look_now |= report.claimed + report.dead >= self.config.batch_size;
                     lingering = true;
                     in_flight = Some(Box::pin(
-                        self.publish_step(transport, claim, report, &shutdown),
+                        self.publish_step(transport, claim, report, claimed, &shutdown),
                     ));
                 }
                 Err(e) => failed |= !self.account(Err(e), health, &mut publishing_failed),
@@ -542,20 +542,20 @@ impl Relay {
                 transport,
                 claim,
                 report,
-            } => self.publish_step(transport, claim, report, shutdown).await,
+                claimed,
+            } => {
+                self.publish_step(transport, claim, report, claimed, shutdown)
+                    .await
+            }
         }
     }
 
     /// Claim a batch; for the database-local sink, the whole round.
     async fn claim_step(&self) -> Result<Claimed<'_>, RelayError> {
-        let now = Utc::now();
-        let lease = chrono::Duration::from_std(self.config.lease)
-            .unwrap_or_else(|_| chrono::Duration::seconds(30));
         let params = ClaimParams {
             owner: &self.config.relay_id,
             batch_size: self.config.batch_size,
-            locked_until: now + lease,
-            now,
+            lease: self.config.lease,
             ordering: self.config.ordering,
             max_attempts: self.config.max_attempts,
         };
@@ -599,6 +599,7 @@ impl Relay {
             transport: transport.as_ref(),
             claim,
             report,
+            claimed: Instant::now(),
         })
     }
 
@@ -608,6 +609,7 @@ impl Relay {
         transport: &dyn Transport,
         claim: Claim,
         mut report: RoundReport,
+        claimed: Instant,
         shutdown: &CancellationToken,
     ) -> Result<Round, RelayError> {
         failpoint!(error crate::failpoints::RELAY_AFTER_CLAIM);
@@ -631,11 +633,14 @@ impl Relay {
             (settlement.sent.len() + settlement.failed.len() + settlement.released.len()) as u64;
         let written = settled.sent + settled.failed + settled.released;
         report.stale = expected.saturating_sub(written) as usize;
-        let confirmed_at = Utc::now();
+        // Each event's age at the claim by the database's clock (which wrote `created_at`),
+        // plus the time since by this process's monotonic clock.
+        let since_claim = claimed.elapsed();
         let sent: std::collections::HashSet<i64> = settlement.sent.iter().copied().collect();
-        for event in claim.events.iter().filter(|e| sent.contains(&e.id)) {
-            if let Ok(lag) = (confirmed_at - event.created_at).to_std() {
-                crate::metrics::publish_lag(transport.name(), lag);
+        if let Some(claimed_at) = claim.claimed_at {
+            for event in claim.events.iter().filter(|e| sent.contains(&e.id)) {
+                let waited = (claimed_at - event.created_at).to_std().unwrap_or_default();
+                crate::metrics::publish_lag(transport.name(), waited + since_claim);
             }
         }
         crate::metrics::relay_round(
@@ -671,7 +676,7 @@ impl Relay {
         let give_up = tokio::time::Instant::now() + self.config.lease / 2;
         let mut delay = Duration::from_millis(10);
         loop {
-            match store::relay::settle(&self.db, claim.token, settlement, Utc::now()).await {
+            match store::relay::settle(&self.db, claim.token, settlement).await {
                 Ok(settled) => return Ok(settled),
                 Err(e) if tokio::time::Instant::now() + delay < give_up => {
                     if !store::is_transient(&e) {
@@ -695,7 +700,6 @@ impl Relay {
     ) -> (Settlement, Option<String>) {
         let mut settlement = Settlement::default();
         let mut transient_error = None;
-        let now = Utc::now();
         let mut queues: Vec<VecDeque<&ClaimedEvent>> = if self.config.ordering {
             let mut index: HashMap<(&str, &str), usize> = HashMap::new();
             let mut queues: Vec<VecDeque<&ClaimedEvent>> = Vec::new();
@@ -806,9 +810,7 @@ impl Relay {
                         } else {
                             Failure::Retry {
                                 attempts,
-                                next_attempt_at: now
-                                    + chrono::Duration::from_std(delay)
-                                        .unwrap_or_else(|_| chrono::Duration::seconds(300)),
+                                delay,
                                 error: error.to_string(),
                             }
                         };
@@ -847,6 +849,8 @@ enum Claimed<'a> {
         transport: &'a dyn Transport,
         claim: Claim,
         report: RoundReport,
+        /// When the claim came back, by this process's monotonic clock.
+        claimed: Instant,
     },
 }
 

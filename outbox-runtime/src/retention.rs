@@ -49,7 +49,7 @@ use serde::Serialize;
 use crate::{
     admin::{ActionKind, Actor, AdminError, HumanDuration, db_error, secs},
     relay::RelayConfig,
-    store::{admin as sql, lease, lease::LeaseHolder, retention as purge_sql},
+    store::{self, admin as sql, lease, lease::LeaseHolder, retention as purge_sql},
     util::backoff::Backoff,
 };
 
@@ -243,14 +243,9 @@ pub async fn release_lease(
     db: &DatabaseConnection,
     instance_id: &str,
 ) -> Result<bool, RetentionError> {
-    Ok(lease::release_lease(
-        db,
-        LEASE_NAME,
-        instance_id,
-        Utc::now() - chrono::Duration::seconds(1),
-    )
-    .await
-    .map_err(db_error("releasing the retention lease"))?)
+    Ok(lease::release_lease(db, LEASE_NAME, instance_id)
+        .await
+        .map_err(db_error("releasing the retention lease"))?)
 }
 
 /// Who holds the retention lease, and until when (it may have lapsed).
@@ -265,13 +260,9 @@ async fn renew(
     policy: &RetentionPolicy,
     instance_id: &str,
 ) -> Result<bool, RetentionError> {
-    let now = Utc::now();
-    let until = now + chrono::Duration::from_std(policy.lease).unwrap_or(chrono::Duration::MAX);
-    Ok(
-        lease::acquire_lease(db, LEASE_NAME, instance_id, now, until)
-            .await
-            .map_err(db_error("taking the retention lease"))?,
-    )
+    Ok(lease::acquire_lease(db, LEASE_NAME, instance_id, policy.lease)
+        .await
+        .map_err(db_error("taking the retention lease"))?)
 }
 
 fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {
@@ -289,7 +280,11 @@ async fn run(
     always_record: bool,
 ) -> Result<PurgeReport, RetentionError> {
     let started = std::time::Instant::now();
-    let now = Utc::now();
+    // The cutoffs count back from the database's clock, read once: the janitor's own clock
+    // could run days ahead and delete rows inside the dedup window.
+    let now = store::database_now(db)
+        .await
+        .map_err(db_error("reading the database's clock"))?;
     let mut report = PurgeReport {
         outbox_deleted: 0,
         inbox_deleted: 0,
@@ -358,7 +353,6 @@ async fn run(
                 report.deleted(),
                 actor.name.as_deref(),
                 actor.reason.as_deref(),
-                Utc::now(),
             )
             .await
             .map_err(db_error("recording the purge in outbox_admin_action"))?,

@@ -11,7 +11,6 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use chrono::{SubsecRound, Utc};
 use sea_orm::{
     AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, IsolationLevel,
     TransactionOptions, TransactionSession, TransactionTrait,
@@ -293,7 +292,6 @@ impl OutboxTransaction {
             dedup_key,
             payload,
             headers: serde_json::Value::Object(headers).to_string(),
-            created_at: Utc::now().trunc_subsecs(6),
         })
     }
 

@@ -106,7 +106,8 @@ async fn inbox_row(
         schema_version: Some(1),
         payload,
     };
-    assert!(insert(&t.db, &row, &state, at).await.unwrap());
+    assert!(insert(&t.db, &row, &state).await.unwrap());
+    backdate_inbox(&t.db, consumer, Some(message_id), at).await;
     inbox_id(t, consumer, message_id).await
 }
 
@@ -327,7 +328,7 @@ async fn fixture(t: &TestDb) -> Fixture {
         json,
         InitialState::Failed(Failure::Retry {
             attempts: 1,
-            next_attempt_at: Utc::now() + chrono::Duration::hours(1),
+            delay: HOUR,
             error: "flaky".into(),
         }),
         ago(2 * MIN),
@@ -709,15 +710,13 @@ async fn replay_moves_dead_letters_back_and_the_relay_publishes_them(t: TestDb) 
     );
 
     // The consumer's worker claims them now.
-    let now = Utc::now();
     let claim = outbox::store::inbox::claim(
         &t.db,
         "inventory",
         &ClaimParams {
             owner: "worker",
             batch_size: 10,
-            locked_until: now + chrono::Duration::seconds(30),
-            now,
+            lease: std::time::Duration::from_secs(30),
             ordering: true,
             max_attempts: 5,
         },
@@ -1074,8 +1073,9 @@ async fn bulk_inbox(t: &TestDb, consumer: &str, n: usize, state: InitialState, a
             payload: b"{}",
             ..NewInboxRow::default()
         };
-        assert!(insert(&txn, &row, &state, at).await.unwrap());
+        assert!(insert(&txn, &row, &state).await.unwrap());
     }
+    backdate_inbox(&txn, consumer, None, at).await;
     txn.commit().await.unwrap();
 }
 

@@ -9,7 +9,6 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use crate::common::carts::*;
 use crate::common::*;
-use chrono::Utc;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::sea_orm::{Statement, TransactionTrait};
@@ -23,12 +22,10 @@ use outbox::transport::memory::MemoryTransport;
 const PAST_THE_WINDOW: u32 = 1_100;
 
 fn params(relay_id: &str, batch_size: usize) -> ClaimParams<'_> {
-    let now = Utc::now();
     ClaimParams {
         owner: relay_id,
         batch_size,
-        locked_until: now + chrono::Duration::seconds(60),
-        now,
+        lease: std::time::Duration::from_secs(30),
         ordering: true,
         max_attempts: 10,
     }
@@ -103,7 +100,6 @@ async fn release(t: &TestDb, token: uuid::Uuid, events: &[ClaimedEvent]) {
             released: events.iter().map(|e| e.id).collect(),
             ..Settlement::default()
         },
-        Utc::now(),
     )
     .await
     .unwrap();
@@ -286,7 +282,7 @@ async fn inbox_rows_of(
             ..NewInboxRow::default()
         };
         assert!(
-            inbox_store::insert(&tx, &row, &state, Utc::now())
+            inbox_store::insert(&tx, &row, &state)
                 .await
                 .unwrap()
         );
@@ -307,7 +303,7 @@ async fn work_off_inbox(t: &TestDb, consumer: &str, batch: usize) -> Vec<String>
         let tx = t.db.begin().await.unwrap();
         for m in &c.messages {
             assert!(
-                inbox_store::mark_done(&tx, m.id, c.token, Utc::now())
+                inbox_store::mark_done(&tx, m.id, c.token)
                     .await
                     .unwrap()
             );

@@ -126,7 +126,8 @@ async fn fixture(t: &TestDb) -> (OutboxRow, Vec<OutboxRow>, i64, i64) {
             payload: b"{\"specversion\":\"1.0\"}",
             ..NewInboxRow::default()
         };
-        assert!(insert(&t.db, &row, &state, at).await.unwrap());
+        assert!(insert(&t.db, &row, &state).await.unwrap());
+        backdate_inbox(&t.db, "inventory", Some(message_id), at).await;
         let found = inbox_rows(&t.db, "inventory").await;
         assert!(found.iter().any(|r| r.message_id == message_id));
     }

@@ -18,6 +18,10 @@ use outbox::store::relay::{Settlement, claim, settle};
 use outbox::transport::OutgoingMessage;
 use outbox::transport::memory::{MemoryTransport, StoredMessage};
 
+/// Longer than the database clock's resolution (SQLite's is a millisecond): a lease of zero has
+/// expired once this has passed.
+const LEASE_RUNS_OUT: Duration = Duration::from_millis(5);
+
 fn config(batch: usize) -> RelayConfig {
     RelayConfig {
         batch_size: batch,
@@ -254,15 +258,13 @@ async fn permanent_rejection_is_dead_at_once(t: TestDb) {
 async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
     let outbox = Outbox::new("carts");
     produce(&t, &outbox, 2, 1, 10).await;
-    let now = Utc::now();
     // Relay A claims with a lease that has already run out (it hung).
     let a = claim(
         &t.db,
         &ClaimParams {
             owner: "relay-a",
             batch_size: 10,
-            locked_until: now - chrono::Duration::seconds(1),
-            now,
+            lease: Duration::ZERO,
             ordering: true,
             max_attempts: 5,
         },
@@ -270,15 +272,15 @@ async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
     .await
     .unwrap();
     assert_eq!(a.events.len(), 2);
+    // The lease ends when it is taken; a moment later, by the database's clock, it has expired.
+    tokio::time::sleep(LEASE_RUNS_OUT).await;
     // Relay B reclaims both: the expired lease counts an attempt.
-    let now = Utc::now();
     let b = claim(
         &t.db,
         &ClaimParams {
             owner: "relay-b",
             batch_size: 10,
-            locked_until: now + chrono::Duration::seconds(30),
-            now,
+            lease: std::time::Duration::from_secs(30),
             ordering: true,
             max_attempts: 5,
         },
@@ -297,7 +299,6 @@ async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
             released: vec![a.events[1].id],
             ..Settlement::default()
         },
-        Utc::now(),
     )
     .await
     .unwrap();
@@ -315,7 +316,6 @@ async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
             sent: b.events.iter().map(|e| e.id).collect(),
             ..Settlement::default()
         },
-        Utc::now(),
     )
     .await
     .unwrap();
@@ -344,8 +344,7 @@ async fn expired_leases_end_dead(t: TestDb) {
     let expired = |relay_id: &'static str| ClaimParams {
         owner: relay_id,
         batch_size: 1,
-        locked_until: Utc::now() - chrono::Duration::seconds(1),
-        now: Utc::now(),
+        lease: Duration::ZERO,
         ordering: true,
         max_attempts: 3,
     };
@@ -354,6 +353,7 @@ async fn expired_leases_end_dead(t: TestDb) {
         let c = claim(&t.db, &expired(relay)).await.unwrap();
         assert_eq!(c.events.len(), 1, "claim {i}");
         assert_eq!(c.events[0].attempts, i as u32);
+        tokio::time::sleep(LEASE_RUNS_OUT).await;
     }
     let c = claim(&t.db, &expired("r4")).await.unwrap();
     assert!(

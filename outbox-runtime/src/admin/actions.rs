@@ -3,7 +3,6 @@
 
 use std::fmt;
 
-use chrono::{DateTime, Utc};
 
 use sea_orm::DatabaseConnection;
 use serde::Serialize;
@@ -180,7 +179,6 @@ pub async fn replay(
     selector: &Selector,
     actor: &Actor,
 ) -> Result<ActionReport, AdminError> {
-    let now = Utc::now();
     let sources = match selector {
         Selector::Ids(ids) if ids.is_empty() => return Err(AdminError::NoIds("replay")),
         Selector::Filter(filter) if filter.is_empty() => {
@@ -206,7 +204,7 @@ pub async fn replay(
                     .map_err(db_error(doing))?;
             }
             if !inbox.is_empty() {
-                report.inbox = sql::replay_inbox(&txn, Rows::Ids(&inbox), now)
+                report.inbox = sql::replay_inbox(&txn, Rows::Ids(&inbox))
                     .await
                     .map_err(db_error(doing))?;
             }
@@ -220,7 +218,7 @@ pub async fn replay(
                             .map_err(db_error(doing))?;
                     }
                     Source::Inbox => {
-                        report.inbox = sql::replay_inbox(&txn, Rows::Filter(filter), now)
+                        report.inbox = sql::replay_inbox(&txn, Rows::Filter(filter))
                             .await
                             .map_err(db_error(doing))?;
                     }
@@ -232,12 +230,12 @@ pub async fn replay(
             report.outbox = sql::replay_outbox(&txn, Rows::Filter(&all))
                 .await
                 .map_err(db_error(doing))?;
-            report.inbox = sql::replay_inbox(&txn, Rows::Filter(&all), now)
+            report.inbox = sql::replay_inbox(&txn, Rows::Filter(&all))
                 .await
                 .map_err(db_error(doing))?;
         }
     }
-    finish(txn, &mut report, &selector.to_string(), actor, now).await?;
+    finish(txn, &mut report, &selector.to_string(), actor).await?;
     Ok(report)
 }
 
@@ -247,7 +245,6 @@ async fn finish(
     report: &mut ActionReport,
     target: &str,
     actor: &Actor,
-    now: DateTime<Utc>,
 ) -> Result<(), AdminError> {
     report.audit_id = sql::record_action(
         &txn,
@@ -256,7 +253,6 @@ async fn finish(
         report.affected(),
         actor.name.as_deref(),
         actor.reason.as_deref(),
-        now,
     )
     .await
     .map_err(db_error("recording the action in outbox_admin_action"))?;
@@ -285,7 +281,6 @@ pub async fn ignore(
     if ids.is_empty() {
         return Err(AdminError::NoIds("ignore"));
     }
-    let now = Utc::now();
     let targets: Vec<Target> = ids.iter().map(|id| Target::inbox(*id)).collect();
     let (_, ids) = split(&targets);
     let txn = crate::store::tx::begin_admin(db)
@@ -294,12 +289,12 @@ pub async fn ignore(
     let mut report = ActionReport::new(ActionKind::Ignore);
     let ready = partition(&txn, Source::Inbox, &ids, DEAD, &mut report.skipped).await?;
     if !ready.is_empty() {
-        report.inbox = sql::ignore_inbox(&txn, &ready, now)
+        report.inbox = sql::ignore_inbox(&txn, &ready)
             .await
             .map_err(db_error("ignoring dead inbox messages"))?;
     }
     let target = Selector::Ids(targets).to_string();
-    finish(txn, &mut report, &target, actor, now).await?;
+    finish(txn, &mut report, &target, actor).await?;
     Ok(report)
 }
 
@@ -310,7 +305,6 @@ pub async fn resend(
     event_id: Uuid,
     actor: &Actor,
 ) -> Result<ActionReport, AdminError> {
-    let now = Utc::now();
     let txn = crate::store::tx::begin_admin(db)
         .await
         .map_err(db_error("beginning the resend"))?;
@@ -331,7 +325,7 @@ pub async fn resend(
             expected: OutboxStatus::Sent.as_str(),
         }),
     }
-    finish(txn, &mut report, &target, actor, now).await?;
+    finish(txn, &mut report, &target, actor).await?;
     Ok(report)
 }
 

@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use chrono::Utc;
 use sea_orm::DatabaseConnection;
 use serde::Serialize;
 
@@ -348,14 +347,16 @@ pub async fn doctor(
     check_handlers(db, options, &mut report).await?;
 
     // Rows stuck in PROCESSING.
-    let now = Utc::now();
+    let now = crate::store::database_now(db)
+        .await
+        .map_err(db_error("reading the database's clock"))?;
     let mut stuck_any = false;
     for source in [Source::Outbox, Source::Inbox] {
         for sql::Stuck {
             consumer,
             count: n,
             since,
-        } in sql::stuck(db, source, now)
+        } in sql::stuck(db, source)
             .await
             .map_err(db_error("looking for stuck rows"))?
         {

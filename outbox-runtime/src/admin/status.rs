@@ -19,7 +19,7 @@ pub type StatusCounts = BTreeMap<String, u64>;
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct Status {
-    /// When it was taken (ages are measured from here).
+    /// When it was taken, by the database's clock (ages are measured from here).
     pub at: DateTime<Utc>,
     /// The outbox.
     pub outbox: OutboxStatus,
@@ -106,7 +106,10 @@ fn age(now: DateTime<Utc>, then: Option<DateTime<Utc>>) -> Option<Duration> {
 /// Counts are exact (`COUNT(*)` per status), so on tables with many millions of rows this takes
 /// as long as scanning the status index.
 pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
-    let now = Utc::now();
+    // Ages by the database's clock, which every timestamp was written by.
+    let now = crate::store::database_now(db)
+        .await
+        .map_err(db_error("reading the database's clock"))?;
     let mut outbox = OutboxStatus {
         counts: RowStatus::ALL
             .iter()
@@ -136,7 +139,7 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
     outbox.oldest_unsent_age = age(now, outbox.oldest_unsent_at);
     for sql::Stuck {
         count: n, since, ..
-    } in sql::stuck(db, Source::Outbox, now)
+    } in sql::stuck(db, Source::Outbox)
         .await
         .map_err(db_error("looking for stuck outbox events"))?
     {
@@ -163,7 +166,7 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         consumer,
         count: n,
         since,
-    } in sql::stuck(db, Source::Inbox, now)
+    } in sql::stuck(db, Source::Inbox)
         .await
         .map_err(db_error("looking for stuck inbox messages"))?
     {

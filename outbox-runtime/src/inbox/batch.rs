@@ -19,7 +19,6 @@
 
 use std::{collections::HashSet, sync::atomic::Ordering};
 
-use chrono::Utc;
 use sea_orm::{ConnectionTrait, DbErr};
 use tokio_util::sync::CancellationToken;
 
@@ -139,7 +138,7 @@ impl Consumer {
             .iter()
             .map(|inline| inbox_row(self.name, &inline.envelope, &inline.delivery.body))
             .collect();
-        let recorded = store::inbox::record_batch(&tx, &rows, self.ordering, Utc::now()).await?;
+        let recorded = store::inbox::record_batch(&tx, &rows, self.ordering).await?;
         // Aggregates whose later messages wait: recorded PENDING, or failed in this batch.
         let mut blocked: HashSet<(String, String)> = run
             .iter()
@@ -165,7 +164,7 @@ impl Consumer {
             if aggregate.as_ref().is_some_and(|a| blocked.contains(a)) {
                 // An earlier message of its aggregate failed in this batch.
                 let state = InboxState::Pending;
-                store::inbox::restate(&tx, self.name, &envelope.id, &state, Utc::now()).await?;
+                store::inbox::restate(&tx, self.name, &envelope.id, &state).await?;
                 outcomes.push(Outcome::Stored);
                 continue;
             }
@@ -210,7 +209,7 @@ impl Consumer {
             failpoint!(error crate::failpoints::INBOX_STORE_RETRY);
             // Recorded before the savepoint: still there, as DONE.
             let state = InboxState::Failed(failure.clone());
-            store::inbox::restate(&tx, self.name, &envelope.id, &state, Utc::now()).await?;
+            store::inbox::restate(&tx, self.name, &envelope.id, &state).await?;
             outcomes.push(Outcome::Failed(failure));
             if let Some(aggregate) = aggregate {
                 blocked.insert(aggregate); // later messages of it wait behind this one

@@ -25,7 +25,6 @@ use std::{
     time::Duration,
 };
 
-use chrono::Utc;
 use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
 
@@ -191,8 +190,7 @@ impl Consumer {
         });
         Failure::Retry {
             attempts,
-            next_attempt_at: Utc::now()
-                + chrono::Duration::from_std(delay).unwrap_or_else(|_| chrono::Duration::hours(1)),
+            delay,
             error: error.to_string(),
         }
     }

@@ -17,7 +17,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -161,7 +160,7 @@ impl Consumer {
             .begin(&self.db)
             .await
             .map_err(OutboxError::into_db_err)?;
-        if !store::inbox::insert(&tx, &row, &InboxState::Done, Utc::now()).await? {
+        if !store::inbox::insert(&tx, &row, &InboxState::Done).await? {
             tx.rollback().await.map_err(OutboxError::into_db_err)?;
             return self.recorded_already(&row).await;
         }
@@ -257,7 +256,7 @@ impl Consumer {
             attempts: 0,
             error: error.clone(),
         });
-        if store::inbox::insert(&self.db, &conflict, &state, Utc::now()).await? {
+        if store::inbox::insert(&self.db, &conflict, &state).await? {
             self.count(Counter::conflicts);
             tracing::error!(consumer = self.name, message_id = %row.message_id, kept_as = %kept_as, %error, "conflicting delivery stored as DEAD");
         } else {

@@ -4,7 +4,6 @@
 
 use std::panic::AssertUnwindSafe;
 
-use chrono::Utc;
 use futures_util::FutureExt;
 use sea_orm::DbErr;
 use tracing::Instrument;
@@ -176,7 +175,7 @@ impl Consumer {
         row: &NewInboxRow<'_>,
         state: &InboxState,
     ) -> Result<bool, DbErr> {
-        if store::inbox::insert(&self.db, row, state, Utc::now()).await? {
+        if store::inbox::insert(&self.db, row, state).await? {
             return Ok(true);
         }
         self.recorded_already(row).await?;
@@ -190,11 +189,11 @@ impl Consumer {
             ),
             Failure::Retry {
                 attempts,
-                next_attempt_at,
+                delay,
                 error,
             } => tracing::warn!(
                 consumer = self.name, message_id, attempts, error = %error,
-                next_attempt_at = %next_attempt_at, "handler failed; will retry"
+                retry_in = ?delay, "handler failed; will retry"
             ),
         }
     }

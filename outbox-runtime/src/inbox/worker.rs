@@ -5,7 +5,6 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use chrono::Utc;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -55,14 +54,10 @@ impl Consumer {
 
     /// One worker round: claim, handle per aggregate in order, aggregates in parallel.
     async fn work_once(&self, shutdown: &CancellationToken) -> Result<usize, sea_orm::DbErr> {
-        let now = Utc::now();
-        let lease = chrono::Duration::from_std(self.config.lease)
-            .unwrap_or_else(|_| chrono::Duration::seconds(30));
         let params = ClaimParams {
             owner: &self.worker_id,
             batch_size: self.config.batch_size,
-            locked_until: now + lease,
-            now,
+            lease: self.config.lease,
             ordering: self.ordering,
             max_attempts: self.max_attempts(None),
         };
@@ -150,7 +145,7 @@ impl Consumer {
             }
         };
         // Fence first: the row stays locked by this transaction while the handler runs.
-        match store::inbox::mark_done(&tx, message.id, token, Utc::now()).await {
+        match store::inbox::mark_done(&tx, message.id, token).await {
             Ok(true) => {}
             Ok(false) => {
                 self.count(Counter::stale);

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Value};
 
 use super::{
-    ACTION_TABLE, Dialect, INBOX_TABLE, OUTBOX_TABLE, get_i64, get_opt_i64,
+    ACTION_TABLE, DbTime, Dialect, INBOX_TABLE, OUTBOX_TABLE, get_i64, get_opt_i64,
     sql::Sql,
     status::{InboxStatus, OutboxStatus, WorkStatus},
 };
@@ -85,13 +85,9 @@ pub(crate) struct Stuck {
     pub(crate) since: Option<DateTime<Utc>>,
 }
 
-/// Rows in PROCESSING whose lease expired before `now`: per consumer for the inbox, with the
-/// earliest expiry.
-pub(crate) async fn stuck(
-    db: &DatabaseConnection,
-    source: Source,
-    now: DateTime<Utc>,
-) -> Result<Vec<Stuck>, DbErr> {
+/// Rows in PROCESSING whose lease expired, by the database's clock: per consumer for the inbox,
+/// with the earliest expiry.
+pub(crate) async fn stuck(db: &DatabaseConnection, source: Source) -> Result<Vec<Stuck>, DbErr> {
     let dialect = Dialect::of(db);
     let mut sql = Sql::new(dialect);
     let (select, group) = match source {
@@ -104,7 +100,7 @@ pub(crate) async fn stuck(
         table_of(source),
         WorkStatus::Processing.literal()
     ))
-    .bind(dialect.timestamp(now))
+    .time(DbTime::NOW)
     .push(group);
     let mut out = Vec::new();
     for row in db.query_all_raw(sql.build()).await? {
@@ -427,13 +423,8 @@ pub(crate) async fn replay_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> 
     .await
 }
 
-/// Inbox DEAD → RETRY due `now`: a fresh attempt budget; `last_error` stays until it is done.
-pub(crate) async fn replay_inbox(
-    txn: &DatabaseTransaction,
-    rows: Rows<'_>,
-    now: DateTime<Utc>,
-) -> Result<u64, DbErr> {
-    let due = Dialect::of(txn).timestamp(now);
+/// Inbox DEAD → RETRY due now: a fresh attempt budget; `last_error` stays until it is done.
+pub(crate) async fn replay_inbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
     guarded_update(
         txn,
         Source::Inbox,
@@ -442,7 +433,7 @@ pub(crate) async fn replay_inbox(
                 "status = {}, attempts = 0, next_attempt_at = ",
                 InboxStatus::Retry.literal()
             ))
-            .bind(due.clone())
+            .time(DbTime::NOW)
             .push(", locked_by = NULL, locked_until = NULL, claim_token = NULL");
         },
         InboxStatus::Dead.literal(),
@@ -451,13 +442,8 @@ pub(crate) async fn replay_inbox(
     .await
 }
 
-/// Inbox DEAD → IGNORED, finished at `now` (so retention purges it after the dedup window).
-pub(crate) async fn ignore_inbox(
-    txn: &DatabaseTransaction,
-    ids: &[i64],
-    now: DateTime<Utc>,
-) -> Result<u64, DbErr> {
-    let at = Dialect::of(txn).timestamp(now);
+/// Inbox DEAD → IGNORED, finished now (so retention purges it after the dedup window).
+pub(crate) async fn ignore_inbox(txn: &DatabaseTransaction, ids: &[i64]) -> Result<u64, DbErr> {
     guarded_update(
         txn,
         Source::Inbox,
@@ -466,7 +452,7 @@ pub(crate) async fn ignore_inbox(
                 "status = {}, processed_at = ",
                 InboxStatus::Ignored.literal()
             ))
-            .bind(at.clone())
+            .time(DbTime::NOW)
             .push(", locked_until = NULL, claim_token = NULL");
         },
         InboxStatus::Dead.literal(),
@@ -525,7 +511,6 @@ pub(crate) async fn record_action<C: ConnectionTrait>(
     rows_affected: u64,
     actor: Option<&str>,
     reason: Option<&str>,
-    at: DateTime<Utc>,
 ) -> Result<i64, DbErr> {
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
@@ -542,7 +527,7 @@ pub(crate) async fn record_action<C: ConnectionTrait>(
     .push(", ")
     .bind(reason.map(str::to_owned).into())
     .push(", ")
-    .bind(dialect.timestamp(at))
+    .time(DbTime::NOW)
     .push(")");
     if dialect.insert_returning() {
         sql.push(" RETURNING id");

@@ -4,10 +4,12 @@
 //! [`Backend::heads_beyond_window`]); the defaults here are the partial-index shapes PostgreSQL
 //! and SQLite share.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, QueryResult, Statement, Value};
 
-use super::{Dialect, dialect::Backend, sql::Sql, status::WorkStatus};
+use super::{DbTime, Dialect, dialect::Backend, sql::Sql, status::WorkStatus};
 
 /// How to claim from a work queue: the relay's claim of outbox events, the worker's claim of
 /// inbox messages, the database-local transport's move.
@@ -17,10 +19,8 @@ pub struct ClaimParams<'a> {
     pub owner: &'a str,
     /// At most this many rows.
     pub batch_size: usize,
-    /// The lease ends at this instant.
-    pub locked_until: DateTime<Utc>,
-    /// The current time.
-    pub now: DateTime<Utc>,
+    /// The lease: it ends this long after the database's current time.
+    pub lease: Duration,
     /// Keep per-aggregate order: claim a row only when every earlier row of its aggregate is
     /// finished or claimed in this same batch.
     pub ordering: bool,
@@ -79,6 +79,21 @@ pub(crate) struct Candidate {
     pub(crate) row: QueryResult,
 }
 
+/// The rows a claim may take, and the database's time when it found them (`None` when it found
+/// none).
+pub(crate) struct Claimable {
+    pub(crate) rows: Vec<Candidate>,
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
+/// The column every heads query returns the database's current time in.
+const NOW_COLUMN: &str = "db_now";
+
+/// `, <the database's current time> AS db_now`.
+pub(crate) fn push_now_column(sql: &mut Sql) {
+    sql.push(", ").time(DbTime::NOW).push(" AS ").push(NOW_COLUMN);
+}
+
 fn aggregate_of(row: &QueryResult) -> Result<(Option<String>, Option<String>), DbErr> {
     Ok((
         row.try_get("", "aggregate_type")?,
@@ -103,10 +118,9 @@ fn aggregate_of(row: &QueryResult) -> Result<(Option<String>, Option<String>), D
 pub(crate) async fn select_claimable(
     txn: &DatabaseTransaction,
     queue: &Queue<'_>,
-    now: DateTime<Utc>,
     limit: usize,
     ordering: bool,
-) -> Result<Vec<Candidate>, DbErr> {
+) -> Result<Claimable, DbErr> {
     let dialect = queue.dialect;
     let limit = limit.max(1);
     let window = window_size(limit);
@@ -124,7 +138,6 @@ pub(crate) async fn select_claimable(
     };
     let heads = HeadsQuery {
         queue,
-        now: dialect.timestamp(now),
         limit,
         ordering,
         bound: heads_bound,
@@ -151,7 +164,6 @@ pub(crate) async fn select_claimable(
         let seen: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
         let beyond = BeyondWindow {
             queue,
-            now: dialect.timestamp(now),
             room: limit - rows.len(),
             bound,
             budget: window + 2 * limit,
@@ -167,13 +179,18 @@ pub(crate) async fn select_claimable(
         }
         rows.sort_by_key(|c| c.id);
     }
-    if !ordering || rows.is_empty() || rows.len() >= limit {
-        return Ok(rows);
-    }
+    let now = match rows.first() {
+        Some(c) => Some(dialect.get_timestamp(&c.row, NOW_COLUMN)?),
+        None => None,
+    };
+    let done = |rows| Ok(Claimable { rows, now });
+    let Some(now) = now else {
+        return done(rows);
+    };
     // The heads query says which heads have a later unfinished row; the beyond-window query
     // does not, so its heads count as having one.
-    if !rows.iter().any(|c| has_next(&c.row)) {
-        return Ok(rows);
+    if !ordering || rows.len() >= limit || !rows.iter().any(|c| has_next(&c.row)) {
+        return done(rows);
     }
 
     // The runs behind each head.
@@ -188,7 +205,7 @@ pub(crate) async fn select_claimable(
     aggregates.sort_unstable();
     aggregates.dedup();
     if aggregates.is_empty() {
-        return Ok(rows);
+        return done(rows);
     }
     let mut sql = Sql::new(dialect);
     sql.push(&format!(
@@ -235,6 +252,7 @@ pub(crate) async fn select_claimable(
             continue;
         }
         let status = WorkStatus::parse(&row.try_get::<String>("", "status")?);
+        // Leases are judged by the database's time the heads query read.
         let locked_until = dialect.get_opt_timestamp(&row, "locked_until")?;
         let claimable = status == Some(WorkStatus::Pending)
             || (status == Some(WorkStatus::Processing) && locked_until.is_some_and(|t| t < now));
@@ -245,7 +263,7 @@ pub(crate) async fn select_claimable(
         }
     }
     rows.sort_by_key(|c| c.id);
-    Ok(rows)
+    done(rows)
 }
 
 /// Whether a candidate may have a run behind it: the heads query's `has_next` column; `true`
@@ -298,19 +316,20 @@ pub(crate) fn push_scope_of(sql: &mut Sql, queue: &Queue<'_>, alias: &str) {
     }
 }
 
-/// "This row can be claimed now": PENDING, RETRY that is due, PROCESSING whose lease expired.
-fn push_claimable(sql: &mut Sql, now: &Value) {
+/// "This row can be claimed now", by the database's clock: PENDING, RETRY that is due,
+/// PROCESSING whose lease expired.
+fn push_claimable(sql: &mut Sql) {
     sql.push(&format!(
         " AND (o.status = {} OR (o.status = {} AND o.next_attempt_at <= ",
         WorkStatus::Pending.literal(),
         WorkStatus::Retry.literal()
     ))
-    .bind(now.clone())
+    .time(DbTime::NOW)
     .push(&format!(
         ") OR (o.status = {} AND o.locked_until < ",
         WorkStatus::Processing.literal()
     ))
-    .bind(now.clone())
+    .time(DbTime::NOW)
     .push("))");
 }
 
@@ -386,8 +405,6 @@ pub enum HeadsBound {
 pub struct HeadsQuery<'a> {
     /// The queue.
     pub queue: &'a Queue<'a>,
-    /// The current time, as the dialect binds it.
-    pub now: Value,
     /// At most this many rows.
     pub limit: usize,
     /// Only rows with no unfinished predecessor in their aggregate.
@@ -400,7 +417,6 @@ pub struct HeadsQuery<'a> {
 pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     let HeadsQuery {
         queue,
-        now,
         limit,
         ordering,
         bound,
@@ -414,6 +430,7 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
         sql.push(") ");
     }
     sql.push(&format!("SELECT {columns}"));
+    push_now_column(&mut sql);
     if *ordering {
         push_has_next(&mut sql, queue);
     }
@@ -447,7 +464,7 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     ));
     push_scope_of(&mut sql, queue, "x.");
     sql.push(")");
-    push_claimable(&mut sql, now);
+    push_claimable(&mut sql);
     if *ordering {
         push_no_unfinished_predecessor(&mut sql, queue);
     }
@@ -473,8 +490,6 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
 pub struct BeyondWindow<'a> {
     /// The queue.
     pub queue: &'a Queue<'a>,
-    /// The current time, as the dialect binds it.
-    pub now: Value,
     /// At most this many rows.
     pub room: usize,
     /// Only ids above this one.
@@ -513,9 +528,10 @@ pub(crate) fn beyond_window_recursive<B: Backend + ?Sized>(
 
 /// The head of [`BeyondWindow`]'s final statement, up to the candidates' union.
 pub(crate) fn push_beyond_window_select(sql: &mut Sql, queue: &Queue<'_>) {
+    sql.push(&format!("SELECT {}", prefixed_columns(queue.columns, "o")));
+    push_now_column(sql);
     sql.push(&format!(
-        "SELECT {} FROM {} o WHERE o.id IN (SELECT c.id FROM (",
-        prefixed_columns(queue.columns, "o"),
+        " FROM {} o WHERE o.id IN (SELECT c.id FROM (",
         queue.table
     ));
 }
@@ -537,7 +553,7 @@ pub(crate) fn push_beyond_window_rest(sql: &mut Sql, query: &BeyondWindow<'_>) {
         .bind(query.bound.into())
         .push(&format!(") AND {}", queue.unfinished("o.")));
     push_scope_of(sql, queue, "o.");
-    push_claimable(sql, &query.now);
+    push_claimable(sql);
     push_no_unfinished_predecessor(sql, queue);
     sql.push(&format!(" ORDER BY o.id LIMIT {}", query.room));
     sql.push(queue.dialect.lock_rows(true));

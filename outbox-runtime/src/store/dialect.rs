@@ -46,6 +46,20 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         }
     }
 
+    /// The database's current time as a value of the type timestamps are stored in, shifted by
+    /// `offset` microseconds (an SQL expression: a placeholder or a literal) when given. Every
+    /// instant the SDK writes or compares is this expression (see `clock`).
+    fn time_expression(&self, offset: Option<&str>) -> String;
+
+    /// The instant `t` as an expression with its offset written as a literal, for statements
+    /// not built with [`Sql`] (the offset is a number this process made, never input).
+    fn time_literal(&self, t: super::DbTime) -> String {
+        match t.offset_micros() {
+            0 => self.time_expression(None),
+            offset => self.time_expression(Some(&offset.to_string())),
+        }
+    }
+
     /// A timestamp column value.
     fn timestamp(&self, t: DateTime<Utc>) -> Value {
         t.into()
@@ -182,14 +196,14 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// `a` to the next one in key order, `f`.
     fn push_next_aggregate(&self, _sql: &mut Sql, _queue: &claim::Queue<'_>) {}
 
-    /// One statement, sent as a simple query, that marks `ids` SENT under `token`, when the
-    /// backend can run a claim's usual write-back that way in one round trip.
+    /// One statement, sent as a simple query, that marks `ids` SENT at `at` under `token`, when
+    /// the backend can run a claim's usual write-back that way in one round trip.
     fn sent_in_one_round_trip(
         &self,
         _table: &str,
         _token: Uuid,
         _ids: &[i64],
-        _now: DateTime<Utc>,
+        _at: super::DbTime,
     ) -> Option<String> {
         None
     }

@@ -1,14 +1,13 @@
 //! The inbox's SQL: record a delivery once per `(consumer, message_id)`, and the worker's claims
 //! and fenced write-backs.
 
-use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 use uuid::Uuid;
 
 use super::{
-    AGGREGATE_VERSION_TABLE, Dialect, INBOX_TABLE,
+    AGGREGATE_VERSION_TABLE, DbTime, Dialect, INBOX_TABLE,
     claim::{ClaimParams, Queue, hand_back, select_claimable},
-    sql::Sql,
+    sql::{Arg, Sql},
     status::{Failure, InboxStatus},
     tx::begin_work,
 };
@@ -58,19 +57,19 @@ pub enum InboxState {
 struct StateColumns<'a> {
     status: InboxStatus,
     attempts: u32,
-    next_attempt_at: Option<DateTime<Utc>>,
+    next_attempt_at: Option<DbTime>,
     error: Option<&'a str>,
-    processed_at: Option<DateTime<Utc>>,
+    processed_at: Option<DbTime>,
 }
 
-fn state_columns(state: &InboxState, now: DateTime<Utc>) -> StateColumns<'_> {
+fn state_columns(state: &InboxState) -> StateColumns<'_> {
     match state {
         InboxState::Done => StateColumns {
             status: InboxStatus::Done,
             attempts: 1,
             next_attempt_at: None,
             error: None,
-            processed_at: Some(now),
+            processed_at: Some(DbTime::NOW),
         },
         InboxState::Pending => StateColumns {
             status: InboxStatus::Pending,
@@ -82,15 +81,11 @@ fn state_columns(state: &InboxState, now: DateTime<Utc>) -> StateColumns<'_> {
         InboxState::Failed(failure) => StateColumns {
             status: failure.inbox_status(),
             attempts: failure.attempts(),
-            next_attempt_at: failure.next_attempt_at(),
+            next_attempt_at: failure.due(),
             error: Some(failure.error()),
             processed_at: None,
         },
     }
-}
-
-fn timestamp_or_null(dialect: Dialect, t: Option<DateTime<Utc>>) -> Value {
-    t.map_or_else(|| dialect.null_timestamp(), |t| dialect.timestamp(t))
 }
 
 /// The columns that say what a row's message is.
@@ -117,7 +112,6 @@ fn row_values(row: &NewInboxRow<'_>) -> [Value; 9] {
 fn insert_statement(
     dialect: Dialect,
     rows: &[(&NewInboxRow<'_>, &InboxState)],
-    now: DateTime<Utc>,
     returning: bool,
 ) -> sea_orm::Statement {
     let (insert, on_conflict) = dialect.insert_skipping("consumer, message_id");
@@ -127,14 +121,14 @@ fn insert_statement(
          processed_at) VALUES "
     ));
     for (n, (row, state)) in rows.iter().enumerate() {
-        let state = state_columns(state, now);
-        let values = row_values(row).into_iter().chain([
-            state.status.as_str().to_owned().into(),
-            i64::from(state.attempts).into(),
-            timestamp_or_null(dialect, state.next_attempt_at),
-            state.error.map(|e| truncate(e, 4000)).into(),
-            dialect.timestamp(now),
-            timestamp_or_null(dialect, state.processed_at),
+        let state = state_columns(state);
+        let values = row_values(row).into_iter().map(Arg::from).chain([
+            Value::from(state.status.as_str().to_owned()).into(),
+            Value::from(i64::from(state.attempts)).into(),
+            Arg::time_or_null(dialect, state.next_attempt_at),
+            Value::from(state.error.map(|e| truncate(e, 4000))).into(),
+            DbTime::NOW.into(),
+            Arg::time_or_null(dialect, state.processed_at),
         ]);
         if n > 0 {
             sql.push(", ");
@@ -156,9 +150,8 @@ pub async fn insert<C: ConnectionTrait>(
     conn: &C,
     row: &NewInboxRow<'_>,
     state: &InboxState,
-    now: DateTime<Utc>,
 ) -> Result<bool, DbErr> {
-    let statement = insert_statement(Dialect::of(conn), &[(row, state)], now, false);
+    let statement = insert_statement(Dialect::of(conn), &[(row, state)], false);
     Ok(conn.execute_raw(statement).await?.rows_affected() == 1)
 }
 
@@ -171,13 +164,12 @@ const INSERT_CHUNK: usize = 64;
 pub async fn insert_many<C: ConnectionTrait>(
     conn: &C,
     rows: &[(NewInboxRow<'_>, InboxState)],
-    now: DateTime<Utc>,
 ) -> Result<Vec<bool>, DbErr> {
     let dialect = Dialect::of(conn);
     let mut inserted = Vec::with_capacity(rows.len());
     if !dialect.insert_returning() {
         for (row, state) in rows {
-            inserted.push(insert(conn, row, state, now).await?);
+            inserted.push(insert(conn, row, state).await?);
         }
         return Ok(inserted);
     }
@@ -186,7 +178,7 @@ pub async fn insert_many<C: ConnectionTrait>(
             chunk.iter().map(|(row, state)| (row, state)).collect();
         let mut returned: std::collections::HashSet<String> = std::collections::HashSet::new();
         for row in conn
-            .query_all_raw(insert_statement(dialect, &pairs, now, true))
+            .query_all_raw(insert_statement(dialect, &pairs, true))
             .await?
         {
             returned.insert(row.try_get("", "message_id")?);
@@ -222,7 +214,6 @@ pub async fn record_batch<C: ConnectionTrait>(
     conn: &C,
     rows: &[NewInboxRow<'_>],
     ordered: bool,
-    now: DateTime<Utc>,
 ) -> Result<Vec<Recorded>, DbErr> {
     let dialect = Dialect::of(conn);
     fn aggregate_of<'a>(row: &NewInboxRow<'a>) -> Option<(&'a str, &'a str)> {
@@ -234,7 +225,7 @@ pub async fn record_batch<C: ConnectionTrait>(
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut returned = std::collections::HashMap::new();
             for row in conn
-                .query_all_raw(record_ordered_statement(dialect, chunk, now))
+                .query_all_raw(record_ordered_statement(dialect, chunk))
                 .await?
             {
                 let message_id: String = row.try_get("", "message_id")?;
@@ -275,7 +266,7 @@ pub async fn record_batch<C: ConnectionTrait>(
             (row.clone(), state)
         })
         .collect();
-    let inserted = insert_many(conn, &states, now).await?;
+    let inserted = insert_many(conn, &states).await?;
     Ok(states
         .iter()
         .zip(inserted)
@@ -293,7 +284,6 @@ pub async fn record_batch<C: ConnectionTrait>(
 fn record_ordered_statement(
     dialect: Dialect,
     rows: &[NewInboxRow<'_>],
-    now: DateTime<Utc>,
 ) -> sea_orm::Statement {
     let consumer = rows.first().map_or("", |row| row.consumer);
     let mut sql = Sql::new(dialect);
@@ -322,7 +312,6 @@ fn record_ordered_statement(
         done = InboxStatus::Done.literal(),
         pending = InboxStatus::Pending.literal(),
     ));
-    let received_at = dialect.timestamp(now);
     for (n, row) in rows.iter().enumerate() {
         if n > 0 {
             sql.push(", ");
@@ -330,7 +319,8 @@ fn record_ordered_statement(
         sql.bind_list(
             row_values(row)
                 .into_iter()
-                .chain([received_at.clone(), (n as i64).into()]),
+                .map(Arg::from)
+                .chain([DbTime::NOW.into(), Value::from(n as i64).into()]),
         );
     }
     sql.push(&format!(
@@ -350,21 +340,20 @@ pub async fn restate<C: ConnectionTrait>(
     consumer: &str,
     message_id: &str,
     state: &InboxState,
-    now: DateTime<Utc>,
 ) -> Result<(), DbErr> {
     let dialect = Dialect::of(conn);
-    let state = state_columns(state, now);
+    let state = state_columns(state);
     let mut sql = Sql::new(dialect);
     sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
         .bind(state.status.as_str().to_owned().into())
         .push(", attempts = ")
         .bind(i64::from(state.attempts).into())
         .push(", next_attempt_at = ")
-        .bind(timestamp_or_null(dialect, state.next_attempt_at))
+        .arg(Arg::time_or_null(dialect, state.next_attempt_at))
         .push(", last_error = ")
         .bind(state.error.map(|e| truncate(e, 4000)).into())
         .push(", processed_at = ")
-        .bind(timestamp_or_null(dialect, state.processed_at))
+        .arg(Arg::time_or_null(dialect, state.processed_at))
         .push(" WHERE consumer = ")
         .bind(consumer.to_owned().into())
         .push(" AND message_id = ")
@@ -535,8 +524,7 @@ pub async fn claim(
     let ClaimParams {
         owner: worker_id,
         batch_size,
-        locked_until,
-        now,
+        lease,
         ordering,
         max_attempts,
     } = *params;
@@ -554,7 +542,10 @@ pub async fn claim(
     let mut blocked = std::collections::HashSet::new();
     // Expired claims behind a message this claim makes DEAD: handed back (see `hand_back`).
     let mut stranded = Vec::new();
-    for candidate in select_claimable(&txn, &queue, now, batch_size, ordering).await? {
+    for candidate in select_claimable(&txn, &queue, batch_size, ordering)
+        .await?
+        .rows
+    {
         let row = &candidate.row;
         let reclaim = row.try_get::<String>("", "status")? == InboxStatus::Processing.as_str();
         let attempts = dialect.get_int(row, "attempts")?;
@@ -595,7 +586,7 @@ pub async fn claim(
         ))
         .bind(worker_id.to_owned().into())
         .push(", locked_until = ")
-        .bind(dialect.timestamp(locked_until))
+        .time(DbTime::after(lease))
         .push(", claim_token = ")
         .bind(dialect.uuid(token))
         .push(" WHERE id IN ")
@@ -635,7 +626,6 @@ pub async fn mark_done<C: ConnectionTrait>(
     conn: &C,
     id: i64,
     token: Uuid,
-    now: DateTime<Utc>,
 ) -> Result<bool, DbErr> {
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
@@ -643,7 +633,7 @@ pub async fn mark_done<C: ConnectionTrait>(
         "UPDATE {INBOX_TABLE} SET status = {}, processed_at = ",
         InboxStatus::Done.literal()
     ))
-    .bind(dialect.timestamp(now))
+    .time(DbTime::NOW)
     .push(", attempts = attempts + 1, locked_until = NULL, last_error = NULL WHERE id = ")
     .bind(id.into())
     .push(&format!(
@@ -670,7 +660,7 @@ pub async fn mark_failed(
     ))
     .bind(i64::from(failure.attempts()).into())
     .push(", next_attempt_at = ")
-    .bind(timestamp_or_null(dialect, failure.next_attempt_at()))
+    .arg(Arg::time_or_null(dialect, failure.due()))
     .push(", last_error = ")
     .bind(truncate(failure.error(), 4000).into())
     .push(", locked_until = NULL WHERE id = ")

@@ -1,20 +1,24 @@
 //! Named leases (`outbox_lease`): at most one holder at a time, for work that one instance of a
 //! service runs at a time (the retention janitor).
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
-use super::{Dialect, LEASE_TABLE, sql::Sql};
+use super::{DbTime, Dialect, LEASE_TABLE, sql::Sql};
 use crate::util::text::truncate;
-/// Take or renew the lease `name` for `holder` until `until`: succeeds when nobody holds it, its
-/// holder's lease expired before `now`, or `holder` already holds it.
+
+/// Take or renew the lease `name` for `holder` for `lease` from now: succeeds when nobody holds
+/// it, its holder's lease expired, or `holder` already holds it. "Now" and "expired" are the
+/// database's clock's.
 pub async fn acquire_lease(
     db: &DatabaseConnection,
     name: &str,
     holder: &str,
-    now: DateTime<Utc>,
-    until: DateTime<Utc>,
+    lease: Duration,
 ) -> Result<bool, DbErr> {
+    let until = DbTime::after(lease);
     let dialect = Dialect::of(db);
     let holder = truncate(holder, 255);
     let mut sql = Sql::new(dialect);
@@ -23,17 +27,17 @@ pub async fn acquire_lease(
     ))
     .bind(holder.clone().into())
     .push(" THEN acquired_at ELSE ")
-    .bind(dialect.timestamp(now))
+    .time(DbTime::NOW)
     .push(" END, holder = ")
     .bind(holder.clone().into())
     .push(", locked_until = ")
-    .bind(dialect.timestamp(until))
+    .time(until)
     .push(" WHERE name = ")
     .bind(name.to_owned().into())
     .push(" AND (holder = ")
     .bind(holder.clone().into())
     .push(" OR locked_until < ")
-    .bind(dialect.timestamp(now))
+    .time(DbTime::NOW)
     .push(")");
     if db.execute_raw(sql.build()).await?.rows_affected() == 1 {
         return Ok(true);
@@ -49,9 +53,9 @@ pub async fn acquire_lease(
         .push(", ")
         .bind(holder.into())
         .push(", ")
-        .bind(dialect.timestamp(now))
+        .time(DbTime::NOW)
         .push(", ")
-        .bind(dialect.timestamp(until))
+        .time(until)
         .push(")");
     if let Some(on_conflict) = on_conflict {
         sql.push(&on_conflict);
@@ -59,17 +63,17 @@ pub async fn acquire_lease(
     Ok(db.execute_raw(sql.build()).await?.rows_affected() == 1)
 }
 
-/// Give the lease `name` up if `holder` holds it (it expires at `now`).
+/// Give the lease `name` up if `holder` holds it: it expired a second ago, by the database's
+/// clock.
 pub async fn release_lease(
     db: &DatabaseConnection,
     name: &str,
     holder: &str,
-    now: DateTime<Utc>,
 ) -> Result<bool, DbErr> {
     let dialect = Dialect::of(db);
     let mut sql = Sql::new(dialect);
     sql.push(&format!("UPDATE {LEASE_TABLE} SET locked_until = "))
-        .bind(dialect.timestamp(now))
+        .time(DbTime::before(Duration::from_secs(1)))
         .push(" WHERE name = ")
         .bind(name.to_owned().into())
         .push(" AND holder = ")

@@ -5,7 +5,7 @@
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 
 use super::{
-    Dialect, OUTBOX_TABLE,
+    DbTime, Dialect, OUTBOX_TABLE,
     claim::{ClaimParams, select_claimable},
     inbox::{InboxState, NewInboxRow},
     relay::{aggregate_of, decode, mark_dead, outbox_queue},
@@ -41,8 +41,9 @@ pub async fn move_to_inbox(
     let mut moved = Moved::default();
     let mut sent = Vec::new();
     let mut dead_aggregates = std::collections::HashSet::new();
-    for candidate in
-        select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
+    for candidate in select_claimable(&txn, &queue, params.batch_size, params.ordering)
+        .await?
+        .rows
     {
         let aggregate = aggregate_of(&candidate.row);
         if params.ordering && dead_aggregates.contains(&aggregate) {
@@ -85,7 +86,7 @@ pub async fn move_to_inbox(
                 schema_version: Some(event.schema_version),
                 payload: &body,
             };
-            if super::inbox::insert(&txn, &row, &InboxState::Pending, params.now).await? {
+            if super::inbox::insert(&txn, &row, &InboxState::Pending).await? {
                 moved.inbox_rows += 1;
             } else {
                 moved.duplicates += 1;
@@ -99,7 +100,7 @@ pub async fn move_to_inbox(
             "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
             OutboxStatus::Sent.literal()
         ))
-        .bind(dialect.timestamp(params.now))
+        .time(DbTime::NOW)
         .push(", locked_by = ")
         .bind(params.owner.to_owned().into())
         .push(", locked_until = NULL, last_error = NULL WHERE id IN ")

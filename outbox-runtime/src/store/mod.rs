@@ -3,6 +3,7 @@
 //!
 //! - `dialect`: what differs between the backends, as capabilities of a `Dialect`,
 //!   implemented in `postgres`, `mysql` and `sqlite`;
+//! - `clock`: the one clock, the database's (`DbTime`);
 //! - `sql`: the statement builder, `tx`: the short transactions the SDK's statements run in,
 //!   `status`: the tables' states, `errors`: what a database error means;
 //! - `outbox`: the commit-time INSERT of buffered events;
@@ -15,6 +16,7 @@
 
 pub mod admin;
 pub mod claim;
+pub mod clock;
 pub mod dialect;
 pub mod errors;
 pub mod inbox;
@@ -33,6 +35,7 @@ pub mod stats;
 pub mod status;
 pub mod tx;
 
+pub use clock::{DbTime, database_now};
 pub use dialect::Dialect;
 pub use errors::{is_connection_error, is_transient};
 pub(crate) use outbox::{InsertOutcome, insert_events};

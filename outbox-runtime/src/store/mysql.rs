@@ -5,6 +5,7 @@
 use sea_orm::{DbBackend, Statement};
 
 use super::{
+    DbTime,
     claim::{self, BeyondWindow, HeadsBound, HeadsQuery, Queue},
     dialect::{Backend, sealed::Sealed},
     retention::Purge,
@@ -21,6 +22,14 @@ impl Sealed for MySql {}
 impl Backend for MySql {
     fn db_backend(&self) -> DbBackend {
         DbBackend::MySql
+    }
+
+    /// `UTC_TIMESTAMP(6)`: the `DATETIME(6)` columns hold UTC, whatever the session's time zone.
+    fn time_expression(&self, offset: Option<&str>) -> String {
+        match offset {
+            None => "UTC_TIMESTAMP(6)".to_owned(),
+            Some(micros) => format!("(UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND)"),
+        }
     }
 
     /// A no-op update on a duplicate key: unlike `INSERT IGNORE`, it does not turn other errors
@@ -97,7 +106,6 @@ impl Backend for MySql {
     fn heads_query(&self, query: &HeadsQuery<'_>) -> Statement {
         let HeadsQuery {
             queue,
-            now,
             limit,
             ordering,
             bound,
@@ -114,6 +122,7 @@ impl Backend for MySql {
                 sql.push(" UNION ALL ");
             }
             sql.push(&format!("(SELECT {columns}"));
+            claim::push_now_column(&mut sql);
             if *ordering {
                 claim::push_has_next(&mut sql, queue);
             }
@@ -124,7 +133,7 @@ impl Backend for MySql {
             ));
             claim::push_scope_of(&mut sql, queue, "o.");
             if let Some(due) = due {
-                sql.push(" AND ").push(due).bind(now.clone());
+                sql.push(" AND ").push(due).time(DbTime::NOW);
             }
             if let HeadsBound::At(bound) = bound {
                 sql.push(" AND o.id <= ").bind((*bound).into());

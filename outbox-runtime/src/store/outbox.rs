@@ -3,11 +3,10 @@
 
 use std::{borrow::Cow, collections::HashSet};
 
-use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DbErr};
 use uuid::Uuid;
 
-use super::{Dialect, OUTBOX_TABLE};
+use super::{DbTime, Dialect, OUTBOX_TABLE};
 use crate::event::EventId;
 
 /// An event serialized at `enqueue`, waiting for commit.
@@ -23,7 +22,6 @@ pub(crate) struct PendingEvent {
     pub(crate) dedup_key: Option<String>,
     pub(crate) payload: String,
     pub(crate) headers: String,
-    pub(crate) created_at: DateTime<Utc>,
 }
 
 impl PendingEvent {
@@ -48,7 +46,7 @@ pub struct SkippedEvent {
 }
 
 /// Columns bound per row by the commit-time INSERT, in order.
-const INSERT_COLUMNS: [&str; 11] = [
+const INSERT_COLUMNS: [&str; 10] = [
     "event_id",
     "source",
     "event_type",
@@ -59,7 +57,6 @@ const INSERT_COLUMNS: [&str; 11] = [
     "dedup_key",
     "payload",
     "headers",
-    "created_at",
 ];
 
 /// What the commit-time INSERT did.
@@ -100,7 +97,7 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
         sql.push_str(OUTBOX_TABLE);
         sql.push_str(" (");
         sql.push_str(&INSERT_COLUMNS.join(", "));
-        sql.push_str(") VALUES ");
+        sql.push_str(", created_at) VALUES ");
         let mut values = Vec::with_capacity(chunk.len() * INSERT_COLUMNS.len());
         let mut n = 0;
         for (i, event) in chunk.iter().enumerate() {
@@ -119,6 +116,9 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
                     sql.push_str(&dialect.placeholder(n));
                 }
             }
+            // Written by the database's clock, like every instant the SDK stores.
+            sql.push_str(", ");
+            sql.push_str(&dialect.time_literal(DbTime::NOW));
             sql.push(')');
             values.push(dialect.uuid(event.event_id));
             values.push(event.source.clone().into());
@@ -130,7 +130,6 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
             values.push(event.dedup_key.clone().into());
             values.push(event.payload.clone().into());
             values.push(event.headers.clone().into());
-            values.push(dialect.timestamp(event.created_at));
         }
         if let Some(clause) =
             dialect.outbox_insert_conflict(chunk.iter().any(|e| e.dedup_key.is_some()))

@@ -3,11 +3,11 @@
 //! one statement, an all-confirmed write-back as one simple query, an ordered inbox batch recorded
 //! by one statement).
 
-use chrono::{DateTime, Utc};
 use sea_orm::{DbBackend, DbErr, QueryResult, Value};
 use uuid::Uuid;
 
 use super::{
+    DbTime,
     claim::{self, Queue},
     dialect::{Backend, sealed::Sealed},
     sql::Sql,
@@ -26,6 +26,17 @@ impl Backend for Postgres {
 
     fn placeholder(&self, n: usize) -> String {
         format!("${n}")
+    }
+
+    /// The statement's start (`statement_timestamp()`): one instant for the whole statement,
+    /// not the transaction's start, which a long transaction would leave behind.
+    fn time_expression(&self, offset: Option<&str>) -> String {
+        match offset {
+            None => "statement_timestamp()".to_owned(),
+            Some(micros) => {
+                format!("(statement_timestamp() + {micros} * INTERVAL '1 microsecond')")
+            }
+        }
     }
 
     /// JSON travels as text and is cast once, server-side.
@@ -110,19 +121,19 @@ impl Backend for Postgres {
 
     /// The statements go as one simple query, which PostgreSQL runs as one implicit
     /// transaction (rolled back whole on error), so `SET LOCAL` applies to its commit. Its values
-    /// are ids, a UUID and a timestamp this process made, written as literals.
+    /// are ids, a UUID and a time offset this process made, written as literals.
     fn sent_in_one_round_trip(
         &self,
         table: &str,
         token: Uuid,
         ids: &[i64],
-        now: DateTime<Utc>,
+        at: DbTime,
     ) -> Option<String> {
         let mut sql = format!(
             "SET LOCAL synchronous_commit = off; UPDATE {table} SET status = {sent}, \
-             sent_at = '{}', locked_until = NULL, last_error = NULL \
+             sent_at = {}, locked_until = NULL, last_error = NULL \
              WHERE status = {processing} AND claim_token = '{}' AND id IN (",
-            now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            self.time_literal(at),
             token.hyphenated(),
             sent = super::OutboxStatus::Sent.literal(),
             processing = super::OutboxStatus::Processing.literal(),

@@ -11,9 +11,9 @@ use uuid::Uuid;
 use crate::envelope::{Envelope, JSON_CONTENT_TYPE};
 
 use super::{
-    Dialect, OUTBOX_TABLE,
+    DbTime, Dialect, OUTBOX_TABLE,
     claim::{ClaimParams, Queue, hand_back, select_claimable},
-    sql::Sql,
+    sql::{Arg, Sql},
     status::{Failure, OutboxStatus},
     tx::begin_work,
 };
@@ -103,6 +103,9 @@ pub struct Claim {
     pub dead: Vec<ClaimedEvent>,
     /// Rows that could not be read (marked DEAD by this claim, with the reason).
     pub unreadable: usize,
+    /// The database's time when the claim found its rows (`None` when it found none): what the
+    /// events' ages are measured against.
+    pub claimed_at: Option<DateTime<Utc>>,
 }
 
 /// A claimed row as read, with its status before the claim.
@@ -159,9 +162,9 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
     let mut rows = Vec::new();
     let mut dead_aggregates = std::collections::HashSet::new();
     let mut unreadable = 0;
-    for candidate in
-        select_claimable(&txn, &queue, params.now, params.batch_size, params.ordering).await?
-    {
+    let claimable = select_claimable(&txn, &queue, params.batch_size, params.ordering).await?;
+    let claimed_at = claimable.now;
+    for candidate in claimable.rows {
         let aggregate = aggregate_of(&candidate.row);
         if params.ordering && dead_aggregates.contains(&aggregate) {
             continue; // behind an unreadable event of its aggregate
@@ -189,6 +192,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
             events: Vec::new(),
             dead: Vec::new(),
             unreadable,
+            claimed_at,
         });
     }
 
@@ -233,7 +237,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         ))
         .bind(params.owner.to_owned().into())
         .push(", locked_until = ")
-        .bind(dialect.timestamp(params.locked_until))
+        .time(DbTime::after(params.lease))
         .push(", claim_token = ")
         .bind(dialect.uuid(token))
         .push(" WHERE id IN ")
@@ -269,6 +273,7 @@ pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<
         events,
         dead,
         unreadable,
+        claimed_at,
     })
 }
 
@@ -308,13 +313,13 @@ pub struct Settled {
 /// Ids one settling statement names at most.
 const SETTLE_CHUNK: usize = 1000;
 
-/// Write back a claim's outcome in one short transaction, fenced by its token. The usual
-/// outcome, every event confirmed, goes in one round trip where the dialect can send it so.
+/// Write back a claim's outcome in one short transaction, fenced by its token; `sent_at` and due
+/// times by the database's clock. The usual outcome, every event confirmed, goes in one round
+/// trip where the dialect can send it so.
 pub async fn settle(
     db: &DatabaseConnection,
     token: Uuid,
     settlement: &Settlement,
-    now: DateTime<Utc>,
 ) -> Result<Settled, DbErr> {
     let dialect = Dialect::of(db);
     if settlement.failed.is_empty()
@@ -325,7 +330,7 @@ pub async fn settle(
             return Ok(Settled::default());
         }
         if let Some(sql) =
-            dialect.sent_in_one_round_trip(OUTBOX_TABLE, token, &settlement.sent, now)
+            dialect.sent_in_one_round_trip(OUTBOX_TABLE, token, &settlement.sent, DbTime::NOW)
         {
             let result = db.execute_unprepared(&sql).await?;
             return Ok(Settled {
@@ -347,7 +352,7 @@ pub async fn settle(
             "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
             OutboxStatus::Sent.literal()
         ))
-        .bind(dialect.timestamp(now))
+        .time(DbTime::NOW)
         .push(", locked_until = NULL, last_error = NULL")
         .push(&fenced)
         .bind(dialect.uuid(token))
@@ -364,11 +369,7 @@ pub async fn settle(
         ))
         .bind(i64::from(failure.attempts()).into())
         .push(", next_attempt_at = ")
-        .bind(
-            failure
-                .next_attempt_at()
-                .map_or_else(|| dialect.null_timestamp(), |t| dialect.timestamp(t)),
-        )
+        .arg(Arg::time_or_null(dialect, failure.due()))
         .push(", last_error = ")
         .bind(truncate(failure.error(), 4000).into())
         .push(", locked_until = NULL")

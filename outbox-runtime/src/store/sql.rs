@@ -2,7 +2,35 @@
 
 use sea_orm::{Statement, Value};
 
-use super::Dialect;
+use super::{Dialect, clock::DbTime};
+
+/// One item of a bound list: a value, or an instant the database computes.
+#[derive(Debug, Clone)]
+pub enum Arg {
+    /// A bound value.
+    Value(Value),
+    /// An instant by the database's clock.
+    Time(DbTime),
+}
+
+impl Arg {
+    /// An instant, or a NULL of the type timestamps are bound as.
+    pub fn time_or_null(dialect: Dialect, t: Option<DbTime>) -> Arg {
+        t.map_or_else(|| Arg::Value(dialect.null_timestamp()), Arg::Time)
+    }
+}
+
+impl From<Value> for Arg {
+    fn from(value: Value) -> Self {
+        Arg::Value(value)
+    }
+}
+
+impl From<DbTime> for Arg {
+    fn from(t: DbTime) -> Self {
+        Arg::Time(t)
+    }
+}
 
 /// Builds SQL with backend placeholders, numbering them as they are added. Every value goes in
 /// as a bound parameter; only identifiers and the SDK's own constants are pushed as text.
@@ -30,20 +58,33 @@ impl Sql {
 
     /// Append a placeholder bound to `value`.
     pub fn bind(&mut self, value: Value) -> &mut Self {
-        self.values.push(value);
-        let placeholder = self.dialect.placeholder(self.values.len());
+        let placeholder = self.bind_placeholder(value);
         self.text.push_str(&placeholder);
         self
     }
 
-    /// Append `(?, ?, …)` bound to `values`.
-    pub fn bind_list(&mut self, values: impl IntoIterator<Item = Value>) -> &mut Self {
+    /// Append one [`Arg`]: a placeholder bound to a value, or an instant.
+    pub fn arg(&mut self, arg: Arg) -> &mut Self {
+        match arg {
+            Arg::Value(value) => self.bind(value),
+            Arg::Time(t) => self.time(t),
+        }
+    }
+
+    /// Bind `value` and return its placeholder, for an expression to append around it.
+    pub(crate) fn bind_placeholder(&mut self, value: Value) -> String {
+        self.values.push(value);
+        self.dialect.placeholder(self.values.len())
+    }
+
+    /// Append `(?, ?, …)` bound to `items` (an instant is written as the database computes it).
+    pub fn bind_list<A: Into<Arg>>(&mut self, items: impl IntoIterator<Item = A>) -> &mut Self {
         self.text.push('(');
-        for (i, value) in values.into_iter().enumerate() {
+        for (i, item) in items.into_iter().enumerate() {
             if i > 0 {
                 self.text.push_str(", ");
             }
-            self.bind(value);
+            self.arg(item.into());
         }
         self.text.push(')');
         self

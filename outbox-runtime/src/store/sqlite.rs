@@ -29,6 +29,10 @@ fn timestamp_text(t: &DateTime<Utc>) -> String {
     crate::envelope::format_time(t)
 }
 
+/// `strftime`'s format of the text [`timestamp_text`] writes: `%f` is seconds with milliseconds,
+/// and three zeros fill the microseconds.
+const TIME_FORMAT: &str = "%Y-%m-%dT%H:%M:%f000Z";
+
 fn parse_timestamp(text: &str, column: &str) -> Result<DateTime<Utc>, DbErr> {
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.with_timezone(&Utc))
@@ -45,6 +49,17 @@ fn parse_timestamp(text: &str, column: &str) -> Result<DateTime<Utc>, DbErr> {
 impl Backend for Sqlite {
     fn db_backend(&self) -> DbBackend {
         DbBackend::Sqlite
+    }
+
+    /// The clock of the host holding the database file, as the same fixed-width text as
+    /// [`Self::timestamp`] (SQLite reads it to the millisecond).
+    fn time_expression(&self, offset: Option<&str>) -> String {
+        match offset {
+            None => format!("strftime('{TIME_FORMAT}', 'now')"),
+            Some(micros) => format!(
+                "strftime('{TIME_FORMAT}', 'now', printf('%+.6f seconds', {micros} / 1000000.0))"
+            ),
+        }
     }
 
     /// Fixed-width RFC 3339 text, so text comparison orders correctly.

@@ -156,12 +156,12 @@ impl InboxStatus {
 /// Where a failed attempt goes, on either table: due again later, or given up on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
-    /// Try again at `next_attempt_at`.
+    /// Try again `delay` after the failure is written (by the database's clock).
     Retry {
         /// Attempts so far, this one included.
         attempts: u32,
-        /// When to try again.
-        next_attempt_at: chrono::DateTime<chrono::Utc>,
+        /// How long after the write it is due again.
+        delay: std::time::Duration,
         /// Why it failed.
         error: String,
     },
@@ -189,12 +189,10 @@ impl Failure {
         }
     }
 
-    /// When it is due again (`None` when DEAD).
-    pub fn next_attempt_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+    /// When it is due again, by the database's clock (`None` when DEAD).
+    pub fn due(&self) -> Option<super::DbTime> {
         match self {
-            Failure::Retry {
-                next_attempt_at, ..
-            } => Some(*next_attempt_at),
+            Failure::Retry { delay, .. } => Some(super::DbTime::after(*delay)),
             Failure::Dead { .. } => None,
         }
     }

@@ -580,3 +580,47 @@ pub fn assert_shared_and_fanned_out(
         "another consumer name gets everything, in publish order"
     );
 }
+
+/// Move inbox rows of `consumer` (one message, or all) back to `at`: the SDK stamps
+/// `received_at` and `processed_at` with the database's clock, so a test that needs old rows
+/// dates them back afterwards.
+pub async fn backdate_inbox<C: ConnectionTrait>(
+    db: &C,
+    consumer: &str,
+    message_id: Option<&str>,
+    at: chrono::DateTime<chrono::Utc>,
+) {
+    let dialect = Dialect::of(db);
+    let backend = db.get_database_backend();
+    let mut sql = String::from(
+        "UPDATE inbox_event SET received_at = ?, \
+         processed_at = CASE WHEN processed_at IS NULL THEN NULL ELSE ? END WHERE consumer = ?",
+    );
+    let mut values = vec![
+        dialect.timestamp(at),
+        dialect.timestamp(at),
+        consumer.to_owned().into(),
+    ];
+    if let Some(id) = message_id {
+        sql.push_str(" AND message_id = ?");
+        values.push(id.to_owned().into());
+    }
+    if backend == DbBackend::Postgres {
+        let mut n = 0;
+        sql = sql
+            .split('?')
+            .enumerate()
+            .map(|(i, part)| {
+                if i == 0 {
+                    part.to_owned()
+                } else {
+                    n += 1;
+                    format!("${n}{part}")
+                }
+            })
+            .collect();
+    }
+    db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+        .await
+        .expect("dating inbox rows back");
+}
