@@ -7,7 +7,13 @@
 //! their own fencing tokens, publishes and handlers that succeed or fail (transiently or
 //! permanently), crashes that never settle a claim, time passing past leases and retry times,
 //! operators replaying, resending and ignoring, and stale relays settling after their lease was
-//! taken over. Time is simulated through the `now` the store functions take.
+//! taken over. Every instant is the database's clock, read inside the statement that uses it;
+//! time passes through a skew the store adds to that clock in the statements the calling thread
+//! builds (`outbox::store::clock::skew_by`): each case runs on one thread, and moving time on
+//! (past leases, retry times) moves the skew. The real clock moves too, a few milliseconds
+//! between statements, so each written instant is checked against the database's time read just
+//! before and just after the step that wrote it, and a claim against what was claimable at
+//! either end.
 //!
 //! After every step each row must be in a legal state with consistent columns, a claim must take
 //! only claimable rows in per-aggregate order (and some row whenever one is eligible), and a
@@ -36,20 +42,22 @@ use outbox::relay::Backoff;
 use outbox::sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
 };
-use outbox::store::Dialect;
-use outbox::store::Failure;
 use outbox::store::claim::ClaimParams;
+use outbox::store::clock::skew_by;
 use outbox::store::inbox::{self as inbox_store, InboxClaim, InboxState, NewInboxRow};
 use outbox::store::local::move_to_inbox;
 use outbox::store::relay::{self as relay_store, Claim, FailedEvent, Settlement};
+use outbox::store::{Dialect, Failure, database_now};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use serde::{Deserialize, Serialize};
 
 /// Cases per state machine unless `PROPTEST_CASES` says otherwise.
 const DEFAULT_CASES: u32 = 128;
-/// Lease of every claim.
+/// Lease of every claim, in seconds.
 const LEASE_SECS: i64 = 30;
+/// Lease of every claim.
+const LEASE: Duration = Duration::from_secs(LEASE_SECS.unsigned_abs());
 /// One drain round moves time on by this much: past every lease and every retry time.
 const DRAIN_STEP_SECS: i64 = 3_600;
 const AGGREGATE_TYPE: &str = "thing";
@@ -77,9 +85,98 @@ fn fail(e: impl Display) -> TestCaseError {
     TestCaseError::fail(e.to_string())
 }
 
-/// Timestamps as the store keeps them (microseconds).
-fn stored(t: DateTime<Utc>) -> DateTime<Utc> {
-    t.trunc_subsecs(6)
+/// The database's current time, as the statements this thread builds read it (skew included).
+async fn db_now(db: &DatabaseConnection) -> Result<DateTime<Utc>, TestCaseError> {
+    database_now(db).await.map_err(fail)
+}
+
+/// The database adds an offset (a retry's delay) to its clock rounded to the millisecond
+/// (SQLite), so an instant written that far ahead may be off by half a millisecond.
+const OFFSET_ROUNDING: chrono::Duration = chrono::Duration::microseconds(500);
+
+/// The database's time read just before and just after an operation (this thread's skew
+/// included): every statement of the operation read its clock in between. `before` is cut to
+/// the millisecond, as SQLite reads its clock.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    before: DateTime<Utc>,
+    after: DateTime<Utc>,
+}
+
+impl Window {
+    fn new(before: DateTime<Utc>, after: DateTime<Utc>) -> Window {
+        Window {
+            before: before.trunc_subsecs(3),
+            after,
+        }
+    }
+
+    /// `t` was written as the database's time during the operation.
+    fn check_now(&self, t: Option<DateTime<Utc>>, what: &str) -> Result<(), TestCaseError> {
+        self.check_ahead(t, chrono::Duration::zero(), chrono::Duration::zero(), what)
+    }
+
+    /// `t` was written as the database's time during the operation plus `offset`, which the
+    /// database may have rounded by up to `slack`.
+    fn check_ahead(
+        &self,
+        t: Option<DateTime<Utc>>,
+        offset: chrono::Duration,
+        slack: chrono::Duration,
+        what: &str,
+    ) -> Result<(), TestCaseError> {
+        let Some(t) = t else {
+            return Err(fail(format!("{what} is not set")));
+        };
+        prop_assert!(
+            self.before - slack <= t - offset && t - offset <= self.after + slack,
+            "{} {} is not {} (± {}) after a time in {:?}",
+            what,
+            t,
+            offset,
+            slack,
+            self
+        );
+        Ok(())
+    }
+}
+
+/// A failed attempt was written as asked: RETRY due its delay after the database's time during
+/// the write, the delay within the backoff window of the attempt; DEAD with no due time.
+fn check_failure_written(
+    next_attempt_at: Option<DateTime<Utc>>,
+    failure: &Failure,
+    window: &Window,
+) -> Result<(), TestCaseError> {
+    // A DEAD row is not due again: it has no `next_attempt_at`.
+    prop_assert_eq!(next_attempt_at.is_some(), failure.due().is_some());
+    if let Failure::Retry { delay, .. } = failure {
+        let delay = chrono::Duration::from_std(*delay).map_err(fail)?;
+        window.check_ahead(next_attempt_at, delay, OFFSET_ROUNDING, "next_attempt_at")?;
+        // Backoff: due no sooner than the base delay, no later than base plus jitter, after
+        // the write (some instant in the window).
+        let next_attempt_at = next_attempt_at.expect("checked above");
+        let base = backoff().base_delay(failure.attempts() - 1);
+        let most = chrono::Duration::from_std(base.mul_f64(1.2) + Duration::from_micros(1))
+            .map_err(fail)?;
+        let base = chrono::Duration::from_std(base).map_err(fail)?;
+        prop_assert!(
+            next_attempt_at - window.before >= base - OFFSET_ROUNDING
+                && next_attempt_at - window.after <= most + OFFSET_ROUNDING,
+            "next_attempt_at {} outside the backoff window [{:?}, {:?}] after {:?}",
+            next_attempt_at,
+            base,
+            most,
+            window
+        );
+    }
+    Ok(())
+}
+
+/// Let time pass: the database's clock reads `by` later in this thread's statements from now on.
+fn advance_clock(skew: &mut chrono::Duration, by: i64) {
+    *skew += chrono::Duration::seconds(by);
+    skew_by(*skew);
 }
 
 fn cases() -> u32 {
@@ -456,7 +553,8 @@ fn unchanged_except<R: PartialEq + std::fmt::Debug>(
 struct OutboxModel {
     db: DatabaseConnection,
     outbox: Outbox,
-    now: DateTime<Utc>,
+    /// How far ahead of the real clock the database's clock reads: time passed in the case.
+    skew: chrono::Duration,
     max_attempts: u32,
     committed: usize,
     seq: u32,
@@ -470,10 +568,12 @@ struct OutboxModel {
 
 impl OutboxModel {
     async fn new(max_attempts: u32) -> Result<Self, TestCaseError> {
+        // A new case: no time has passed.
+        skew_by(chrono::Duration::zero());
         Ok(OutboxModel {
             db: fresh_db().await?,
             outbox: Outbox::new("state-machine"),
-            now: Utc::now().trunc_subsecs(0),
+            skew: chrono::Duration::zero(),
             max_attempts,
             committed: 0,
             seq: 0,
@@ -543,7 +643,7 @@ impl OutboxModel {
                 self.in_flight[relay.index()] = None;
             }
             OutboxOp::TakeOver { relay, batch } => {
-                self.now += chrono::Duration::seconds(LEASE_SECS + 1);
+                advance_clock(&mut self.skew, LEASE_SECS + 1);
                 let before = self.rows().await?;
                 let other = relay.other();
                 let claim = self
@@ -556,7 +656,7 @@ impl OutboxModel {
                     .await?;
             }
             OutboxOp::Advance { seconds } => {
-                self.now += chrono::Duration::seconds(*seconds);
+                advance_clock(&mut self.skew, *seconds);
             }
             OutboxOp::Replay { pick } => {
                 if let Some(target) = pick_row(&before, *pick) {
@@ -584,8 +684,7 @@ impl OutboxModel {
         ClaimParams {
             owner: relay_id,
             batch_size: batch,
-            locked_until: self.now + chrono::Duration::seconds(LEASE_SECS),
-            now: self.now,
+            lease: LEASE,
             ordering: true,
             max_attempts: self.max_attempts,
         }
@@ -599,10 +698,14 @@ impl OutboxModel {
         before: &BTreeMap<i64, OutRow>,
     ) -> Result<Claim, TestCaseError> {
         let params = self.params(relay_id, batch);
+        let started = db_now(&self.db).await?;
         let claim = relay_store::claim(&self.db, &params).await.map_err(fail)?;
+        let window = Window::new(started, db_now(&self.db).await?);
         let after = self.rows().await?;
         self.cov.claims += 1;
-        let now = self.now;
+        // The claim read the clock somewhere in the window: it may take a row claimable by its
+        // end (claimability only grows with time), and must take one if one was by its start.
+        let (early, late) = (window.before, window.after);
         prop_assert!(claim.events.len() + claim.dead.len() <= batch);
         prop_assert!(
             claim.events.windows(2).all(|w| w[0].id < w[1].id),
@@ -613,15 +716,20 @@ impl OutboxModel {
             let b = &before[&event.id];
             let a = &after[&event.id];
             prop_assert!(
-                outbox_claimable(b, now),
-                "claimed a row that is not due: {b:?}"
+                outbox_claimable(b, late),
+                "claimed a row that is not due: {b:?} ({window:?})"
             );
             let reclaim = b.status == "PROCESSING";
             prop_assert_eq!(event.reclaimed, reclaim);
             prop_assert_eq!(&a.status, "PROCESSING");
             prop_assert_eq!(a.claim_token, Some(claim.token));
             prop_assert_eq!(a.locked_by.as_deref(), Some(relay_id));
-            prop_assert_eq!(a.locked_until, Some(stored(params.locked_until)));
+            window.check_ahead(
+                a.locked_until,
+                chrono::Duration::seconds(LEASE_SECS),
+                chrono::Duration::zero(),
+                "lease",
+            )?;
             prop_assert_eq!(a.attempts, b.attempts + i64::from(reclaim));
             prop_assert_eq!(i64::from(event.attempts), a.attempts);
             for earlier in before.range(..event.id).map(|(_, e)| e) {
@@ -642,8 +750,8 @@ impl OutboxModel {
             let b = &before[&event.id];
             let a = &after[&event.id];
             prop_assert!(
-                b.status == "PROCESSING" && outbox_claimable(b, now),
-                "{b:?}"
+                b.status == "PROCESSING" && outbox_claimable(b, late),
+                "{b:?} ({window:?})"
             );
             prop_assert_eq!(&a.status, "DEAD");
             prop_assert_eq!(a.attempts, b.attempts + 1);
@@ -669,7 +777,7 @@ impl OutboxModel {
             }
             prop_assert!(
                 b.status == "PROCESSING"
-                    && outbox_claimable(b, now)
+                    && outbox_claimable(b, late)
                     && dead_aggregates.contains(b.aggregate.as_str()),
                 "claim changed row {id} it does not own: {b:?} -> {a:?}"
             );
@@ -687,8 +795,9 @@ impl OutboxModel {
                     .range(..r.id)
                     .all(|(_, e)| e.aggregate != r.aggregate || e.status == "SENT");
                 prop_assert!(
-                    !(outbox_claimable(r, now) && free),
-                    "claim took nothing although row {r:?} is due and first of its aggregate"
+                    !(outbox_claimable(r, early) && free),
+                    "claim took nothing although row {r:?} is due and first of its aggregate \
+                     ({window:?})"
                 );
             }
         }
@@ -764,8 +873,7 @@ impl OutboxModel {
                             } else {
                                 Failure::Retry {
                                     attempts,
-                                    next_attempt_at: self.now
-                                        + chrono::Duration::from_std(delay).expect("delay fits"),
+                                    delay,
                                     error,
                                 }
                             };
@@ -794,9 +902,11 @@ impl OutboxModel {
         settlement: &Settlement,
         before: &BTreeMap<i64, OutRow>,
     ) -> Result<(), TestCaseError> {
-        let settled = relay_store::settle(&self.db, claim.token, settlement, self.now)
+        let started = db_now(&self.db).await?;
+        let settled = relay_store::settle(&self.db, claim.token, settlement)
             .await
             .map_err(fail)?;
+        let window = Window::new(started, db_now(&self.db).await?);
         let after = self.rows().await?;
         let owned = |id: &i64| {
             before
@@ -808,7 +918,7 @@ impl OutboxModel {
         for id in settlement.sent.iter().filter(|id| owned(id)) {
             let (b, a) = (&before[id], &after[id]);
             prop_assert_eq!(&a.status, "SENT");
-            prop_assert_eq!(a.sent_at, Some(stored(self.now)));
+            window.check_now(a.sent_at, "sent_at")?;
             prop_assert_eq!(a.attempts, b.attempts);
             changed.insert(*id);
             expected.0 += 1;
@@ -819,14 +929,7 @@ impl OutboxModel {
             let dead = f.failure.is_dead();
             prop_assert_eq!(&a.status, if dead { "DEAD" } else { "RETRY" });
             prop_assert_eq!(a.attempts, i64::from(f.failure.attempts()));
-            // A DEAD event is not due again: it has no `next_attempt_at`.
-            prop_assert_eq!(a.next_attempt_at, f.failure.next_attempt_at().map(stored));
-            if let Some(next_attempt_at) = f.failure.next_attempt_at() {
-                // Backoff: due no sooner than the base delay, no later than base plus jitter.
-                let base = backoff().base_delay(f.failure.attempts() - 1);
-                let due = (next_attempt_at - self.now).to_std().map_err(fail)?;
-                prop_assert!(due >= base && due <= base.mul_f64(1.2) + Duration::from_micros(1));
-            }
+            check_failure_written(a.next_attempt_at, &f.failure, &window)?;
             changed.insert(f.id);
             expected.1 += 1;
             if dead {
@@ -864,9 +967,11 @@ impl OutboxModel {
     ) -> Result<(), TestCaseError> {
         let params = self.params("relay-local", batch);
         let routes = |_: &str| vec!["local"];
+        let started = db_now(&self.db).await?;
         let moved = move_to_inbox(&self.db, &params, &routes)
             .await
             .map_err(fail)?;
+        let window = Window::new(started, db_now(&self.db).await?);
         let after = self.rows().await?;
         let changed: HashSet<i64> = before
             .keys()
@@ -884,12 +989,15 @@ impl OutboxModel {
         prop_assert!(changed.len() <= batch);
         for id in &changed {
             let (b, a) = (&before[id], &after[id]);
-            prop_assert!(outbox_claimable(b, self.now), "moved a row not due: {b:?}");
+            prop_assert!(
+                outbox_claimable(b, window.after),
+                "moved a row not due: {b:?} ({window:?})"
+            );
             if a.status == "DEAD" {
                 continue;
             }
             prop_assert_eq!(&a.status, "SENT");
-            prop_assert_eq!(a.sent_at, Some(stored(self.now)));
+            window.check_now(a.sent_at, "sent_at")?;
             self.moved_locally.insert(a.event_id);
         }
         prop_assert_eq!(moved.inbox_rows + moved.duplicates, moved.events);
@@ -973,7 +1081,7 @@ impl OutboxModel {
     async fn drain(&mut self) -> Result<usize, TestCaseError> {
         let bound = self.committed + 2;
         for round in 0..bound {
-            self.now += chrono::Duration::seconds(DRAIN_STEP_SECS);
+            advance_clock(&mut self.skew, DRAIN_STEP_SECS);
             let before = self.rows().await?;
             let claim = self.claim_checked("relay-drain", 50, &before).await?;
             let after_claim = self.rows().await?;
@@ -1430,7 +1538,8 @@ fn inbox_claimable(r: &InRow, now: DateTime<Utc>) -> bool {
 
 struct InboxModel {
     db: DatabaseConnection,
-    now: DateTime<Utc>,
+    /// How far ahead of the real clock the database's clock reads: time passed in the case.
+    skew: chrono::Duration,
     max_attempts: u32,
     messages: usize,
     in_flight: [Option<(&'static str, InboxClaim)>; 2],
@@ -1439,9 +1548,11 @@ struct InboxModel {
 
 impl InboxModel {
     async fn new(max_attempts: u32) -> Result<Self, TestCaseError> {
+        // A new case: no time has passed.
+        skew_by(chrono::Duration::zero());
         Ok(InboxModel {
             db: fresh_db().await?,
-            now: Utc::now().trunc_subsecs(0),
+            skew: chrono::Duration::zero(),
             max_attempts,
             messages: 0,
             in_flight: [None, None],
@@ -1517,7 +1628,7 @@ impl InboxModel {
                 self.in_flight[worker.index()] = None;
             }
             InboxOp::TakeOver { worker, batch } => {
-                self.now += chrono::Duration::seconds(LEASE_SECS + 1);
+                advance_clock(&mut self.skew, LEASE_SECS + 1);
                 let consumer = self.in_flight[worker.index()]
                     .as_ref()
                     .map_or(CONSUMERS[0], |(consumer, _)| *consumer);
@@ -1529,7 +1640,7 @@ impl InboxModel {
                 self.in_flight[other.index()] = Some((consumer, claim));
             }
             InboxOp::Advance { seconds } => {
-                self.now += chrono::Duration::seconds(*seconds);
+                advance_clock(&mut self.skew, *seconds);
             }
             InboxOp::Replay { pick } => {
                 if let Some(target) = pick_row(&before, *pick) {
@@ -1577,7 +1688,7 @@ impl InboxModel {
             Arrival::Stored => InboxState::Pending,
             Arrival::Inline(Outcome::Ok) => {
                 let tx = self.db.begin().await.map_err(fail)?;
-                let inserted = inbox_store::insert(&tx, &row, &InboxState::Done, self.now)
+                let inserted = inbox_store::insert(&tx, &row, &InboxState::Done)
                     .await
                     .map_err(fail)?;
                 if inserted {
@@ -1591,7 +1702,7 @@ impl InboxModel {
             // The handler's transaction (with the inbox record) rolled back; record the failure.
             Arrival::Inline(failure) => self.failure_state(failure, 1),
         };
-        inbox_store::insert(&self.db, &row, &state, self.now)
+        inbox_store::insert(&self.db, &row, &state)
             .await
             .map_err(fail)
     }
@@ -1607,9 +1718,7 @@ impl InboxModel {
             self.cov.retried += 1;
             InboxState::Failed(Failure::Retry {
                 attempts,
-                next_attempt_at: self.now
-                    + chrono::Duration::from_std(backoff().delay(attempts - 1))
-                        .expect("delay fits"),
+                delay: backoff().delay(attempts - 1),
                 error: format!("{failure:?} failure"),
             })
         }
@@ -1625,30 +1734,41 @@ impl InboxModel {
         let params = ClaimParams {
             owner: worker_id,
             batch_size: batch,
-            locked_until: self.now + chrono::Duration::seconds(LEASE_SECS),
-            now: self.now,
+            lease: LEASE,
             ordering: true,
             max_attempts: self.max_attempts,
         };
+        let started = db_now(&self.db).await?;
         let claim = inbox_store::claim(&self.db, consumer, &params)
             .await
             .map_err(fail)?;
+        let window = Window::new(started, db_now(&self.db).await?);
         let after = self.rows().await?;
         self.cov.claims += 1;
-        let now = self.now;
+        // The claim read the clock somewhere in the window: it may take a message claimable by
+        // its end (claimability only grows with time), and must take one if one was by its start.
+        let (early, late) = (window.before, window.after);
         prop_assert!(claim.messages.len() + claim.dead <= batch);
         let claimed: HashSet<i64> = claim.messages.iter().map(|m| m.id).collect();
         for m in &claim.messages {
             let b = &before[&m.id];
             let a = &after[&m.id];
             prop_assert_eq!(&b.consumer, consumer, "claimed another consumer's message");
-            prop_assert!(inbox_claimable(b, now), "claimed a message not due: {b:?}");
+            prop_assert!(
+                inbox_claimable(b, late),
+                "claimed a message not due: {b:?} ({window:?})"
+            );
             let reclaim = b.status == "PROCESSING";
             prop_assert_eq!(m.reclaimed, reclaim);
             prop_assert_eq!(&a.status, "PROCESSING");
             prop_assert_eq!(a.claim_token, Some(claim.token));
             prop_assert_eq!(a.locked_by.as_deref(), Some(worker_id));
-            prop_assert_eq!(a.locked_until, Some(stored(params.locked_until)));
+            window.check_ahead(
+                a.locked_until,
+                chrono::Duration::seconds(LEASE_SECS),
+                chrono::Duration::zero(),
+                "lease",
+            )?;
             prop_assert_eq!(a.attempts, b.attempts + i64::from(reclaim));
             prop_assert_eq!(i64::from(m.attempts), a.attempts);
             for earlier in before.range(..m.id).map(|(_, e)| e) {
@@ -1675,8 +1795,8 @@ impl InboxModel {
                 continue;
             }
             prop_assert!(
-                b.status == "PROCESSING" && b.consumer == consumer && inbox_claimable(b, now),
-                "claim changed a row it may not take: {b:?} -> {a:?}"
+                b.status == "PROCESSING" && b.consumer == consumer && inbox_claimable(b, late),
+                "claim changed a row it may not take: {b:?} -> {a:?} ({window:?})"
             );
             changed.insert(*id);
             if a.status == "PENDING" {
@@ -1709,8 +1829,9 @@ impl InboxModel {
                     .range(..r.id)
                     .all(|(_, e)| e.lane() != r.lane() || e.finished());
                 prop_assert!(
-                    !(inbox_claimable(r, now) && free),
-                    "claim took nothing although message {r:?} is due and first of its aggregate"
+                    !(inbox_claimable(r, early) && free),
+                    "claim took nothing although message {r:?} is due and first of its \
+                     aggregate ({window:?})"
                 );
             }
         }
@@ -1742,14 +1863,15 @@ impl InboxModel {
                 let b = &before[&m.id];
                 let owned = b.status == "PROCESSING" && b.claim_token == Some(claim.token);
                 let outcome = next.next().unwrap_or(Outcome::Ok);
-                let written = match outcome {
+                let started = db_now(&self.db).await?;
+                let (written, failure) = match outcome {
                     Outcome::Ok => {
                         let tx = self.db.begin().await.map_err(fail)?;
-                        let marked = inbox_store::mark_done(&tx, m.id, claim.token, self.now)
+                        let marked = inbox_store::mark_done(&tx, m.id, claim.token)
                             .await
                             .map_err(fail)?;
                         tx.commit().await.map_err(fail)?;
-                        marked
+                        (marked, None)
                     }
                     failure => {
                         let attempts = m.attempts + 1;
@@ -1757,11 +1879,14 @@ impl InboxModel {
                         else {
                             unreachable!("a failure state")
                         };
-                        inbox_store::mark_failed(&self.db, m.id, claim.token, &failure)
-                            .await
-                            .map_err(fail)?
+                        let marked =
+                            inbox_store::mark_failed(&self.db, m.id, claim.token, &failure)
+                                .await
+                                .map_err(fail)?;
+                        (marked, Some(failure))
                     }
                 };
+                let window = Window::new(started, db_now(&self.db).await?);
                 let after = self.rows().await?;
                 prop_assert_eq!(
                     written,
@@ -1770,16 +1895,22 @@ impl InboxModel {
                 );
                 if written {
                     let a = &after[&m.id];
-                    match outcome {
-                        Outcome::Ok => {
+                    match &failure {
+                        None => {
                             prop_assert_eq!(&a.status, "DONE");
                             prop_assert_eq!(a.attempts, b.attempts + 1);
-                            prop_assert_eq!(a.processed_at, Some(stored(self.now)));
+                            window.check_now(a.processed_at, "processed_at")?;
                             self.cov.done += 1;
                         }
-                        _ => {
-                            prop_assert!(a.status == "RETRY" || a.status == "DEAD", "{a:?}");
+                        Some(failure) => {
+                            prop_assert_eq!(
+                                &a.status,
+                                if failure.is_dead() { "DEAD" } else { "RETRY" },
+                                "{:?}",
+                                a
+                            );
                             prop_assert_eq!(a.attempts, b.attempts + 1);
+                            check_failure_written(a.next_attempt_at, failure, &window)?;
                         }
                     }
                     unchanged_except(&before, &after, &HashSet::from([m.id]), "a handler")?;
@@ -1881,7 +2012,7 @@ impl InboxModel {
     async fn drain(&mut self) -> Result<usize, TestCaseError> {
         let bound = self.rows().await?.len() + 2;
         for round in 0..bound {
-            self.now += chrono::Duration::seconds(DRAIN_STEP_SECS);
+            advance_clock(&mut self.skew, DRAIN_STEP_SECS);
             let mut progress = false;
             for consumer in CONSUMERS {
                 let before = self.rows().await?;
