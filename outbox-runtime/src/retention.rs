@@ -260,9 +260,11 @@ async fn renew(
     policy: &RetentionPolicy,
     instance_id: &str,
 ) -> Result<bool, RetentionError> {
-    Ok(lease::acquire_lease(db, LEASE_NAME, instance_id, policy.lease)
-        .await
-        .map_err(db_error("taking the retention lease"))?)
+    Ok(
+        lease::acquire_lease(db, LEASE_NAME, instance_id, policy.lease)
+            .await
+            .map_err(db_error("taking the retention lease"))?,
+    )
 }
 
 fn cutoff(now: DateTime<Utc>, age: Duration) -> DateTime<Utc> {

@@ -281,11 +281,7 @@ async fn inbox_rows_of(
             payload: b"{}",
             ..NewInboxRow::default()
         };
-        assert!(
-            inbox_store::insert(&tx, &row, &state)
-                .await
-                .unwrap()
-        );
+        assert!(inbox_store::insert(&tx, &row, &state).await.unwrap());
     }
     tx.commit().await.unwrap();
 }
@@ -302,11 +298,7 @@ async fn work_off_inbox(t: &TestDb, consumer: &str, batch: usize) -> Vec<String>
         }
         let tx = t.db.begin().await.unwrap();
         for m in &c.messages {
-            assert!(
-                inbox_store::mark_done(&tx, m.id, c.token)
-                    .await
-                    .unwrap()
-            );
+            assert!(inbox_store::mark_done(&tx, m.id, c.token).await.unwrap());
             handled.push(m.message_id.clone());
         }
         tx.commit().await.unwrap();

@@ -797,14 +797,9 @@ async fn batch_waits_behind_an_earlier_unfinished_message(t: TestDb) {
     );
 
     // held/1 comes due: it is handled, then the two behind it, in order.
-    inbox_store::restate(
-        &t.db,
-        "t-batch",
-        &first_id,
-        &retry_later(Duration::ZERO),
-    )
-    .await
-    .unwrap();
+    inbox_store::restate(&t.db, "t-batch", &first_id, &retry_later(Duration::ZERO))
+        .await
+        .unwrap();
     wait_until("held/1..3 handled", || async {
         runtime.consumer_stats("t-batch").unwrap().handled == 6
     })

@@ -3,7 +3,6 @@
 
 use std::fmt;
 
-
 use sea_orm::DatabaseConnection;
 use serde::Serialize;
 use uuid::Uuid;

@@ -91,7 +91,10 @@ const NOW_COLUMN: &str = "db_now";
 
 /// `, <the database's current time> AS db_now`.
 pub(crate) fn push_now_column(sql: &mut Sql) {
-    sql.push(", ").time(DbTime::NOW).push(" AS ").push(NOW_COLUMN);
+    sql.push(", ")
+        .time(DbTime::NOW)
+        .push(" AS ")
+        .push(NOW_COLUMN);
 }
 
 fn aggregate_of(row: &QueryResult) -> Result<(Option<String>, Option<String>), DbErr> {

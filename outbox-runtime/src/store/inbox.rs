@@ -281,10 +281,7 @@ pub async fn record_batch<C: ConnectionTrait>(
 /// The rows inserted as DONE, or as PENDING behind an unfinished message of their
 /// aggregate recorded before this statement (its snapshot does not see its own rows), in the
 /// order given, `RETURNING message_id, status`.
-fn record_ordered_statement(
-    dialect: Dialect,
-    rows: &[NewInboxRow<'_>],
-) -> sea_orm::Statement {
+fn record_ordered_statement(dialect: Dialect, rows: &[NewInboxRow<'_>]) -> sea_orm::Statement {
     let consumer = rows.first().map_or("", |row| row.consumer);
     let mut sql = Sql::new(dialect);
     sql.push("WITH blocked AS (");
@@ -622,11 +619,7 @@ pub async fn claim(
 
 /// Inside the handler's transaction: mark the claimed message DONE, fenced by the claim token.
 /// `false` means another worker owns it now: roll the handler's work back.
-pub async fn mark_done<C: ConnectionTrait>(
-    conn: &C,
-    id: i64,
-    token: Uuid,
-) -> Result<bool, DbErr> {
+pub async fn mark_done<C: ConnectionTrait>(conn: &C, id: i64, token: Uuid) -> Result<bool, DbErr> {
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
     sql.push(&format!(
