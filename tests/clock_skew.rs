@@ -412,7 +412,11 @@ async fn relay_run(name: &str, skew: &str, seconds: i64) -> Option<RelayRun> {
         common::scalar_i64(&scenario.db.db, unsent).await == 0
     })
     .await;
-    assert!(drained, "{name}: the relays did not publish the backlog");
+    assert!(
+        drained,
+        "{name}: the relays did not publish the backlog: {:?}",
+        common::status_counts(&scenario.db.db).await
+    );
     a.stop();
     b.stop();
     let mut conn = transport.connection();
