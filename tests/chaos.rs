@@ -12,6 +12,12 @@
 //!   consumers, `inventory` and `billing`, that insert one effect row per order and fail at
 //!   random (2%) so that retries are stored and run by the worker.
 //!
+//! Relay 0's wall clock runs 30 s ahead and consumer 0's 30 s behind (libfaketime preloaded,
+//! monotonic clocks untouched; `OUTBOX_CHAOS_SKEW_SECS`, 0 for every clock in step): leases, due
+//! times and cutoffs are the database's clock, so the skew changes nothing the checks see. The
+//! report counts the confirmed publications beyond one per event (`republished_copies_at_least`:
+//! what a broker without deduplication would have kept).
+//!
 //! Each child life arms the failpoints of its role still short of their kill target (the
 //! `failpoints` feature) to panic after a random number of passes; a panic hook aborts the
 //! process there, so it dies at exactly that point. The supervisor also SIGKILLs a random child
@@ -171,6 +177,9 @@ struct Settings {
     handler_failures: f64,
     customers: usize,
     strict: bool,
+    /// The wall clock of relay 0 runs this many seconds ahead, and consumer 0's as many behind
+    /// (0: every clock in step).
+    skew_secs: u64,
 }
 
 impl Settings {
@@ -186,6 +195,7 @@ impl Settings {
             handler_failures: env_f64("OUTBOX_CHAOS_HANDLER_FAILURES", 0.02),
             customers: customers(),
             strict: std::env::var("OUTBOX_CHAOS_STRICT").is_ok_and(|v| v == "1"),
+            skew_secs: env_u64("OUTBOX_CHAOS_SKEW_SECS", 30),
         }
     }
 }
@@ -612,6 +622,9 @@ impl Harness {
             }
         }
         let slot = &self.slots[i];
+        if let Some(skew) = self.skew_of(slot) {
+            common::skew_wall_clock(&mut command, &skew);
+        }
         let log = self.dir.join(format!("{}-{}.log", role.name(), slot.index));
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -625,6 +638,18 @@ impl Harness {
         let slot = &mut self.slots[i];
         slot.child = Some(child);
         slot.lives += 1;
+    }
+
+    /// The wall-clock skew of a slot's process, if it runs with one: relay 0 ahead, consumer 0
+    /// behind.
+    fn skew_of(&self, slot: &Slot) -> Option<String> {
+        let secs = self.settings.skew_secs;
+        match (slot.role, slot.index) {
+            _ if secs == 0 => None,
+            (Role::Relay, 0) => Some(format!("+{secs}s")),
+            (Role::Consumer, 0) => Some(format!("-{secs}s")),
+            _ => None,
+        }
     }
 
     /// Restart children that died; `Some(i)` of a producer that finished.
@@ -780,8 +805,16 @@ fn skip(what: &str, error: impl std::fmt::Display) -> Result<Outcome, String> {
     Ok(Outcome::Skipped)
 }
 
-async fn supervise(settings: Settings) -> Result<Outcome, String> {
+async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
     let started = Instant::now();
+    if settings.skew_secs > 0 && common::find_libfaketime().is_none() {
+        let why = "libfaketime is not installed (Debian's package faketime; .ci/run installs it)";
+        if services_required() {
+            return Err(format!("the skewed-clock children need {why}"));
+        }
+        eprintln!("\n*** chaos: every clock in step: {why} ***\n");
+        settings.skew_secs = 0;
+    }
     let tag = format!("{}_{}", std::process::id(), fastrand::u32(..) % 100_000);
     let db_name = format!("ob_chaos_{tag}");
     let namespace = format!("chaos_{tag}");
@@ -1086,6 +1119,20 @@ async fn verify(
 
     let kills = h.failpoint_kills();
     let stats = h.stats();
+    // Confirmed publications beyond one per event: the copies a broker without deduplication
+    // would have kept (JetStream's `Nats-Msg-Id` window drops most of them). A killed life's last
+    // quarter second of counts is missing, so this is a lower bound.
+    let republished = stats
+        .get("relay.sent")
+        .map_or(0, |&sent| (sent as i64 - orders).max(0));
+    let skewed: BTreeMap<String, String> = h
+        .slots
+        .iter()
+        .filter_map(|slot| {
+            h.skew_of(slot)
+                .map(|skew| (format!("{} {}", slot.role.name(), slot.index), skew))
+        })
+        .collect();
     let duplicates = stats
         .get("consumer.inventory.duplicates")
         .copied()
@@ -1126,6 +1173,8 @@ async fn verify(
         "orders": orders,
         "events_on_stream": stream.len(),
         "stream_duplicates": stream_duplicates,
+        "wall_clock_skews": skewed,
+        "republished_copies_at_least": republished,
         "effects_expected": orders * CONSUMERS.len() as i64,
         "lost": lost,
         "double_effects": doubled,

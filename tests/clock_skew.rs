@@ -68,10 +68,20 @@ async fn count_tick(tx: &InboxTransaction, event: Event<Ticked>) -> Result<(), H
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() {
-    match std::env::var(ROLE) {
-        Ok(role) => child_main(&role),
-        Err(_) => supervise(),
+    if let Ok(role) = std::env::var(ROLE) {
+        return child_main(&role);
     }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("clock_skew: test");
+        return;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if !filters.is_empty() && !filters.iter().any(|f| "clock_skew".contains(f.as_str())) {
+        println!("running 0 tests (filtered out)");
+        return;
+    }
+    supervise();
 }
 
 fn env(name: &str) -> String {
@@ -216,13 +226,7 @@ impl Proc {
         let _ = std::fs::remove_file(scenario.dir.join(format!("{role}.clock")));
         let mut command = Command::new(std::env::current_exe().expect("the test binary"));
         if !skew.is_empty() {
-            // libfaketime preloaded into the child itself (the `faketime` command would run it
-            // as its own child, out of reach of our signals).
-            command
-                .env("LD_PRELOAD", libfaketime())
-                .env("FAKETIME", skew)
-                // The wall clock only: intervals inside the process stay true.
-                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            common::skew_wall_clock(&mut command, skew);
         }
         command
             .env(ROLE, role)
@@ -275,23 +279,6 @@ impl Drop for Proc {
     }
 }
 
-/// Where Debian's libfaketime is, if it is installed.
-fn find_libfaketime() -> Option<PathBuf> {
-    [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-    ]
-    .iter()
-    .map(|dir| Path::new(dir).join("faketime/libfaketimeMT.so.1"))
-    .find(|path| path.exists())
-}
-
-fn libfaketime() -> PathBuf {
-    find_libfaketime().expect("libfaketime")
-}
-
 struct Scenario {
     db: TestDb,
     namespace: String,
@@ -332,7 +319,7 @@ fn supervise() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    if find_libfaketime().is_none() {
+    if common::find_libfaketime().is_none() {
         let why = "libfaketime is not installed (Debian's package faketime; .ci/run installs it)";
         if common::services_required() {
             panic!("{why}");

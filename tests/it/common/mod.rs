@@ -624,3 +624,28 @@ pub async fn backdate_inbox<C: ConnectionTrait>(
         .await
         .expect("dating inbox rows back");
 }
+
+/// Where Debian's libfaketime (package `faketime`, which `.ci/run` installs) is, if installed.
+pub fn find_libfaketime() -> Option<std::path::PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ]
+    .iter()
+    .map(|dir| std::path::Path::new(dir).join("faketime/libfaketimeMT.so.1"))
+    .find(|path| path.exists())
+}
+
+/// Run `command` with its wall clock shifted by `skew` (libfaketime's syntax: `+60s`, `-30s`,
+/// `+2d`) and its monotonic clock untouched, as a process on a host whose clock is off. The
+/// library is preloaded into the process itself: the `faketime` command would run it as a child
+/// of its own, out of reach of the signals a test sends.
+pub fn skew_wall_clock(command: &mut std::process::Command, skew: &str) {
+    let library = find_libfaketime().expect("libfaketime (Debian's package faketime)");
+    command
+        .env("LD_PRELOAD", library)
+        .env("FAKETIME", skew)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+}
