@@ -439,9 +439,79 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
     }
 }
 
+/// The relay's transport, appending the number of messages the broker confirmed to a file of
+/// this process right after each publish: the supervisor sums them into the publications that
+/// reached the broker (copies included), which counters written every quarter second would miss
+/// for a process killed right after publishing.
+#[derive(Debug)]
+struct CountingConfirms {
+    inner: NatsTransport,
+    log: std::sync::Mutex<std::fs::File>,
+}
+
+#[async_trait::async_trait]
+impl outbox::transport::Transport for CountingConfirms {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn setup(&self) -> Result<(), outbox::transport::TransportError> {
+        self.inner.setup().await
+    }
+
+    async fn publish(
+        &self,
+        messages: &[outbox::transport::OutgoingMessage],
+    ) -> Vec<Result<(), outbox::transport::PublishError>> {
+        let results = self.inner.publish(messages).await;
+        let confirmed = results.iter().filter(|r| r.is_ok()).count();
+        if confirmed > 0 {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = writeln!(log, "{confirmed}");
+        }
+        results
+    }
+
+    async fn subscribe(
+        &self,
+        consumer: &str,
+        event_types: &[String],
+        options: &SubscribeOptions,
+    ) -> Result<Box<dyn outbox::transport::Subscription>, outbox::transport::TransportError> {
+        self.inner.subscribe(consumer, event_types, options).await
+    }
+
+    async fn health(&self) -> Result<(), outbox::transport::TransportError> {
+        self.inner.health().await
+    }
+}
+
+/// Confirmed publications of every relay life, from their [`CountingConfirms`] logs.
+fn confirmed_publications(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir.join("confirms")) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|line| line.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 async fn relay(dir: &Path) -> Result<(), BoxError> {
     let db = child_db(6).await?;
-    let transport = child_transport().await?;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(
+        dir.join("confirms")
+            .join(format!("relay-{}.log", std::process::id())),
+    )?;
+    let transport = CountingConfirms {
+        inner: child_transport().await?,
+        log: std::sync::Mutex::new(log),
+    };
     let config = RelayConfig {
         relay_id: format!("relay-{}", std::process::id()),
         lease: Duration::from_secs(2),
@@ -840,7 +910,9 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
         .map_err(|e| format!("stream setup: {e}"))?;
 
     let dir = std::env::temp_dir().join(format!("outbox-chaos-{tag}"));
-    std::fs::create_dir_all(dir.join("stats")).map_err(|e| e.to_string())?;
+    for sub in ["stats", "confirms"] {
+        std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
+    }
     let mut slots = vec![Slot {
         role: Role::Producer,
         index: 0,
@@ -1120,11 +1192,10 @@ async fn verify(
     let kills = h.failpoint_kills();
     let stats = h.stats();
     // Confirmed publications beyond one per event: the copies a broker without deduplication
-    // would have kept (JetStream's `Nats-Msg-Id` window drops most of them). A killed life's last
-    // quarter second of counts is missing, so this is a lower bound.
-    let republished = stats
-        .get("relay.sent")
-        .map_or(0, |&sent| (sent as i64 - orders).max(0));
+    // would have kept (JetStream's `Nats-Msg-Id` window drops them). A life killed between the
+    // broker's confirmation and its log line is missing, so this is a lower bound.
+    let confirmed = confirmed_publications(&h.dir);
+    let republished = (confirmed as i64 - orders).max(0);
     let skewed: BTreeMap<String, String> = h
         .slots
         .iter()
@@ -1174,6 +1245,7 @@ async fn verify(
         "events_on_stream": stream.len(),
         "stream_duplicates": stream_duplicates,
         "wall_clock_skews": skewed,
+        "confirmed_publications": confirmed,
         "republished_copies_at_least": republished,
         "effects_expected": orders * CONSUMERS.len() as i64,
         "lost": lost,
