@@ -10,6 +10,8 @@
 //! | `outbox_events_dead_total` | counter | | outbox events that went DEAD |
 //! | `outbox_stale_claims_total` | counter | | relay writes fenced off (lease taken over) |
 //! | `outbox_relay_errors_total` | counter | | relay rounds that failed (database, transport) |
+//! | `outbox_broker_available` | gauge | `transport` | 1 while the relay sees the broker, 0 while its breaker is open (the broker is unavailable: nothing is claimed, no attempt is counted) |
+//! | `outbox_broker_outages_total` | counter | `transport` | times the relay found the broker unavailable and stopped claiming |
 //! | `outbox_publish_lag_seconds` | histogram | `transport` | enqueue (commit) to broker confirmation |
 //! | `outbox_backlog_events` | gauge | `status` | unsent outbox rows per status |
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest unsent, not dead event |
@@ -35,6 +37,10 @@ pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
 pub const STALE_CLAIMS: &str = "outbox_stale_claims_total";
 /// Failed relay rounds.
 pub const RELAY_ERRORS: &str = "outbox_relay_errors_total";
+/// 1 while the relay sees the broker, 0 while it is unavailable.
+pub const BROKER_AVAILABLE: &str = "outbox_broker_available";
+/// Times the relay found the broker unavailable.
+pub const BROKER_OUTAGES: &str = "outbox_broker_outages_total";
 /// Commit to confirmation.
 pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
 /// Unsent outbox rows per status.
@@ -77,6 +83,16 @@ pub fn describe() {
         "Relay writes fenced off because another relay took the claim over"
     );
     describe_counter!(RELAY_ERRORS, Unit::Count, "Relay rounds that failed");
+    describe_gauge!(
+        BROKER_AVAILABLE,
+        Unit::Count,
+        "1 while the relay sees the broker, 0 while it is unavailable and nothing is claimed"
+    );
+    describe_counter!(
+        BROKER_OUTAGES,
+        Unit::Count,
+        "Times the relay found the broker unavailable and stopped claiming"
+    );
     describe_histogram!(
         PUBLISH_LAG,
         Unit::Seconds,
@@ -123,6 +139,14 @@ pub(crate) fn relay_round(
     }
     if stale > 0 {
         counter!(STALE_CLAIMS).increment(stale as u64);
+    }
+}
+
+/// The broker became unavailable (`false`: counted as an outage) or answers again.
+pub(crate) fn broker_available(transport: &'static str, available: bool) {
+    gauge!(BROKER_AVAILABLE, "transport" => transport).set(if available { 1.0 } else { 0.0 });
+    if !available {
+        counter!(BROKER_OUTAGES, "transport" => transport).increment(1);
     }
 }
 

@@ -38,7 +38,7 @@ use std::{
     future::Future,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -90,6 +90,10 @@ pub struct RelayConfig {
     pub listen: bool,
     /// Delay after a database or broker error before the next round. Default 1 s.
     pub error_delay: Duration,
+    /// How often the relay asks an unavailable broker whether it is back (its health check),
+    /// while it claims nothing. Default 100 ms doubling to 2 s, plus up to 20%: the relay
+    /// resumes within about 2 s of the broker's return.
+    pub probe: Backoff,
 }
 
 impl Default for RelayConfig {
@@ -105,6 +109,11 @@ impl Default for RelayConfig {
             ordering: true,
             listen: true,
             error_delay: Duration::from_secs(1),
+            probe: Backoff {
+                base: Duration::from_millis(100),
+                cap: Duration::from_secs(2),
+                jitter: 0.2,
+            },
         }
     }
 }
@@ -168,6 +177,7 @@ pub struct RelayStats {
     stale: AtomicU64,
     duplicates: AtomicU64,
     errors: AtomicU64,
+    outages: AtomicU64,
 }
 
 /// A snapshot of [`RelayStats`].
@@ -191,6 +201,8 @@ pub struct RelayStatsSnapshot {
     pub duplicates: u64,
     /// Rounds that ended in an error.
     pub errors: u64,
+    /// Broker outages: times the relay stopped claiming because the broker was unavailable.
+    pub outages: u64,
 }
 
 impl RelayStats {
@@ -221,6 +233,7 @@ impl RelayStats {
             stale: self.stale.load(Ordering::Relaxed),
             duplicates: self.duplicates.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            outages: self.outages.load(Ordering::Relaxed),
         }
     }
 }
@@ -252,6 +265,8 @@ pub struct Relay {
     config: RelayConfig,
     outbox: Option<Outbox>,
     stats: Arc<RelayStats>,
+    /// The broker is unavailable (the breaker is open): publish nothing, hand claims back.
+    broker_down: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Relay {
@@ -273,6 +288,7 @@ impl Relay {
             config: RelayConfig::default(),
             outbox: None,
             stats: Arc::default(),
+            broker_down: Arc::default(),
         }
     }
 
@@ -286,6 +302,7 @@ impl Relay {
             config: RelayConfig::default(),
             outbox: None,
             stats: Arc::default(),
+            broker_down: Arc::default(),
         }
     }
 
@@ -375,6 +392,18 @@ impl Relay {
         // The last claim found events: look again after `linger`.
         let mut lingering = false;
         while !shutdown.is_cancelled() {
+            if self.broker_down.load(Ordering::Relaxed) {
+                // The claim in flight hands its events back at once (the breaker is open).
+                if let Some(round) = in_flight.take() {
+                    self.account(round.await, health, &mut publishing_failed);
+                }
+                if self.wait_for_broker(&shutdown, health).await {
+                    publishing_failed = false;
+                }
+                look_now = true;
+                lingering = false;
+                continue;
+            }
             if !look_now {
                 let sleep = match self.config.linger {
                     Some(linger) if lingering => linger,
@@ -466,8 +495,18 @@ impl Relay {
     ) -> bool {
         match round {
             Ok(Round {
+                outage: Some(reason),
+                ..
+            }) => {
+                // The claim was handed back; the loop waits for the broker (`wait_for_broker`).
+                *publishing_failed = true;
+                health.failure(&format!("broker unavailable: {reason}"));
+                true
+            }
+            Ok(Round {
                 report,
                 publish_error,
+                outage: None,
             }) => {
                 match publish_error {
                     Some(e) => {
@@ -492,6 +531,58 @@ impl Relay {
                 false
             }
         }
+    }
+
+    /// The broker is unavailable: claim nothing, and ask its health with the `probe` backoff
+    /// until it answers (`true`) or the relay shuts down (`false`). Then the retries an outage
+    /// pushed back (their last failure said the broker was unavailable) become due at once.
+    async fn wait_for_broker(&self, shutdown: &CancellationToken, health: &LoopHealth) -> bool {
+        let Sink::Broker(transport) = &self.sink else {
+            self.broker_down.store(false, Ordering::Relaxed);
+            return true;
+        };
+        let since = Instant::now();
+        self.stats.outages.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::broker_available(transport.name(), false);
+        tracing::warn!(
+            relay = %self.config.relay_id, transport = transport.name(),
+            "outbox relay stopped claiming: the broker is unavailable; probing it"
+        );
+        let mut probes = 0;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(self.config.probe.delay(probes)) => {}
+            }
+            match transport.health().await {
+                Ok(()) => break,
+                Err(e) => {
+                    probes = probes.saturating_add(1);
+                    health.failure(&format!("broker unavailable: {e}"));
+                }
+            }
+        }
+        self.broker_down.store(false, Ordering::Relaxed);
+        crate::metrics::broker_available(transport.name(), true);
+        health.success();
+        let made_due = match store::relay::retries_due_now(
+            &self.db,
+            &PublishError::UNAVAILABLE_PATTERNS,
+        )
+        .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(relay = %self.config.relay_id, error = %e, "could not make the retries an outage pushed back due");
+                0
+            }
+        };
+        tracing::info!(
+            relay = %self.config.relay_id, transport = transport.name(),
+            down_for = ?since.elapsed(), made_due,
+            "the broker answers again: the outbox relay resumes"
+        );
+        true
     }
 
     /// Wait `error_delay` after a failed round, or until shutdown.
@@ -613,7 +704,11 @@ impl Relay {
         shutdown: &CancellationToken,
     ) -> Result<Round, RelayError> {
         failpoint!(error crate::failpoints::RELAY_AFTER_CLAIM);
-        let (settlement, publish_error) = self.publish(transport, &claim, shutdown).await;
+        let Published {
+            settlement,
+            transient_error,
+            outage,
+        } = self.publish(transport, &claim, shutdown).await;
         failpoint!(error crate::failpoints::RELAY_AFTER_PUBLISH);
         let settled = self.settle(&claim, &settlement).await?;
 
@@ -661,7 +756,8 @@ impl Relay {
         Ok(Round {
             report,
             // The broker is away or refusing: the relay is not doing its job.
-            publish_error: publish_error.filter(|_| settlement.sent.is_empty()),
+            publish_error: transient_error.filter(|_| settlement.sent.is_empty()),
+            outage,
         })
     }
 
@@ -691,15 +787,24 @@ impl Relay {
     }
 
     /// Publish a claim wave by wave and decide each event's fate. Also returns the first error
-    /// of a failed publish that a retry may cure (not a permanent rejection).
+    /// of a failed publish that a retry may cure (not a permanent rejection), and whether the
+    /// broker is unavailable.
+    ///
+    /// A failure that may be the broker's (a lost connection, no confirmation in time) is
+    /// checked against the broker's health: when that fails too, the broker is unavailable and
+    /// no event is at fault. Those events and everything not yet published are handed back
+    /// without counting an attempt, and the relay stops claiming until the broker answers again
+    /// (see `wait_for_broker`). Only failures of the message itself (a rejection, or a timeout
+    /// while the broker answers) count toward `max_attempts` and DEAD.
     async fn publish(
         &self,
         transport: &dyn Transport,
         claim: &Claim,
         shutdown: &CancellationToken,
-    ) -> (Settlement, Option<String>) {
+    ) -> Published {
         let mut settlement = Settlement::default();
         let mut transient_error = None;
+        let mut outage = None;
         let mut queues: Vec<VecDeque<&ClaimedEvent>> = if self.config.ordering {
             let mut index: HashMap<(&str, &str), usize> = HashMap::new();
             let mut queues: Vec<VecDeque<&ClaimedEvent>> = Vec::new();
@@ -726,7 +831,10 @@ impl Relay {
             if wave.is_empty() {
                 break;
             }
-            if shutdown.is_cancelled() {
+            if shutdown.is_cancelled() || self.broker_down.load(Ordering::Relaxed) {
+                if outage.is_none() && !shutdown.is_cancelled() {
+                    outage = Some("the broker is unavailable".to_owned());
+                }
                 release(&mut settlement, wave.into_iter());
                 for queue in &mut queues {
                     release(&mut settlement, queue.drain(..));
@@ -779,9 +887,30 @@ impl Relay {
                     .into_iter()
                     .map(|(e, reason)| (e, Err(PublishError::Permanent(reason)))),
             );
+            // A failure that may be the broker's: is the broker there at all?
+            let unavailable = if outcomes
+                .iter()
+                .any(|(_, r)| r.as_ref().is_err_and(PublishError::may_be_unavailable))
+            {
+                transport.health().await.err()
+            } else {
+                None
+            };
+            if let Some(down) = &unavailable {
+                tracing::warn!(
+                    relay = %self.config.relay_id, transport = transport.name(), error = %down,
+                    "the broker is unavailable: handing the claim back without counting attempts"
+                );
+                outage = Some(down.to_string());
+                self.broker_down.store(true, Ordering::Relaxed);
+            }
             for (event, result) in outcomes {
                 match result {
                     Ok(()) => settlement.sent.push(event.id),
+                    Err(error) if unavailable.is_some() && error.may_be_unavailable() => {
+                        // Not this event's fault: handed back below, with the rest of the claim.
+                        release(&mut settlement, std::iter::once(event));
+                    }
                     Err(error) => {
                         if !error.is_permanent() && transient_error.is_none() {
                             transient_error = Some(error.to_string());
@@ -832,9 +961,28 @@ impl Relay {
                     }
                 }
             }
+            if unavailable.is_some() {
+                for queue in &mut queues {
+                    release(&mut settlement, queue.drain(..));
+                }
+                break;
+            }
         }
-        (settlement, transient_error)
+        Published {
+            settlement,
+            transient_error,
+            outage,
+        }
     }
+}
+
+/// What publishing a claim decided.
+struct Published {
+    settlement: Settlement,
+    /// The first failure a retry may cure.
+    transient_error: Option<String>,
+    /// Why the broker is unavailable, when it is: the claim was handed back.
+    outage: Option<String>,
 }
 
 /// A claimed batch being published and settled.
@@ -860,6 +1008,8 @@ struct Round {
     /// Set when no publish of the round was confirmed and one failed for a reason a retry may
     /// cure.
     publish_error: Option<String>,
+    /// Set when the broker is unavailable: the relay waits for it before claiming again.
+    outage: Option<String>,
 }
 
 impl From<RoundReport> for Round {
@@ -867,6 +1017,7 @@ impl From<RoundReport> for Round {
         Round {
             report,
             publish_error: None,
+            outage: None,
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::common::*;
 use chrono::Utc;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
+use outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
 use outbox::store::claim::ClaimParams;
 use outbox::store::relay::{Settlement, claim, settle};
 use outbox::transport::OutgoingMessage;
@@ -542,7 +543,122 @@ async fn unordered_mode_publishes_in_one_wave(t: TestDb) {
     );
 }
 
+/// A broker outage longer than the whole retry budget (3 attempts, 10 to 40 ms apart) spends no
+/// attempt: the relay hands its claim back, claims nothing while the broker's health check
+/// fails, and publishes everything in order once it answers again. A retry that an earlier
+/// outage pushed back becomes due at once; one that failed on its own keeps its due time.
+async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(RelayConfig {
+        max_attempts: 3,
+        backoff: Backoff {
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(40),
+            jitter: 0.0,
+        },
+        probe: Backoff {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(200),
+            jitter: 0.2,
+        },
+        ..config(8)
+    });
+    let handle = relay.spawn();
+    // The broker goes away once the relay is running; then events are committed.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    transport.set_unavailable(true);
+    let total = produce(&t, &outbox, 4, 5, 20).await;
+    // Many times the retry budget.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rows = outbox_rows(&t.db).await;
+    assert!(
+        rows.iter()
+            .all(|r| r.status == "PENDING" && r.attempts == 0),
+        "the outage spent attempts: {rows:?}"
+    );
+    assert!(transport.is_empty());
+    assert!(
+        handle.stats().outages >= 1,
+        "the relay saw the outage: {:?}",
+        handle.stats()
+    );
+    let calls_while_down = transport.publish_calls();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        transport.publish_calls(),
+        calls_while_down,
+        "nothing is published while the broker is unavailable"
+    );
+
+    // Retries of two later events: one pushed back by an earlier outage, one that failed on its
+    // own; both due in an hour.
+    let backend = t.db.get_database_backend();
+    let retry = |id: i64, error: &str| {
+        let sql = if backend == DbBackend::Postgres {
+            "UPDATE outbox_event SET status = 'RETRY', attempts = 1, last_error = $1, \
+             next_attempt_at = $2 WHERE id = $3"
+        } else {
+            "UPDATE outbox_event SET status = 'RETRY', attempts = 1, last_error = ?, \
+             next_attempt_at = ? WHERE id = ?"
+        };
+        Statement::from_sql_and_values(
+            backend,
+            sql,
+            [
+                error.into(),
+                t.dialect()
+                    .timestamp(chrono::Utc::now() + chrono::Duration::hours(1)),
+                id.into(),
+            ],
+        )
+    };
+    let outage_retry = produce(&t, &outbox, 1, 1, 1).await;
+    let own_retry = produce(&t, &outbox, 1, 1, 1).await;
+    assert_eq!((outage_retry, own_retry), (1, 1));
+    let last = outbox_rows(&t.db).await;
+    let (outage_id, own_id) = (last[total].id, last[total + 1].id);
+    t.db.execute_raw(retry(outage_id, "broker connection failed: reset by peer"))
+        .await
+        .unwrap();
+    t.db.execute_raw(retry(own_id, "broker rejected the message: no route"))
+        .await
+        .unwrap();
+
+    let back = Instant::now();
+    transport.set_unavailable(false);
+    let drained = eventually(Duration::from_secs(10), || async {
+        status_counts(&t.db).await.get("SENT").copied().unwrap_or(0) == total as i64 + 1
+    })
+    .await;
+    let took = back.elapsed();
+    let stats = handle.shutdown().await.unwrap();
+    assert!(drained, "drained within 10 s of the broker's return");
+    eprintln!("relay outage (memory): drained {total} events {took:.2?} after the broker's return");
+    let rows = outbox_rows(&t.db).await;
+    let own = rows.iter().find(|r| r.id == own_id).unwrap();
+    assert_eq!(
+        (own.status.as_str(), own.attempts),
+        ("RETRY", 1),
+        "a retry of the message's own failure keeps its due time"
+    );
+    assert!(
+        rows.iter()
+            .filter(|r| r.id != own_id)
+            .all(|r| r.status == "SENT" && r.attempts == i64::from(r.id == outage_id)),
+        "{rows:?}"
+    );
+    assert_eq!(stats.dead, 0);
+    let messages: Vec<_> = transport
+        .messages()
+        .into_iter()
+        .filter(|m| rows[..total].iter().any(|r| r.event_id == m.event_id))
+        .collect();
+    assert_strictly_increasing(&log_order(&messages), 5);
+}
+
 backend_tests! {
+    outage_spends_no_attempt => an_outage_longer_than_the_retry_budget_spends_no_attempt;
     four_relays => four_relays_publish_each_event_once;
     order_random_failures => order_survives_random_failures_and_four_relays;
     backoff_dead => failures_back_off_then_dead_while_others_flow;

@@ -434,3 +434,30 @@ pub(super) async fn mark_dead<C: ConnectionTrait>(
     conn.execute_raw(sql.build()).await?;
     Ok(())
 }
+
+/// RETRY events whose last failure matches one of `patterns` (SQL `LIKE`) and that are not due
+/// yet become due now; returns how many. After a broker outage: the outage, not the events,
+/// pushed their due times back.
+pub async fn retries_due_now(db: &DatabaseConnection, patterns: &[&str]) -> Result<u64, DbErr> {
+    if patterns.is_empty() {
+        return Ok(0);
+    }
+    let mut sql = Sql::new(Dialect::of(db));
+    sql.push(&format!("UPDATE {OUTBOX_TABLE} SET next_attempt_at = "))
+        .time(DbTime::NOW)
+        .push(&format!(
+            " WHERE status = {} AND next_attempt_at > ",
+            OutboxStatus::Retry.literal()
+        ))
+        .time(DbTime::NOW)
+        .push(" AND (");
+    for (i, pattern) in patterns.iter().enumerate() {
+        if i > 0 {
+            sql.push(" OR ");
+        }
+        sql.push("last_error LIKE ")
+            .bind((*pattern).to_owned().into());
+    }
+    sql.push(")");
+    Ok(db.execute_raw(sql.build()).await?.rows_affected())
+}

@@ -142,6 +142,49 @@ impl PublishError {
     pub fn is_permanent(&self) -> bool {
         matches!(self, PublishError::Permanent(_))
     }
+
+    /// Whether the failure may say that the broker is unavailable rather than anything about
+    /// this message (a lost or refused connection, no confirmation in time, a full client
+    /// queue). The relay then asks the broker's health: only when that fails too is the broker
+    /// unavailable, and no attempt is counted.
+    pub fn may_be_unavailable(&self) -> bool {
+        matches!(self, PublishError::Timeout(_) | PublishError::Connection(_))
+    }
+
+    /// SQL `LIKE` patterns of the messages of the failures that [may say the broker is
+    /// unavailable](Self::may_be_unavailable), as `last_error` stores them.
+    pub(crate) const UNAVAILABLE_PATTERNS: [&'static str; 2] = [
+        "no confirmation from the broker within %",
+        "broker connection failed: %",
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PublishError;
+
+    #[test]
+    fn the_unavailable_patterns_match_the_messages_they_name() {
+        let matches = |message: &str| {
+            PublishError::UNAVAILABLE_PATTERNS
+                .iter()
+                .any(|p| message.starts_with(p.trim_end_matches('%')))
+        };
+        for error in [
+            PublishError::Timeout(std::time::Duration::from_secs(10)),
+            PublishError::Connection("reset".into()),
+        ] {
+            assert!(error.may_be_unavailable());
+            assert!(matches(&error.to_string()), "{error}");
+        }
+        for error in [
+            PublishError::Rejected("no route".into()),
+            PublishError::Permanent("too large".into()),
+        ] {
+            assert!(!error.may_be_unavailable());
+            assert!(!matches(&error.to_string()), "{error}");
+        }
+    }
 }
 
 /// A transport-level failure outside a single publish.
