@@ -790,9 +790,8 @@ impl Relay {
     /// of a failed publish that a retry may cure (not a permanent rejection), and whether the
     /// broker is unavailable.
     ///
-    /// A failure that may be the broker's (a lost connection, no confirmation in time) is
-    /// checked against the broker's health: when that fails too, the broker is unavailable and
-    /// no event is at fault. Those events and everything not yet published are handed back
+    /// A lost or refused connection says the broker is unavailable; no confirmation in time
+    /// says so when the broker's health check fails too. Then no event is at fault. Those events and everything not yet published are handed back
     /// without counting an attempt, and the relay stops claiming until the broker answers again
     /// (see `wait_for_broker`). Only failures of the message itself (a rejection, or a timeout
     /// while the broker answers) count toward `max_attempts` and DEAD.
@@ -887,21 +886,28 @@ impl Relay {
                     .into_iter()
                     .map(|(e, reason)| (e, Err(PublishError::Permanent(reason)))),
             );
-            // A failure that may be the broker's: is the broker there at all?
-            let unavailable = if outcomes
-                .iter()
-                .any(|(_, r)| r.as_ref().is_err_and(PublishError::may_be_unavailable))
-            {
-                transport.health().await.err()
-            } else {
-                None
+            // A lost connection is the broker's outage; no confirmation in time is when the
+            // broker does not answer its health check either.
+            let lost = outcomes.iter().find_map(|(_, r)| match r {
+                Err(error @ PublishError::Connection(_)) => Some(error.to_string()),
+                _ => None,
+            });
+            let unavailable = match lost {
+                Some(lost) => Some(lost),
+                None if outcomes
+                    .iter()
+                    .any(|(_, r)| matches!(r, Err(PublishError::Timeout(_)))) =>
+                {
+                    transport.health().await.err().map(|e| e.to_string())
+                }
+                None => None,
             };
             if let Some(down) = &unavailable {
                 tracing::warn!(
                     relay = %self.config.relay_id, transport = transport.name(), error = %down,
                     "the broker is unavailable: handing the claim back without counting attempts"
                 );
-                outage = Some(down.to_string());
+                outage = Some(down.clone());
                 self.broker_down.store(true, Ordering::Relaxed);
             }
             for (event, result) in outcomes {

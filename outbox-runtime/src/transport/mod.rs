@@ -144,9 +144,9 @@ impl PublishError {
     }
 
     /// Whether the failure may say that the broker is unavailable rather than anything about
-    /// this message (a lost or refused connection, no confirmation in time, a full client
-    /// queue). The relay then asks the broker's health: only when that fails too is the broker
-    /// unavailable, and no attempt is counted.
+    /// this message: a lost or refused connection (or a full client queue) says so by itself;
+    /// no confirmation in time says so when the broker's health check fails too. The relay
+    /// then counts no attempt, and waits for the broker.
     pub fn may_be_unavailable(&self) -> bool {
         matches!(self, PublishError::Timeout(_) | PublishError::Connection(_))
     }
