@@ -375,6 +375,7 @@ impl Relay {
     ) -> Result<(), RelayError> {
         if let Sink::Broker(transport) = &self.sink {
             transport.setup().await?;
+            crate::metrics::broker_available(transport.name(), true);
         }
         let mut wake: Option<WakeReceiver> = self.outbox.as_ref().map(Outbox::subscribe);
         let hint = Arc::new(Notify::new());
