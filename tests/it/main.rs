@@ -37,6 +37,8 @@ mod otel;
 ))]
 mod outages;
 mod outbox_transaction;
+#[cfg(all(feature = "postgres", feature = "nats", feature = "redis"))]
+mod partitions;
 mod relay;
 #[cfg(feature = "nats")]
 mod relay_nats;

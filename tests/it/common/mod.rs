@@ -15,6 +15,8 @@ use sea_orm::{
 pub use outbox::store::Dialect;
 
 pub mod carts;
+#[cfg(all(feature = "postgres", feature = "nats", feature = "redis"))]
+pub mod netns;
 pub mod own_server;
 
 #[cfg(feature = "nats")]

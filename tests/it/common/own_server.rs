@@ -26,6 +26,10 @@ pub enum Broker {
 /// A broker process of the test's own.
 pub struct OwnServer {
     broker: Broker,
+    /// The address it listens on: `127.0.0.1`, or the namespace's address.
+    host: String,
+    /// The network namespace it runs in (`ip netns exec`), if not the test's own.
+    netns: Option<String>,
     port: u16,
     dist_port: u16,
     name: String,
@@ -46,6 +50,26 @@ fn free_port() -> Option<u16> {
 impl OwnServer {
     /// Start one, or `None` (after a loud message) when the broker cannot be started here.
     pub async fn start(broker: Broker, test: &str) -> Option<Self> {
+        Self::start_at(broker, test, None).await
+    }
+
+    /// Start one inside the network namespace `netns`, listening on `host` (the namespace's
+    /// address), or `None` (after a loud message). NATS and Redis only.
+    pub async fn start_in_namespace(
+        broker: Broker,
+        test: &str,
+        netns: &str,
+        host: &str,
+    ) -> Option<Self> {
+        assert_ne!(
+            broker,
+            Broker::RabbitMq,
+            "a RabbitMQ node in a network namespace is not supported yet"
+        );
+        Self::start_at(broker, test, Some((netns.to_owned(), host.to_owned()))).await
+    }
+
+    async fn start_at(broker: Broker, test: &str, netns: Option<(String, String)>) -> Option<Self> {
         let port = free_port()?;
         let name = format!(
             "outbox{}{port}",
@@ -54,8 +78,14 @@ impl OwnServer {
         let dir = std::env::temp_dir().join(format!("outbox-broker-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).ok()?;
+        let (netns, host) = match netns {
+            Some((netns, host)) => (Some(netns), host),
+            None => (None, "127.0.0.1".to_owned()),
+        };
         let server = OwnServer {
             broker,
+            host,
+            netns,
             port,
             dist_port: free_port()?,
             name,
@@ -90,30 +120,36 @@ impl OwnServer {
     /// The client URL.
     pub fn url(&self) -> String {
         match self.broker {
-            Broker::Nats => format!("nats://127.0.0.1:{}", self.port),
-            Broker::Redis => format!("redis://127.0.0.1:{}/", self.port),
-            Broker::RabbitMq => format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port),
+            Broker::Nats => format!("nats://{}:{}", self.host, self.port),
+            Broker::Redis => format!("redis://{}:{}/", self.host, self.port),
+            Broker::RabbitMq => format!("amqp://guest:guest@{}:{}/%2f", self.host, self.port),
+        }
+    }
+
+    /// `program`, run in the server's network namespace if it has one.
+    fn program(&self, program: &str) -> Command {
+        match &self.netns {
+            Some(netns) => {
+                // `ip netns exec` execs the program: the child is the server itself.
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", netns, program]);
+                c
+            }
+            None => Command::new(program),
         }
     }
 
     fn command(&self) -> Command {
         let mut command = match self.broker {
             Broker::Nats => {
-                let mut c = Command::new("nats-server");
-                c.args([
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    &self.port.to_string(),
-                    "-js",
-                    "-sd",
-                ])
-                .arg(&self.dir);
+                let mut c = self.program("nats-server");
+                c.args(["-a", &self.host, "-p", &self.port.to_string(), "-js", "-sd"])
+                    .arg(&self.dir);
                 c
             }
             Broker::Redis => {
-                let mut c = Command::new("redis-server");
-                c.args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+                let mut c = self.program("redis-server");
+                c.args(["--bind", &self.host, "--port", &self.port.to_string()])
                     .args([
                         "--save",
                         "",
@@ -124,6 +160,10 @@ impl OwnServer {
                     ])
                     .arg("--dir")
                     .arg(&self.dir);
+                if self.netns.is_some() {
+                    // Its clients come from the host's end of the veth, not from loopback.
+                    c.args(["--protected-mode", "no"]);
+                }
                 c
             }
             Broker::RabbitMq => {
@@ -159,11 +199,17 @@ impl OwnServer {
             let _ = child.wait();
         }
         for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if std::net::TcpStream::connect_timeout(&self.address(), Duration::from_millis(500))
+                .is_err()
+            {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    fn address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.host.parse().expect("an IP address"), self.port)
     }
 
     /// Start it again on the same port and data directory.
@@ -171,10 +217,8 @@ impl OwnServer {
         let child = self.command().spawn().map_err(|e| e.to_string())?;
         *self.child.lock().unwrap() = Some(child);
         for _ in 0..600 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
-            {
+            let connect = tokio::net::TcpStream::connect(self.address());
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), connect).await {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -20,6 +20,21 @@ pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time to wait for the TCP connection and the server's handshake.
 pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Default interval of the client's pings: a connection that leaves two pings unanswered is
+/// closed and replaced, so a silent one is noticed within about three intervals.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Default time to wait for the answer to a JetStream API request (stream and consumer
+/// management, health checks).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default interval of the idle heartbeats the server sends on a pending pull request; two
+/// missed ones are reported by the subscription.
+pub const DEFAULT_PULL_HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Longest pull heartbeat: half the time a pull request lives.
+pub(super) const MAX_PULL_HEARTBEAT: Duration = Duration::from_secs(15);
+
 /// Settings of a [`NatsTransport`].
 ///
 /// ```
@@ -55,6 +70,19 @@ pub struct NatsConfig {
     /// Connection timeout used by [`NatsTransportBuilder::connect`]. Default
     /// [`DEFAULT_CONNECTION_TIMEOUT`] (5 s).
     pub(crate) connection_timeout: Duration,
+    /// How often the client pings the server, used by [`NatsTransportBuilder::connect`]; a
+    /// connection with two pings unanswered is closed and replaced, so one that went silent
+    /// without closing (a partition, a dead host) is noticed within about three intervals.
+    /// Default [`DEFAULT_PING_INTERVAL`] (10 s).
+    pub(crate) ping_interval: Duration,
+    /// How long a JetStream API request (stream and consumer management, the health check)
+    /// waits for its answer; the publish timeout raises it for the JetStream context when
+    /// longer. Default [`DEFAULT_REQUEST_TIMEOUT`] (10 s).
+    pub(crate) request_timeout: Duration,
+    /// How often the server sends an idle heartbeat on a subscription's pending pull request;
+    /// two missed heartbeats are reported by [`Subscription::next`](crate::transport::Subscription::next).
+    /// At most 15 s. Default [`DEFAULT_PULL_HEARTBEAT`] (10 s).
+    pub(crate) pull_heartbeat: Duration,
 }
 
 impl Default for NatsConfig {
@@ -68,6 +96,9 @@ impl Default for NatsConfig {
             retention: RetentionPolicy::Limits,
             storage: StorageType::File,
             connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            pull_heartbeat: DEFAULT_PULL_HEARTBEAT,
         }
     }
 }
@@ -118,6 +149,24 @@ impl NatsConfig {
     /// Set the connection timeout.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
+        self
+    }
+
+    /// Set how often the client pings the server.
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval;
+        self
+    }
+
+    /// Set how long a JetStream API request waits for its answer.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Set how often the server sends idle heartbeats on a pending pull request.
+    pub fn pull_heartbeat(mut self, interval: Duration) -> Self {
+        self.pull_heartbeat = interval;
         self
     }
 
@@ -177,6 +226,13 @@ impl NatsTransportBuilder {
         storage: StorageType;
         /// Fail the connection attempt after `timeout`. Default 5 s.
         connection_timeout: Duration;
+        /// Ping the server this often; two unanswered pings replace the connection. Default
+        /// 10 s.
+        ping_interval: Duration;
+        /// How long a JetStream API request (and the health check) waits. Default 10 s.
+        request_timeout: Duration;
+        /// Idle heartbeat interval of pending pull requests (at most 15 s). Default 10 s.
+        pull_heartbeat: Duration;
     }
 
     /// Replace every setting at once.
@@ -194,6 +250,8 @@ impl NatsTransportBuilder {
         let client = ConnectOptions::new()
             .name("outbox")
             .connection_timeout(self.config.connection_timeout)
+            .ping_interval(self.config.ping_interval)
+            .request_timeout(Some(self.config.request_timeout))
             .connect(self.url.as_str())
             .await
             .map_err(|err| {
@@ -232,6 +290,30 @@ pub(super) fn validate_config(config: &NatsConfig) -> Result<(), TransportError>
                 "namespace `{}` cannot prefix NATS subjects: use dot-separated, non-empty tokens \
                  without whitespace, `*` or `>`",
                 config.namespace
+            ),
+        ));
+    }
+    for (name, value) in [
+        ("publish_timeout", config.publish_timeout),
+        ("connection_timeout", config.connection_timeout),
+        ("ping_interval", config.ping_interval),
+        ("request_timeout", config.request_timeout),
+        ("pull_heartbeat", config.pull_heartbeat),
+    ] {
+        if value.is_zero() {
+            return Err(TransportError::new(
+                TRANSPORT,
+                format!("`{name}` must not be zero"),
+            ));
+        }
+    }
+    if config.pull_heartbeat > MAX_PULL_HEARTBEAT {
+        return Err(TransportError::new(
+            TRANSPORT,
+            format!(
+                "`pull_heartbeat` must be at most {MAX_PULL_HEARTBEAT:?} (half a pull request's \
+                 life), got {:?}",
+                config.pull_heartbeat
             ),
         ));
     }
@@ -279,6 +361,11 @@ mod tests {
         assert!(!is_valid_name("OUT.BOX"));
         assert!(validate_config(&NatsConfig::default().namespace("a.>")).is_err());
         assert!(validate_config(&NatsConfig::default().stream_name("a b")).is_err());
+        assert!(validate_config(&NatsConfig::default().ping_interval(Duration::ZERO)).is_err());
+        assert!(
+            validate_config(&NatsConfig::default().pull_heartbeat(Duration::from_secs(20)))
+                .is_err()
+        );
     }
 
     #[test]

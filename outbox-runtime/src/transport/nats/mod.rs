@@ -42,7 +42,7 @@
 //! [`publish`]: Transport::publish
 //! [`subscribe`]: Transport::subscribe
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, sync::Arc};
 
 use async_nats::{Client, connection::State, jetstream};
 
@@ -57,10 +57,6 @@ pub use async_nats;
 
 const TRANSPORT: &str = "nats";
 
-/// Lower bound of the timeout of JetStream API requests (stream and consumer management, double
-/// acks); the publish timeout raises it when longer.
-const API_TIMEOUT: Duration = Duration::from_secs(10);
-
 mod ack;
 mod config;
 mod publish;
@@ -68,7 +64,8 @@ mod stream;
 mod subscription;
 
 pub use config::{
-    DEFAULT_CONNECTION_TIMEOUT, DEFAULT_DUPLICATE_WINDOW, DEFAULT_PUBLISH_TIMEOUT, NatsConfig,
+    DEFAULT_CONNECTION_TIMEOUT, DEFAULT_DUPLICATE_WINDOW, DEFAULT_PING_INTERVAL,
+    DEFAULT_PUBLISH_TIMEOUT, DEFAULT_PULL_HEARTBEAT, DEFAULT_REQUEST_TIMEOUT, NatsConfig,
     NatsTransportBuilder,
 };
 pub use subscription::durable_name;
@@ -119,7 +116,7 @@ impl NatsTransport {
     pub fn from_client(client: Client, config: NatsConfig) -> Result<Self, TransportError> {
         validate_config(&config)?;
         let jetstream = jetstream::ContextBuilder::new()
-            .timeout(config.publish_timeout.max(API_TIMEOUT))
+            .timeout(config.publish_timeout.max(config.request_timeout))
             .max_ack_inflight(MAX_ACKS_IN_FLIGHT)
             .backpressure_on_inflight(false)
             .build(client.clone());
@@ -216,7 +213,7 @@ impl Transport for NatsTransport {
         }
         // `$JS.API.INFO`, read as plain JSON: `Context::query_account` cannot parse the answer
         // of nats-server 2.9.
-        let timeout = API_TIMEOUT.max(self.inner.config.publish_timeout);
+        let timeout = self.inner.config.request_timeout;
         let empty = serde_json::json!({});
         let request = self
             .inner

@@ -21,10 +21,6 @@ use crate::transport::{Delivery, SubscribeOptions, Subscription, TransportError}
 /// Pull requests expire after this long and are renewed.
 const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
-/// The server sends an idle heartbeat on a pending pull request this often; missing two of them
-/// surfaces as an error from [`Subscription::next`].
-const PULL_HEARTBEAT: Duration = Duration::from_secs(10);
-
 /// Messages asked for in one pull request, at most (never more than `max_in_flight`).
 const MAX_PULL_BATCH: usize = 256;
 
@@ -63,7 +59,7 @@ impl NatsTransport {
             .stream()
             .max_messages_per_batch(batch)
             .expires(PULL_EXPIRES)
-            .heartbeat(PULL_HEARTBEAT)
+            .heartbeat(self.inner.config.pull_heartbeat)
             .messages()
             .await
             .map_err(|err| {

@@ -3,17 +3,17 @@
 
 use std::{sync::Arc, time::Duration};
 
-use ::redis::{Cmd, Value, aio::ConnectionManager};
+use ::redis::{Cmd, Value};
 
 use super::{
-    TRANSPORT,
+    RedisTransport, TRANSPORT,
     subscription::{Held, Ids},
 };
 use crate::transport::{Acker, TransportError};
 
 /// Settles one entry: `XACK`, or a backdated `XCLAIM` for a nack.
 pub(super) struct RedisAcker {
-    pub(super) conn: ConnectionManager,
+    pub(super) transport: RedisTransport,
     pub(super) ids: Arc<Ids>,
     pub(super) entry_id: String,
     pub(super) claim_idle: Duration,
@@ -23,7 +23,6 @@ pub(super) struct RedisAcker {
 
 impl RedisAcker {
     async fn run(&self, cmd: Cmd, what: &str) -> Result<Value, TransportError> {
-        let mut conn = self.conn.clone();
         let error = |message: String| {
             TransportError::new(
                 TRANSPORT,
@@ -33,10 +32,16 @@ impl RedisAcker {
                 ),
             )
         };
-        match tokio::time::timeout(self.timeout, cmd.query_async::<Value>(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(error(err.to_string())),
-            Err(_elapsed) => Err(error(format!("no reply within {:?}", self.timeout))),
+        let reply = self
+            .transport
+            .on_shared(self.timeout, |mut conn| async move {
+                cmd.query_async::<Value>(&mut conn).await
+            })
+            .await;
+        match reply {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(err)) => Err(error(err.to_string())),
+            None => Err(error(format!("no reply within {:?}", self.timeout))),
         }
     }
 }

@@ -20,9 +20,9 @@ pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time to wait for a TCP connection and the server's handshake.
 pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Lower bound of the timeout of commands other than publishes (acks, claims, health); the
-/// publish timeout raises it when longer.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time a command other than a publish (acks, claims, reads beyond their block, the
+/// health check's `PING`) waits for its reply before its connection is given up as silent.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a consumer group created by [`subscribe`](crate::transport::Transport::subscribe)
 /// starts reading.
@@ -84,6 +84,13 @@ pub struct RedisConfig {
     pub(crate) publish_timeout: Duration,
     /// Timeout of each connection attempt. Default [`DEFAULT_CONNECTION_TIMEOUT`] (5 s).
     pub(crate) connection_timeout: Duration,
+    /// How long a command other than a publish (acks, claims, an `XREADGROUP` beyond its
+    /// [`block`](Self::block), the health check's `PING`) waits for its reply. A connection that
+    /// leaves such a command unanswered for longer is taken for dead, as one that went silent
+    /// without closing (a partition, a dead host) is, and replaced (a publish that times out
+    /// does not replace it: the relay then checks the server's health, whose `PING` does). Default
+    /// [`DEFAULT_RESPONSE_TIMEOUT`] (10 s).
+    pub(crate) response_timeout: Duration,
     /// Where a consumer group created by a subscription starts. Default
     /// [`GroupStart::Earliest`].
     pub(crate) group_start: GroupStart,
@@ -99,6 +106,7 @@ impl Default for RedisConfig {
             block: DEFAULT_BLOCK,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             group_start: GroupStart::Earliest,
         }
     }
@@ -147,6 +155,12 @@ impl RedisConfig {
         self
     }
 
+    /// Set how long a command other than a publish waits for its reply.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
     /// Set where new consumer groups start.
     pub fn group_start(mut self, start: GroupStart) -> Self {
         self.group_start = start;
@@ -160,7 +174,7 @@ impl RedisConfig {
 
     /// Timeout of commands other than publishes.
     pub(super) fn command_timeout(&self) -> Duration {
-        COMMAND_TIMEOUT.max(self.publish_timeout)
+        self.response_timeout
     }
 }
 
@@ -178,6 +192,8 @@ pub(super) fn validate_config(config: &RedisConfig) -> Result<(), TransportError
         Some("`publish_timeout` must not be zero".to_owned())
     } else if config.connection_timeout.is_zero() {
         Some("`connection_timeout` must not be zero".to_owned())
+    } else if config.response_timeout.is_zero() {
+        Some("`response_timeout` must not be zero".to_owned())
     } else {
         match config.claim_idle {
             Some(idle) if idle < Duration::from_millis(1) => {
@@ -216,6 +232,9 @@ impl RedisTransportBuilder {
         publish_timeout: Duration;
         /// Timeout of each connection attempt. Default 5 s.
         connection_timeout: Duration;
+        /// How long a command other than a publish waits for its reply; a connection silent for
+        /// longer is replaced. Default 10 s.
+        response_timeout: Duration;
         /// Where new consumer groups start. Default the earliest retained entry.
         group_start: GroupStart;
     }
@@ -261,5 +280,6 @@ mod tests {
         assert!(validate_config(&RedisConfig::default().max_len(None)).is_ok());
         assert!(validate_config(&RedisConfig::default().block(Duration::ZERO)).is_err());
         assert!(validate_config(&RedisConfig::default().claim_idle(Duration::ZERO)).is_err());
+        assert!(validate_config(&RedisConfig::default().response_timeout(Duration::ZERO)).is_err());
     }
 }

@@ -1,21 +1,111 @@
 //! Connections to the server: one connection attempt, a subscription's reading connection,
-//! commands on the publishing connection, and [`Failure`], how a failed command is classified.
+//! the shared (publishing) connection, replaced when it goes silent, commands on it, and
+//! [`Failure`], how a failed command is classified.
 
-use std::{fmt, time::Duration};
+use std::{
+    fmt,
+    future::Future,
+    sync::{PoisonError, RwLock},
+    time::Duration,
+};
 
-use ::redis::{AsyncConnectionConfig, Client, Cmd, RedisError, Value, aio::MultiplexedConnection};
+use ::redis::{
+    AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult, Value,
+    aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
+};
 
 use super::{RedisConfig, RedisTransport};
 
+/// The connection publishes, acks, claims and health checks share: a [`ConnectionManager`],
+/// which reconnects by itself after a connection *error*. A connection that goes silent without
+/// closing (a partition, a dead host) reports no error, only commands that never get a reply; the
+/// manager would keep it forever. So a command without a reply in time replaces the manager with
+/// a fresh one, which connects on first use.
+pub(super) struct SharedConnection {
+    client: Client,
+    config: ConnectionManagerConfig,
+    /// The manager in use and its generation, counted up at each replacement.
+    current: RwLock<(u64, ConnectionManager)>,
+}
+
+impl SharedConnection {
+    pub(super) fn new(
+        client: Client,
+        config: ConnectionManagerConfig,
+        manager: ConnectionManager,
+    ) -> Self {
+        SharedConnection {
+            client,
+            config,
+            current: RwLock::new((0, manager)),
+        }
+    }
+
+    /// The manager in use, with its generation.
+    pub(super) fn get(&self) -> (u64, ConnectionManager) {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replace the manager of `generation` (unless another caller already did): it left a
+    /// command unanswered for too long.
+    pub(super) fn replace(&self, generation: u64) {
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        if current.0 != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(manager) => {
+                tracing::warn!(
+                    "a Redis connection left a command unanswered: replacing it with a new one"
+                );
+                *current = (generation + 1, manager);
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot replace a silent Redis connection"),
+        }
+    }
+}
+
 impl RedisTransport {
-    /// Runs `cmd` on the publishing connection within the command timeout.
+    /// The shared connection in use (it reconnects on its own).
+    pub(super) fn shared(&self) -> ConnectionManager {
+        self.inner.shared.get().1
+    }
+
+    /// Runs `query` on the shared connection within `timeout`; `None` when no reply came in
+    /// time, after which the connection is replaced.
+    pub(super) async fn on_shared<T, Fut>(
+        &self,
+        timeout: Duration,
+        query: impl FnOnce(ConnectionManager) -> Fut,
+    ) -> Option<RedisResult<T>>
+    where
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (generation, conn) = self.inner.shared.get();
+        match tokio::time::timeout(timeout, query(conn)).await {
+            Ok(result) => Some(result),
+            Err(_elapsed) => {
+                self.inner.shared.replace(generation);
+                None
+            }
+        }
+    }
+
+    /// Runs `cmd` on the shared connection within the command timeout.
     pub(super) async fn command(&self, cmd: &Cmd) -> Result<Value, Failure> {
         let timeout = self.inner.config.command_timeout();
-        let mut conn = self.inner.manager.clone();
-        match tokio::time::timeout(timeout, cmd.query_async::<Value>(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(Failure::from_redis(err)),
-            Err(_elapsed) => Err(Failure::Connection(format!("no reply within {timeout:?}"))),
+        let reply = self
+            .on_shared(timeout, |mut conn| async move {
+                cmd.query_async::<Value>(&mut conn).await
+            })
+            .await;
+        match reply {
+            Some(Ok(value)) => Ok(value),
+            Some(Err(err)) => Err(Failure::from_redis(err)),
+            None => Err(Failure::Connection(format!("no reply within {timeout:?}"))),
         }
     }
 }

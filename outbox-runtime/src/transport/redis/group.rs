@@ -101,7 +101,7 @@ impl RedisSubscription {
                 return;
             }
         };
-        let mut conn = self.transport.inner.manager.clone();
+        let mut conn = self.transport.shared();
         for (name, pending, idle) in parse_consumers(reply) {
             if name == self.ids.consumer || pending > 0 || idle < min_idle {
                 continue;

@@ -119,12 +119,12 @@ mod subscription;
 
 pub use config::{
     DEFAULT_BLOCK, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_MAX_LEN, DEFAULT_PUBLISH_TIMEOUT,
-    GroupStart, RedisConfig, RedisTransportBuilder,
+    DEFAULT_RESPONSE_TIMEOUT, GroupStart, RedisConfig, RedisTransportBuilder,
 };
 pub use publish::CONTENT_TYPE;
 
 use config::validate_config;
-use connection::open_connection;
+use connection::{SharedConnection, open_connection};
 use reply::value_to_string;
 use subscription::MAX_RETRY_DELAY;
 
@@ -136,7 +136,7 @@ pub struct RedisTransport {
 
 struct Inner {
     client: Client,
-    manager: ConnectionManager,
+    shared: SharedConnection,
     config: RedisConfig,
     stream_key: String,
     /// `host:port` (or socket path) for messages; never the URL, which may hold a password.
@@ -189,7 +189,7 @@ impl RedisTransport {
             // Every command is bounded by this transport's own timeouts.
             .set_response_timeout(None)
             .set_max_delay(MAX_RETRY_DELAY);
-        let manager = ConnectionManager::new_with_config(client.clone(), manager_config)
+        let manager = ConnectionManager::new_with_config(client.clone(), manager_config.clone())
             .await
             .map_err(|err| {
                 TransportError::new(
@@ -200,8 +200,8 @@ impl RedisTransport {
         let stream_key = config.stream_key();
         Ok(RedisTransport {
             inner: Arc::new(Inner {
+                shared: SharedConnection::new(client.clone(), manager_config, manager),
                 client,
-                manager,
                 config,
                 stream_key,
                 server,
@@ -209,10 +209,10 @@ impl RedisTransport {
         })
     }
 
-    /// The publishing connection (it reconnects on its own), for inspecting the stream and its
-    /// groups.
+    /// The publishing connection (it reconnects on its own, and is replaced when it leaves a
+    /// command unanswered), for inspecting the stream and its groups.
     pub fn connection(&self) -> ConnectionManager {
-        self.inner.manager.clone()
+        self.shared()
     }
 
     /// The client the transport opens its connections with.

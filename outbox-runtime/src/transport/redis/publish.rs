@@ -121,7 +121,10 @@ impl RedisTransport {
             pipe.add_command(self.xadd(&messages[index]));
         }
         let timeout = self.inner.config.publish_timeout;
-        let mut conn = self.inner.manager.clone();
+        // A publish without its replies in time does not replace the connection: the server may
+        // only be slow (or paused) and apply the entries later; the health check's `PING`
+        // decides whether the connection is dead.
+        let mut conn = self.shared();
         let replies =
             match tokio::time::timeout(timeout, pipe.query_async::<Vec<Value>>(&mut conn)).await {
                 Ok(Ok(replies)) => replies,

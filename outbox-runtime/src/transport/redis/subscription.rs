@@ -243,7 +243,7 @@ impl Drop for RedisSubscription {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut conn = self.transport.inner.manager.clone();
+        let mut conn = self.transport.shared();
         let ids = self.ids.clone();
         let timeout = self.transport.inner.config.command_timeout();
         runtime.spawn(async move {
@@ -260,7 +260,7 @@ impl RedisSubscription {
             None => self.ids.key.clone(),
         };
         let acker = RedisAcker {
-            conn: self.transport.inner.manager.clone(),
+            transport: self.transport.clone(),
             ids: self.ids.clone(),
             entry_id: ready.id,
             claim_idle: self.claim_idle,

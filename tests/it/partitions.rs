@@ -1,0 +1,336 @@
+//! Silent partitions, end to end through the runtime (relay, dispatcher, worker) on PostgreSQL,
+//! while a producer commits events without pause.
+//!
+//! The broker (NATS, Redis) runs in a network namespace of the test's own
+//! ([`Partitionable`]), cut off from the host for 15 s, longer than the transport's publish
+//! timeout and its ping, heartbeat and response timeouts (all set small here). Packets are
+//! dropped without a reset or any error: every open connection goes silent, nobody sees it
+//! close, and TCP's retransmissions back off to seconds apart. The
+//! transports must notice within their timeouts, replace their connections, and recover once the
+//! link is back: every committed event handled exactly once and in order per aggregate, nothing
+//! DEAD and no attempt spent (a partition is the broker's outage, not the messages' fault), the
+//! backlog drained within seconds of the heal (the figure is printed), and the runtime shuts
+//! down within a bounded time (nothing waits forever on a dead socket).
+//!
+//! Needs root (`ip netns`); skipped loudly otherwise, a failure with `OUTBOX_REQUIRE_SERVICES=1`.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use crate::common::carts::{LineAdded, record_line};
+use crate::common::netns::Partitionable;
+use crate::common::own_server::Broker;
+use crate::common::*;
+use outbox::inbox::InboxConfig;
+use outbox::prelude::*;
+use outbox::relay::{Backoff, RelayConfig};
+use outbox::runtime::Runtime;
+use outbox::transport::{SubscribeOptions, Transport};
+use sea_orm::DatabaseConnection;
+
+/// How long the broker stays cut off: longer than every timeout below.
+const PARTITION: Duration = Duration::from_secs(15);
+/// The transports' timeouts: publish, connection, ping / response.
+const TIMEOUT: Duration = Duration::from_secs(1);
+/// Aggregates (carts) the producer writes to; each transaction adds the next line to every one.
+const CARTS: u32 = 4;
+/// Pause between the producer's transactions.
+const PRODUCE_EVERY: Duration = Duration::from_millis(100);
+/// How soon after the heal the events committed until then must be handled.
+const CATCH_UP: Duration = Duration::from_secs(10);
+/// The relay's retry budget, far shorter than the partition.
+const MAX_ATTEMPTS: u32 = 5;
+
+#[inbox_handler(consumer = "partition-nats", backoff = "50ms", backoff_cap = "1s")]
+async fn partition_nats(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
+#[inbox_handler(consumer = "partition-redis", backoff = "50ms", backoff_cap = "1s")]
+async fn partition_redis(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
+/// Commits one transaction every [`PRODUCE_EVERY`], each adding line `seq` to every cart, until
+/// stopped. Counts only what committed.
+struct Producer {
+    stop: Arc<AtomicBool>,
+    committed: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<BTreeMap<String, Vec<u32>>>,
+}
+
+impl Producer {
+    fn spawn(db: DatabaseConnection, outbox: Outbox) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            let committed = committed.clone();
+            async move {
+                let mut lines: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+                let mut seq = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let tx = outbox.begin(&db).await.expect("producer: begin");
+                    for cart in 0..CARTS {
+                        tx.enqueue(&LineAdded {
+                            cart: format!("cart-{cart}"),
+                            seq,
+                        })
+                        .unwrap();
+                    }
+                    let _ = tx.commit().await.expect("producer: commit");
+                    for cart in 0..CARTS {
+                        lines.entry(format!("cart-{cart}")).or_default().push(seq);
+                    }
+                    committed.fetch_add(CARTS as usize, Ordering::Relaxed);
+                    seq += 1;
+                    tokio::time::sleep(PRODUCE_EVERY).await;
+                }
+                lines
+            }
+        });
+        Producer {
+            stop,
+            committed,
+            task,
+        }
+    }
+
+    fn committed(&self) -> usize {
+        self.committed.load(Ordering::Relaxed)
+    }
+
+    /// Stop and return, per cart, the lines committed in order.
+    async fn stop(self) -> BTreeMap<String, Vec<u32>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("the producer ran to the end")
+    }
+}
+
+async fn count_effects(db: &DatabaseConnection) -> usize {
+    scalar_i64(db, "SELECT COUNT(*) FROM effect").await as usize
+}
+
+/// Wait until `n` effects exist; fail with the state of both tables if they do not appear.
+async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) {
+    let ok = eventually(timeout, || async { count_effects(&t.db).await >= n }).await;
+    assert!(
+        ok,
+        "{}: only {} of {n} events handled within {timeout:?}; outbox {:?}, inbox {:?}",
+        t.name,
+        count_effects(&t.db).await,
+        status_counts(&t.db).await,
+        table_status_counts(&t.db, "inbox_event").await,
+    );
+}
+
+async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
+    match broker {
+        Broker::Nats => Arc::new(
+            outbox::transport::nats::NatsTransport::builder(url)
+                .namespace("partitions")
+                .publish_timeout(TIMEOUT)
+                .connection_timeout(TIMEOUT)
+                .ping_interval(TIMEOUT)
+                .request_timeout(TIMEOUT)
+                .pull_heartbeat(TIMEOUT)
+                .connect()
+                .await
+                .unwrap(),
+        ),
+        Broker::Redis => Arc::new(
+            outbox::transport::redis::RedisTransport::builder(url)
+                .namespace("partitions")
+                .publish_timeout(TIMEOUT)
+                .connection_timeout(TIMEOUT)
+                .response_timeout(TIMEOUT)
+                .block(Duration::from_millis(500))
+                .claim_idle(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap(),
+        ),
+        Broker::RabbitMq => unreachable!("RabbitMQ is not partitioned yet"),
+    }
+}
+
+async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, test: &str) {
+    let started = Instant::now();
+    let Some(t) = test_db(Backend::Postgres, test).await else {
+        return;
+    };
+    let Some(network) = Partitionable::with_broker(broker, test).await else {
+        return;
+    };
+    let transport = connect(broker, network.server().url()).await;
+    let runtime = Runtime::builder(t.db.clone())
+        .source("partitions")
+        .consumers([consumer])
+        .transport_arc(transport)
+        .relay_config(RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            lease: Duration::from_secs(10),
+            backoff: Backoff {
+                base: Duration::from_millis(200),
+                cap: Duration::from_millis(3_200),
+                jitter: 0.2,
+            },
+            max_attempts: MAX_ATTEMPTS,
+            error_delay: Duration::from_millis(200),
+            ..RelayConfig::default()
+        })
+        .inbox_config(InboxConfig {
+            poll_interval: Duration::from_millis(50),
+            lease: Duration::from_secs(5),
+            subscribe: SubscribeOptions {
+                ack_wait: Duration::from_secs(5),
+                ..SubscribeOptions::default()
+            },
+            ..InboxConfig::default()
+        })
+        .start()
+        .await
+        .unwrap();
+    let name = format!("dispatch:{consumer}");
+    let subscribed = eventually(Duration::from_secs(30), || async {
+        runtime
+            .health()
+            .loops
+            .iter()
+            .any(|l| l.name == name && l.last_success.is_some())
+    })
+    .await;
+    assert!(subscribed, "{name} subscribed: {:#?}", runtime.health());
+    let producer = Producer::spawn(t.db.clone(), runtime.outbox().clone());
+    // Events flow end to end before the partition.
+    wait_for_effects(&t, 4 * CARTS as usize, Duration::from_secs(30)).await;
+
+    let committed_before = producer.committed();
+    let handled_before = count_effects(&t.db).await;
+    let partitioned_at = Instant::now();
+    network.partition();
+    tokio::time::sleep(PARTITION).await;
+    let committed_while_down = producer.committed() - committed_before;
+    let handled_while_down = count_effects(&t.db).await - handled_before;
+    let health_while_down = runtime.health();
+    network.heal();
+    let healed_at = Instant::now();
+    let backlog = producer.committed();
+
+    // Commits go on while the runtime catches up with what was committed until the heal, then
+    // stop.
+    wait_for_effects(&t, backlog, Duration::from_secs(30)).await;
+    let caught_up_after_heal = healed_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lines = producer.stop().await;
+    let committed: usize = lines.values().map(Vec::len).sum();
+    wait_for_effects(&t, committed, Duration::from_secs(60)).await;
+    let drain_after_heal = healed_at.elapsed();
+    // Anything handled twice would show up now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let shutting_down = Instant::now();
+    let report = tokio::time::timeout(Duration::from_secs(30), runtime.shutdown())
+        .await
+        .unwrap_or_else(|_| panic!("{test}: the runtime did not shut down within 30 s"));
+    let shutdown_took = shutting_down.elapsed();
+
+    // Exactly once, in order per cart.
+    let effects = effects(&t.db).await;
+    let outbox = outbox_rows(&t.db).await;
+    assert_eq!(outbox.len(), committed, "an event row per committed event");
+    assert_eq!(effects.len(), committed, "{test}: one effect per event");
+    assert!(effects.iter().all(|e| e.consumer == consumer));
+    let effect_ids: HashSet<&str> = effects.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(effect_ids.len(), committed, "an event handled twice");
+    let event_ids: HashSet<String> = outbox.iter().map(|r| r.event_id.to_string()).collect();
+    assert_eq!(
+        effect_ids,
+        event_ids.iter().map(String::as_str).collect::<HashSet<_>>(),
+        "the effects are those of the committed events"
+    );
+    let mut per_cart: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for e in &effects {
+        per_cart
+            .entry(e.cart.clone())
+            .or_default()
+            .push(u32::try_from(e.seq).unwrap());
+    }
+    assert_eq!(per_cart, lines, "{test}: effects of a cart out of order");
+
+    // Nothing DEAD, nothing left, no attempt spent.
+    assert_eq!(
+        status_counts(&t.db).await,
+        BTreeMap::from([("SENT".to_owned(), committed as i64)]),
+        "{test}: every event SENT, none PENDING, PROCESSING, RETRY or DEAD"
+    );
+    assert_eq!(
+        table_status_counts(&t.db, "inbox_event").await,
+        BTreeMap::from([("DONE".to_owned(), committed as i64)]),
+        "{test}: every message DONE, none PENDING, PROCESSING, RETRY or DEAD"
+    );
+    let attempts: i64 = outbox.iter().map(|r| r.attempts).sum();
+    assert_eq!(attempts, 0, "{test}: the partition spent attempts");
+    assert!(
+        committed_while_down >= 50,
+        "commits went on during the partition: {committed_while_down}"
+    );
+    // Connections left silent by the partition were noticed and replaced: the backlog does not
+    // wait for TCP's retransmissions, backed off to several seconds by then, to revive them.
+    assert!(
+        caught_up_after_heal <= CATCH_UP,
+        "{test}: the events committed until the heal were handled {caught_up_after_heal:.1?} \
+         after it"
+    );
+    assert!(
+        drain_after_heal <= Duration::from_secs(30),
+        "{test}: the backlog drained {drain_after_heal:.1?} after the heal"
+    );
+    let relay = report.relay.expect("the relay ran");
+    assert_eq!(relay.dead, 0, "{report:?}");
+    assert_eq!(relay.sent, committed as u64, "{report:?}");
+    let inbox = report.consumer(consumer);
+    assert_eq!(inbox.dead, 0, "{report:?}");
+    assert_eq!(inbox.handled, committed as u64, "{report:?}");
+
+    eprintln!(
+        "{test}: partitioned for {PARTITION:?} (after {:.1?}); {committed} events committed \
+         ({committed_while_down} while down, {handled_while_down} handled while down); caught up \
+         with them {caught_up_after_heal:.1?} after the heal, drained {drain_after_heal:.1?} \
+         after it; shutdown took {shutdown_took:.1?}; {attempts} \
+         attempts; relay {relay:?}; inbox {inbox:?}; loops while down: {}; total {:.1?}",
+        partitioned_at - started,
+        health_while_down
+            .loops
+            .iter()
+            .map(|l| match (&l.last_error, l.healthy) {
+                (Some(e), false) => format!("{} failing ({e})", l.name),
+                _ => format!("{} healthy", l.name),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        started.elapsed(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_survives_a_silent_partition() {
+    survives_a_silent_partition(Broker::Nats, "partition-nats", "partitions_nats").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_survives_a_silent_partition() {
+    survives_a_silent_partition(Broker::Redis, "partition-redis", "partitions_redis").await;
+}
