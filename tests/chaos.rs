@@ -18,6 +18,12 @@
 //! report counts the confirmed publications beyond one per event (`republished_copies_at_least`:
 //! what a broker without deduplication would have kept).
 //!
+//! The broker is the harness's own NATS server in a network namespace of its own
+//! (`common::netns`): 3 s into production it is cut off silently (no RST) for 4 s, and 3 s after
+//! that it is killed (SIGKILL) for 4 s and started again on its data
+//! (`OUTBOX_CHAOS_BROKER_FAULT_SECS`, 0 for no broker faults on the machine's NATS). Production
+//! goes on until both faults are over; the report says when each began and ended.
+//!
 //! Each child life arms the failpoints of its role still short of their kill target (the
 //! `failpoints` feature) to panic after a random number of passes; a panic hook aborts the
 //! process there, so it dies at exactly that point. The supervisor also SIGKILLs a random child
@@ -180,6 +186,10 @@ struct Settings {
     /// The wall clock of relay 0 runs this many seconds ahead, and consumer 0's as many behind
     /// (0: every clock in step).
     skew_secs: u64,
+    /// Broker faults during production: the harness's own NATS server, in a network namespace
+    /// of its own, is cut off silently for this many seconds, and later killed for as long
+    /// (0: no broker faults, on the machine's NATS).
+    broker_fault_secs: u64,
 }
 
 impl Settings {
@@ -196,6 +206,7 @@ impl Settings {
             customers: customers(),
             strict: std::env::var("OUTBOX_CHAOS_STRICT").is_ok_and(|v| v == "1"),
             skew_secs: env_u64("OUTBOX_CHAOS_SKEW_SECS", 30),
+            broker_fault_secs: env_u64("OUTBOX_CHAOS_BROKER_FAULT_SECS", 4),
         }
     }
 }
@@ -643,6 +654,12 @@ struct Harness {
     exits: BTreeMap<Role, u64>,
     failed_starts: u64,
     arming: bool,
+    /// The NATS server the children use.
+    nats_url: String,
+    /// The harness's own NATS server in its network namespace, when broker faults are on.
+    network: Option<common::netns::Partitionable>,
+    /// When each broker fault began and ended, from the start of the run (seconds).
+    broker_faults: BTreeMap<&'static str, (f64, f64)>,
 }
 
 impl Harness {
@@ -671,6 +688,7 @@ impl Harness {
             .env("OUTBOX_CHAOS_DIR", &self.dir)
             .env("OUTBOX_CHAOS_DB", &self.db_url)
             .env("OUTBOX_CHAOS_NS", &self.namespace)
+            .env("OUTBOX_TEST_NATS_URL", &self.nats_url)
             .env("OUTBOX_CHAOS_EVENTS", self.settings.events.to_string())
             .env("OUTBOX_CHAOS_RATE", self.settings.rate.to_string())
             .env(
@@ -892,8 +910,24 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
         Ok(url) => url,
         Err(e) => return skip("PostgreSQL", e),
     };
+    // The broker: the harness's own in a network namespace, so it can be cut off and killed.
+    let network = if settings.broker_fault_secs > 0 {
+        let network = common::netns::Partitionable::with_broker(
+            common::own_server::Broker::Nats,
+            &format!("chaos{tag}"),
+        )
+        .await;
+        if network.is_none() {
+            eprintln!("\n*** chaos: no broker faults, on the machine's NATS ***\n");
+            settings.broker_fault_secs = 0;
+        }
+        network
+    } else {
+        None
+    };
+    let nats_url = network.as_ref().map_or_else(nats_url, |n| n.server().url());
     // The stream first, so that no child races another to create it.
-    let transport = match NatsTransport::builder(nats_url())
+    let transport = match NatsTransport::builder(nats_url.clone())
         .namespace(namespace.clone())
         .connection_timeout(Duration::from_secs(5))
         .connect()
@@ -942,6 +976,9 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
         exits: BTreeMap::new(),
         failed_starts: 0,
         arming: true,
+        nats_url,
+        network,
+        broker_faults: BTreeMap::new(),
     };
     println!(
         "chaos: {} events at {}/s, {} relays, {} consumer processes, target {} kills per failpoint and {} SIGKILLs, at most {} s; work dir {}",
@@ -993,9 +1030,47 @@ async fn run(
     let mut last_print = Instant::now();
     let mut producer_done = false;
     let mut stop_written = false;
+    // Broker faults: a silent partition from 3 s, the broker killed from 3 s after it healed.
+    let fault = Duration::from_secs(h.settings.broker_fault_secs);
+    let mut faults = if h.network.is_some() {
+        vec![
+            ("partition", Duration::from_secs(3)),
+            ("outage", Duration::from_secs(6) + fault),
+        ]
+    } else {
+        Vec::new()
+    };
+    faults.reverse();
+    let mut fault_on: Option<(&'static str, Instant)> = None;
     // Phase 1: produce and kill.
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(network) = &h.network {
+            match fault_on {
+                Some((name, since)) if since.elapsed() >= fault => {
+                    match name {
+                        "partition" => network.heal(),
+                        _ => network.server().resume().await?,
+                    }
+                    let began = (since - started).as_secs_f64();
+                    h.broker_faults
+                        .insert(name, (began, started.elapsed().as_secs_f64()));
+                    fault_on = None;
+                }
+                None if faults
+                    .last()
+                    .is_some_and(|(_, at)| started.elapsed() >= *at) =>
+                {
+                    let (name, _) = faults.pop().expect("a fault");
+                    match name {
+                        "partition" => network.partition(),
+                        _ => network.server().stop(),
+                    }
+                    fault_on = Some((name, Instant::now()));
+                }
+                _ => {}
+            }
+        }
         for (i, status) in h.reap() {
             let role = h.slots[i].role;
             if role == Role::Producer && status.success() {
@@ -1011,7 +1086,10 @@ async fn run(
         let kills = h.failpoint_kills();
         let sigkills: u64 = h.sigkills.values().sum();
         let kills_done = kills.values().all(|&k| k >= h.settings.kills_per_failpoint);
-        let enough = kills_done && sigkills >= h.settings.sigkills;
+        let enough = kills_done
+            && sigkills >= h.settings.sigkills
+            && faults.is_empty()
+            && fault_on.is_none();
         // The highest order id is cheap to read and at least the number of orders (ids of
         // rolled-back orders are skipped); the exact count only when it may be enough.
         let orders = scalar(&db, "SELECT COALESCE(MAX(id), 0) FROM chaos_order").await as u64;
@@ -1245,6 +1323,7 @@ async fn verify(
         "events_on_stream": stream.len(),
         "stream_duplicates": stream_duplicates,
         "wall_clock_skews": skewed,
+        "broker_faults_secs": h.broker_faults,
         "confirmed_publications": confirmed,
         "republished_copies_at_least": republished,
         "effects_expected": orders * CONSUMERS.len() as i64,
