@@ -1,7 +1,7 @@
 //! Silent partitions, end to end through the runtime (relay, dispatcher, worker) on PostgreSQL,
 //! while a producer commits events without pause.
 //!
-//! The broker (NATS, Redis) runs in a network namespace of the test's own
+//! The broker (NATS, Redis, RabbitMQ) runs in a network namespace of the test's own
 //! ([`Partitionable`]), cut off from the host for 15 s, longer than the transport's publish
 //! timeout and its ping, heartbeat and response timeouts (all set small here). Packets are
 //! dropped without a reset or any error: every open connection goes silent, nobody sees it
@@ -36,7 +36,7 @@ use sea_orm::DatabaseConnection;
 
 /// How long the broker stays cut off: longer than every timeout below.
 const PARTITION: Duration = Duration::from_secs(15);
-/// The transports' timeouts: publish, connection, ping / response.
+/// The transports' timeouts: publish, connection, ping / heartbeat / response.
 const TIMEOUT: Duration = Duration::from_secs(1);
 /// Aggregates (carts) the producer writes to; each transaction adds the next line to every one.
 const CARTS: u32 = 4;
@@ -49,6 +49,14 @@ const MAX_ATTEMPTS: u32 = 5;
 
 #[inbox_handler(consumer = "partition-nats", backoff = "50ms", backoff_cap = "1s")]
 async fn partition_nats(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
+#[inbox_handler(consumer = "partition-rabbitmq", backoff = "50ms", backoff_cap = "1s")]
+async fn partition_rabbitmq(
     tx: &InboxTransaction,
     event: Event<LineAdded>,
 ) -> Result<(), HandlerError> {
@@ -162,7 +170,17 @@ async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
                 .await
                 .unwrap(),
         ),
-        Broker::RabbitMq => unreachable!("RabbitMQ is not partitioned yet"),
+        Broker::RabbitMq => Arc::new(
+            outbox::transport::rabbitmq::RabbitMqTransport::builder(url)
+                .namespace("partitions")
+                .publish_timeout(TIMEOUT)
+                .connection_timeout(TIMEOUT)
+                .heartbeat(TIMEOUT)
+                .response_timeout(TIMEOUT)
+                .connect()
+                .await
+                .unwrap(),
+        ),
     }
 }
 
@@ -328,6 +346,16 @@ async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, tes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_survives_a_silent_partition() {
     survives_a_silent_partition(Broker::Nats, "partition-nats", "partitions_nats").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_survives_a_silent_partition() {
+    survives_a_silent_partition(
+        Broker::RabbitMq,
+        "partition-rabbitmq",
+        "partitions_rabbitmq",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,18 +54,14 @@ impl OwnServer {
     }
 
     /// Start one inside the network namespace `netns`, listening on `host` (the namespace's
-    /// address), or `None` (after a loud message). NATS and Redis only.
+    /// address), or `None` (after a loud message). A RabbitMQ node runs its Erlang distribution
+    /// and its own epmd inside the namespace too, on its loopback (`name@localhost`).
     pub async fn start_in_namespace(
         broker: Broker,
         test: &str,
         netns: &str,
         host: &str,
     ) -> Option<Self> {
-        assert_ne!(
-            broker,
-            Broker::RabbitMq,
-            "a RabbitMQ node in a network namespace is not supported yet"
-        );
         Self::start_at(broker, test, Some((netns.to_owned(), host.to_owned()))).await
     }
 
@@ -96,7 +92,10 @@ impl OwnServer {
             std::fs::write(server.dir.join("enabled_plugins"), "[].").ok()?;
             std::fs::write(
                 server.dir.join("rabbitmq.conf"),
-                format!("listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users = none\n"),
+                format!(
+                    "listeners.tcp.1 = {}:{port}\nloopback_users = none\n",
+                    server.host
+                ),
             )
             .ok()?;
             // The server drops to the `rabbitmq` user: it must own its directory.
@@ -167,7 +166,7 @@ impl OwnServer {
                 c
             }
             Broker::RabbitMq => {
-                let mut c = Command::new("rabbitmq-server");
+                let mut c = self.program("rabbitmq-server");
                 let node = format!("{}@localhost", self.name);
                 c.env("RABBITMQ_NODENAME", node)
                     .env("RABBITMQ_NODE_PORT", self.port.to_string())
@@ -233,6 +232,19 @@ impl OwnServer {
 impl Drop for OwnServer {
     fn drop(&mut self) {
         self.stop();
+        if let Some(netns) = &self.netns {
+            // What the broker left running in its namespace (a RabbitMQ node's epmd): deleting
+            // the namespace would not end it.
+            let pids = Command::new("ip")
+                .args(["netns", "pids", netns])
+                .stdin(Stdio::null())
+                .output()
+                .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+                .unwrap_or_default();
+            for pid in pids.split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

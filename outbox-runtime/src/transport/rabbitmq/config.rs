@@ -4,7 +4,7 @@
 use std::{
     fmt,
     str::FromStr,
-    sync::{Arc, RwLock},
+    sync::{Arc, RwLock, atomic::AtomicU64},
     time::Duration,
 };
 
@@ -25,6 +25,15 @@ pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default time to wait for the TCP connection and the AMQP handshake.
 pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default AMQP heartbeat timeout asked of the broker.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Default time a broker operation other than a publish waits for its answer.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest AMQP heartbeat timeout (a 16-bit number of seconds).
+const MAX_HEARTBEAT: Duration = Duration::from_secs(u16::MAX as u64);
 
 /// Default largest message published: RabbitMQ's default `max_message_size` (128 MiB).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
@@ -82,11 +91,25 @@ pub struct RabbitMqConfig {
     /// The topic exchange events are published to; `None` uses the namespace.
     pub(crate) exchange: Option<String>,
     /// How long a publish waits for its confirm before it is reported as
-    /// [`PublishError::Timeout`](crate::transport::PublishError::Timeout). Default
-    /// [`DEFAULT_PUBLISH_TIMEOUT`] (10 s).
+    /// [`PublishError::Timeout`](crate::transport::PublishError::Timeout). A connection that
+    /// leaves a confirm unanswered that long is taken for dead and replaced at the next call.
+    /// Default [`DEFAULT_PUBLISH_TIMEOUT`] (10 s).
     pub(crate) publish_timeout: Duration,
     /// How long connecting may take. Default [`DEFAULT_CONNECTION_TIMEOUT`] (5 s).
     pub(crate) connection_timeout: Duration,
+    /// The AMQP heartbeat timeout asked of the broker, in whole seconds (rounded up; at most
+    /// 65,535 s). Both sides send heartbeats when otherwise idle, and a connection from which
+    /// nothing arrived for twice this long, as one that went silent without closing (a
+    /// partition, a dead host), is closed by the client: its subscriptions end with an error and
+    /// the next call reconnects. The broker may ask for less (the lower of both is used). A
+    /// `heartbeat` query parameter in the URI takes precedence. Default [`DEFAULT_HEARTBEAT`]
+    /// (10 s).
+    pub(crate) heartbeat: Duration,
+    /// How long a broker operation other than a publish waits for its answer: opening a
+    /// channel, declares, bindings, `basic.qos`, `basic.consume`, the health check's passive
+    /// declare. A connection that leaves one unanswered that long is taken for dead and
+    /// replaced at the next call. Default [`DEFAULT_RESPONSE_TIMEOUT`] (10 s).
+    pub(crate) response_timeout: Duration,
     /// Unacked deliveries per subscription; `None` uses [`SubscribeOptions::max_in_flight`].
     pub(crate) prefetch: Option<u16>,
     /// The kind of consumer queues declared. Default [`QueueType::Classic`]. An existing queue
@@ -108,6 +131,8 @@ impl Default for RabbitMqConfig {
             exchange: None,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            heartbeat: DEFAULT_HEARTBEAT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             prefetch: None,
             queue_type: QueueType::Classic,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
@@ -141,6 +166,18 @@ impl RabbitMqConfig {
         self
     }
 
+    /// Set the AMQP heartbeat timeout asked of the broker (whole seconds, rounded up).
+    pub fn heartbeat(mut self, timeout: Duration) -> Self {
+        self.heartbeat = timeout;
+        self
+    }
+
+    /// Set how long a broker operation other than a publish waits for its answer.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
     /// Let each subscription hold at most `prefetch` unacked deliveries (at least 1), whatever
     /// [`SubscribeOptions::max_in_flight`] says.
     pub fn prefetch(mut self, prefetch: u16) -> Self {
@@ -169,6 +206,13 @@ impl RabbitMqConfig {
     /// The exchange in use: [`exchange`](Self::exchange) when set, otherwise the namespace.
     pub fn resolved_exchange(&self) -> &str {
         self.exchange.as_deref().unwrap_or(&self.namespace)
+    }
+
+    /// The heartbeat timeout in whole seconds, as AMQP negotiates it: [`heartbeat`](Self::heartbeat)
+    /// rounded up, within 1 ..= 65,535.
+    pub fn heartbeat_seconds(&self) -> u16 {
+        let seconds = self.heartbeat.as_secs() + u64::from(self.heartbeat.subsec_nanos() > 0);
+        u16::try_from(seconds.max(1)).unwrap_or(u16::MAX)
     }
 
     /// The prefetch a subscription with `options` gets: [`prefetch`](Self::prefetch) when set,
@@ -211,6 +255,13 @@ impl RabbitMqTransportBuilder {
         publish_timeout: Duration;
         /// Fail a connection attempt after `timeout`. Default 5 s.
         connection_timeout: Duration;
+        /// Ask the broker for this AMQP heartbeat timeout (whole seconds, rounded up): a
+        /// connection silent for twice as long is closed and replaced. Default 10 s.
+        heartbeat: Duration;
+        /// Wait this long for the answer to an operation other than a publish (channel open,
+        /// declares, binds, consume, health check) before the connection is replaced. Default
+        /// 10 s.
+        response_timeout: Duration;
         /// Hold at most `prefetch` unacked deliveries per subscription. Default:
         /// `SubscribeOptions::max_in_flight`.
         prefetch: u16;
@@ -254,10 +305,12 @@ impl RabbitMqTransportBuilder {
                 config: self.config,
                 connection: Mutex::new(ConnectionSlot {
                     current: Some(Arc::new(connection)),
+                    generation: 1,
                     failures: 0,
                     retry_at: None,
                     last_error: String::new(),
                 }),
+                generation: AtomicU64::new(1),
                 status: RwLock::new(status),
                 publisher: Mutex::new(None),
             }),
@@ -270,6 +323,29 @@ pub(super) fn validate_config(config: &RabbitMqConfig) -> Result<(), TransportEr
         return Err(TransportError::new(
             TRANSPORT,
             "the namespace must not be empty",
+        ));
+    }
+    for (name, value) in [
+        ("publish_timeout", config.publish_timeout),
+        ("connection_timeout", config.connection_timeout),
+        ("heartbeat", config.heartbeat),
+        ("response_timeout", config.response_timeout),
+    ] {
+        if value.is_zero() {
+            return Err(TransportError::new(
+                TRANSPORT,
+                format!("`{name}` must not be zero"),
+            ));
+        }
+    }
+    if config.heartbeat > MAX_HEARTBEAT {
+        return Err(TransportError::new(
+            TRANSPORT,
+            format!(
+                "`heartbeat` must be at most {MAX_HEARTBEAT:?} (AMQP counts it in 16-bit \
+                 seconds), got {:?}",
+                config.heartbeat
+            ),
         ));
     }
     let exchange = config.resolved_exchange();
@@ -311,6 +387,27 @@ mod tests {
         assert!(validate_config(&RabbitMqConfig::default().namespace("")).is_err());
         assert!(validate_config(&RabbitMqConfig::default().exchange("amq.topic")).is_err());
         assert!(validate_config(&RabbitMqConfig::default().exchange("x".repeat(256))).is_err());
+        for zero in [
+            RabbitMqConfig::default().publish_timeout(Duration::ZERO),
+            RabbitMqConfig::default().connection_timeout(Duration::ZERO),
+            RabbitMqConfig::default().heartbeat(Duration::ZERO),
+            RabbitMqConfig::default().response_timeout(Duration::ZERO),
+        ] {
+            assert!(validate_config(&zero).is_err(), "{zero:?}");
+        }
+        assert!(
+            validate_config(&RabbitMqConfig::default().heartbeat(Duration::from_secs(65_536)))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn heartbeats_are_whole_seconds() {
+        let seconds = |d| RabbitMqConfig::default().heartbeat(d).heartbeat_seconds();
+        assert_eq!(RabbitMqConfig::default().heartbeat_seconds(), 10);
+        assert_eq!(seconds(Duration::from_millis(1)), 1);
+        assert_eq!(seconds(Duration::from_millis(1_500)), 2);
+        assert_eq!(seconds(Duration::from_secs(65_535)), u16::MAX);
     }
 
     #[test]

@@ -1,7 +1,12 @@
 //! The connection and its channels: reconnecting with a backoff after a loss, opening and
-//! closing channels, and running one broker operation within the API timeout ([`ApiError`]).
+//! closing channels, running one broker operation within the response timeout ([`ApiError`]),
+//! and giving up a connection that left an operation or a confirm unanswered.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use lapin::{
     Channel, Connection, ConnectionProperties, ErrorKind,
@@ -13,19 +18,17 @@ use tokio::time::Instant;
 use super::{RabbitMqConfig, RabbitMqTransport, TRANSPORT};
 use crate::transport::TransportError;
 
-/// Lower bound of the timeout of topology operations (declares, binds, channel opens); the
-/// publish timeout raises it when longer.
-const API_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How long closing a publish channel after a confirm timeout may take.
 pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reconnect backoff after a failed attempt: doubles from the base up to the cap.
 const RECONNECT_BACKOFF_BASE: Duration = Duration::from_millis(200);
-const RECONNECT_BACKOFF_CAP: Duration = Duration::from_secs(5);
+const RECONNECT_BACKOFF_CAP: Duration = Duration::from_secs(2);
 
 pub(super) struct ConnectionSlot {
     pub(super) current: Option<Arc<Connection>>,
+    /// Counted up at each new connection.
+    pub(super) generation: u64,
     /// Failed reconnect attempts in a row.
     pub(super) failures: u32,
     /// No new attempt before this instant.
@@ -70,8 +73,11 @@ impl RabbitMqTransport {
                     *status = connection.status().clone();
                 }
                 let connection = Arc::new(connection);
+                let generation = slot.generation.wrapping_add(1);
+                self.inner.generation.store(generation, Ordering::Release);
                 *slot = ConnectionSlot {
                     current: Some(connection.clone()),
+                    generation,
                     failures: 0,
                     retry_at: None,
                     last_error: String::new(),
@@ -119,21 +125,49 @@ impl RabbitMqTransport {
         }
     }
 
-    fn api_timeout(&self) -> Duration {
-        API_TIMEOUT.max(self.inner.config.publish_timeout)
+    /// The generation of the current connection: pass it to [`give_up`](Self::give_up).
+    pub(super) fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
     }
 
-    /// Runs one topology operation within the API timeout.
+    /// Give up the connection of `generation`, which left an operation or a confirm unanswered
+    /// (a partition or a dead host leaves it silent without closing it): the next call opens a
+    /// new one. It is not closed, which on a silent connection would wait for an answer that
+    /// never comes (and stop its heartbeats); its missed heartbeats close it, and end its
+    /// subscriptions, or it closes once nothing uses it.
+    pub(super) async fn give_up(&self, generation: u64, why: &str) {
+        let mut slot = self.inner.connection.lock().await;
+        if slot.generation != generation || slot.current.is_none() {
+            return;
+        }
+        slot.current = None;
+        if let Ok(mut status) = self.inner.status.write() {
+            *status = lapin::ConnectionStatus::default();
+        }
+        tracing::warn!(
+            uri = %self.inner.display_uri,
+            "a RabbitMQ connection left {why} unanswered: giving it up for a new one"
+        );
+    }
+
+    /// Runs one broker operation within the response timeout; a timeout gives the connection
+    /// up.
     pub(super) async fn api<T>(
         &self,
         what: impl FnOnce() -> String,
         operation: impl Future<Output = lapin::Result<T>>,
     ) -> Result<T, ApiError> {
-        let timeout = self.api_timeout();
+        let timeout = self.inner.config.response_timeout;
+        let generation = self.generation();
         match tokio::time::timeout(timeout, operation).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(ApiError::Broker(what(), err)),
-            Err(_elapsed) => Err(ApiError::Timeout(what(), timeout)),
+            Err(_elapsed) => {
+                let what = what();
+                self.give_up(generation, &format!("an operation ({what})"))
+                    .await;
+                Err(ApiError::Timeout(what, timeout))
+            }
         }
     }
 
@@ -189,7 +223,11 @@ pub(super) async fn open_connection(
 ) -> Result<Connection, String> {
     let properties = ConnectionProperties::default()
         .with_connection_name(config.connection_name.as_str().into());
-    let connect = Connection::connect_uri(uri.clone(), properties);
+    let mut uri = uri.clone();
+    if uri.query.heartbeat.is_none() {
+        uri.query.heartbeat = Some(config.heartbeat_seconds());
+    }
+    let connect = Connection::connect_uri(uri, properties);
     match tokio::time::timeout(config.connection_timeout, connect).await {
         Ok(Ok(connection)) => Ok(connection),
         Ok(Err(err)) => Err(err.to_string()),

@@ -69,11 +69,17 @@
 //!
 //! The transport keeps the URI. When the connection is found closed, the next [`publish`],
 //! [`subscribe`], [`setup`] or [`health`] reconnects; a failed attempt makes the following calls
-//! fail at once until a backoff (200 ms doubling to 5 s) has passed, so a broker outage does not
+//! fail at once until a backoff (200 ms doubling to 2 s) has passed, so a broker outage does not
 //! turn into a reconnect storm. A subscription whose connection was lost yields one error, then
 //! ends: subscribe again (the SDK's inbox does) to consume on the new connection. A broker that
-//! goes away closes the TCP connection and is noticed at once; a silent network loss is noticed
-//! by missed heartbeats (the broker proposes 60 s; ask for less with `?heartbeat=10` in the URI).
+//! goes away closes the TCP connection and is noticed at once. A connection that goes silent
+//! without closing (a partition, a dead host) is noticed three ways, whichever comes first: no
+//! heartbeat for twice [`heartbeat`](RabbitMqConfig::heartbeat) (10 s by default: the client
+//! then closes it, which ends its subscriptions with an error), a publish confirm not received
+//! within [`publish_timeout`](RabbitMqConfig::publish_timeout), or another operation (channel
+//! open, declare, the health check) not answered within
+//! [`response_timeout`](RabbitMqConfig::response_timeout). In the last two cases the connection
+//! is given up at once and the next call opens a new one.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), outbox_runtime::transport::TransportError> {
@@ -106,7 +112,7 @@
 
 use std::{
     fmt,
-    sync::{Arc, RwLock},
+    sync::{Arc, RwLock, atomic::AtomicU64},
 };
 
 use lapin::{
@@ -136,13 +142,14 @@ mod subscription;
 mod topology;
 
 pub use config::{
-    DEFAULT_CONNECTION_NAME, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_PUBLISH_TIMEOUT, QueueType, RabbitMqConfig, RabbitMqTransportBuilder,
+    DEFAULT_CONNECTION_NAME, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_PUBLISH_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, QueueType,
+    RabbitMqConfig, RabbitMqTransportBuilder,
 };
 pub use publish::CONTENT_TYPE;
 pub use topology::queue_name;
 
-use connection::{ConnectionSlot, close_quietly};
+use connection::{ApiError, ConnectionSlot, close_quietly};
 use publish::PublishChannel;
 use topology::short;
 
@@ -159,6 +166,10 @@ struct Inner {
     exchange: String,
     config: RabbitMqConfig,
     connection: Mutex<ConnectionSlot>,
+    /// The generation of the current connection ([`ConnectionSlot::generation`]), readable
+    /// without awaiting: an operation that times out replaces the connection only if it is
+    /// still the one of the generation the operation started on.
+    generation: AtomicU64,
     /// The status of the current connection, readable without awaiting (never held across an
     /// `.await`).
     status: RwLock<ConnectionStatus>,
@@ -270,7 +281,11 @@ impl Transport for RabbitMqTransport {
     }
 
     /// The connection is open (reopened if it was lost), the broker does not block publishers,
-    /// and it answers a passive declare of the exchange (which fails when `setup()` has not run).
+    /// and it answers a passive declare of the exchange (which fails when `setup()` has not run)
+    /// on a new channel, each step within the
+    /// [`response_timeout`](RabbitMqConfig::response_timeout) (a reconnect within the
+    /// [`connection_timeout`](RabbitMqConfig::connection_timeout)). A connection that does not
+    /// answer is given up, so the next check reconnects.
     async fn health(&self) -> Result<(), TransportError> {
         let connection = self.connection().await?;
         if connection.status().blocked() {
@@ -299,7 +314,12 @@ impl Transport for RabbitMqTransport {
                 ),
             )
             .await;
-        close_quietly(channel).await;
+        if let Err(ApiError::Timeout(..)) = &result {
+            // The connection is given up: closing the channel would wait for nothing.
+            drop(channel);
+        } else {
+            close_quietly(channel).await;
+        }
         result.map_err(|err| match err.soft_error() {
             Some(AMQPSoftError::NOTFOUND) => TransportError::new(
                 TRANSPORT,

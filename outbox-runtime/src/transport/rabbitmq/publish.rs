@@ -49,10 +49,15 @@ impl RabbitMqTransport {
         if let Some(current) = slot.as_mut() {
             current.in_use = true;
         }
+        let generation = self.generation();
         let batch = self.publish_batch(&channel, messages).await;
         match slot.as_mut() {
             Some(current) if !batch.retire => current.in_use = false,
             _ => *slot = None,
+        }
+        if batch.timed_out {
+            // A silent connection (a partition, a dead host) would time every batch out.
+            self.give_up(generation, "a publish confirm").await;
         }
         batch.results
     }
@@ -196,6 +201,7 @@ impl RabbitMqTransport {
         };
         let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; messages.len()];
         let mut retire = false;
+        let mut send_timed_out = false;
 
         // 1. Send everything; the confirms are awaited afterwards.
         let mut awaiting: Vec<(usize, PublisherConfirm, Instant)> =
@@ -232,6 +238,7 @@ impl RabbitMqTransport {
                 }
                 Err(_elapsed) => {
                     retire = true;
+                    send_timed_out = true;
                     send_failure = Some(PublishError::Timeout(timeout));
                     unsent.push(index);
                 }
@@ -276,6 +283,7 @@ impl RabbitMqTransport {
         // 3. After a timeout, close the channel so every confirm still pending resolves (acked,
         //    nacked or failed): a late one may carry the return of another message.
         let mut returns_complete = true;
+        let timed_out_any = send_timed_out || !timed_out.is_empty();
         if !timed_out.is_empty() {
             let close = channel.close(REPLY_SUCCESS, "outbox: publisher confirm timeout".into());
             if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
@@ -342,7 +350,11 @@ impl RabbitMqTransport {
             }
         }
         let results = publish_results(results);
-        Batch { results, retire }
+        Batch {
+            results,
+            retire,
+            timed_out: timed_out_any,
+        }
     }
 }
 
@@ -351,6 +363,8 @@ struct Batch {
     results: Vec<Result<(), PublishError>>,
     /// The channel must not be used again.
     retire: bool,
+    /// A send or a confirm timed out: the connection is given up too.
+    timed_out: bool,
 }
 
 fn long(value: &str) -> AMQPValue {
