@@ -22,13 +22,14 @@ use std::{
     future::Future,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
 };
 
 use crate::common::carts::{LineAdded, record_line};
 use crate::common::own_server::{Broker, OwnServer};
+use crate::common::workload::{CARTS, Producer, SETTLE, count_effects, wait_for_effects};
 use crate::common::*;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use outbox::inbox::InboxConfig;
@@ -44,10 +45,6 @@ use sea_orm::{
 const POLL_WITHOUT_NOTIFY: Duration = Duration::from_secs(5);
 /// How long a broker stays down.
 const OUTAGE: Duration = Duration::from_secs(20);
-/// Aggregates (carts) the producer writes to; each transaction adds the next line to every one.
-const CARTS: u32 = 4;
-/// Pause between the producer's transactions.
-const PRODUCE_EVERY: Duration = Duration::from_millis(100);
 /// How long a publish waits for the broker's confirmation.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
 /// The relay's retry delays: 0.2, 0.4, 0.8, 1.6, 3.2, 3.2, … s, plus up to 20%.
@@ -131,63 +128,6 @@ impl Metrics {
 // ---------------------------------------------------------------------------------------------
 // The workload.
 
-/// Commits one transaction every [`PRODUCE_EVERY`], each adding line `seq` to every cart, until
-/// stopped. Counts only what committed.
-struct Producer {
-    stop: Arc<AtomicBool>,
-    committed: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<BTreeMap<String, Vec<u32>>>,
-}
-
-impl Producer {
-    fn spawn(db: DatabaseConnection, outbox: Outbox) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let committed = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            let committed = committed.clone();
-            async move {
-                let mut lines: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-                let mut seq = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let tx = outbox.begin(&db).await.expect("producer: begin");
-                    for cart in 0..CARTS {
-                        tx.enqueue(&LineAdded {
-                            cart: format!("cart-{cart}"),
-                            seq,
-                        })
-                        .unwrap();
-                    }
-                    let report = tx.commit().await.expect("producer: commit");
-                    assert_eq!(report.written, CARTS as usize);
-                    for cart in 0..CARTS {
-                        lines.entry(format!("cart-{cart}")).or_default().push(seq);
-                    }
-                    committed.fetch_add(CARTS as usize, Ordering::Relaxed);
-                    seq += 1;
-                    tokio::time::sleep(PRODUCE_EVERY).await;
-                }
-                lines
-            }
-        });
-        Producer {
-            stop,
-            committed,
-            task,
-        }
-    }
-
-    fn committed(&self) -> usize {
-        self.committed.load(Ordering::Relaxed)
-    }
-
-    /// Stop and return, per cart, the lines committed in order.
-    async fn stop(self) -> BTreeMap<String, Vec<u32>> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("the producer ran to the end")
-    }
-}
-
 /// Wait until the consumer's dispatcher has subscribed.
 async fn wait_subscribed(runtime: &Runtime, consumer: &str) {
     let name = format!("dispatch:{consumer}");
@@ -204,29 +144,6 @@ async fn wait_subscribed(runtime: &Runtime, consumer: &str) {
 
 async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
     scalar_i64(db, sql).await
-}
-
-async fn count_effects(db: &DatabaseConnection) -> usize {
-    count(db, "SELECT COUNT(*) FROM effect").await as usize
-}
-
-/// Wait until `n` effects exist; fail with the state of both tables if they do not appear.
-/// Returns how long it took.
-async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) -> Duration {
-    let started = Instant::now();
-    let ok = eventually(timeout, || async { count_effects(&t.db).await >= n }).await;
-    assert!(
-        ok,
-        "{}: only {} of {n} events handled within {timeout:?}; outbox {:?}, inbox {:?}",
-        t.name,
-        count_effects(&t.db).await,
-        status_counts(&t.db).await,
-        table_status_counts(&t.db, "inbox_event").await,
-    );
-    let took = started.elapsed();
-    // Anything handled twice would show up now.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    took
 }
 
 /// Every committed event has exactly one effect row, and nothing is left unfinished in the
@@ -476,6 +393,8 @@ async fn survives_a_20s_broker_outage(
     let committed: usize = lines.values().map(Vec::len).sum();
     wait_for_effects(&t, committed, Duration::from_secs(120)).await;
     let drained_after = killed_at.elapsed();
+    // Anything handled twice would show up now.
+    tokio::time::sleep(SETTLE).await;
     stop_watching.store(true, Ordering::Relaxed);
     let watched = watcher.await.unwrap();
     let health = runtime.health();
@@ -717,6 +636,7 @@ fn runtime_survives_its_postgres_connections_being_killed() {
         let mut lines = producer.stop().await;
         let committed: usize = lines.values().map(Vec::len).sum();
         let drained_after = wait_for_effects(&t, committed, Duration::from_secs(60)).await;
+        tokio::time::sleep(SETTLE).await;
 
         // The relay still hears of commits at once: one more transaction is handled well
         // within the poll interval.
@@ -745,6 +665,7 @@ fn runtime_survives_its_postgres_connections_being_killed() {
              connection was not re-established"
         );
         wait_for_effects(&t, committed, Duration::from_secs(10)).await;
+        tokio::time::sleep(SETTLE).await;
         let healthy = eventually(Duration::from_secs(10), || async {
             runtime.health().is_healthy()
         })

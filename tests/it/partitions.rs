@@ -16,32 +16,25 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use crate::common::carts::{LineAdded, record_line};
 use crate::common::netns::Partitionable;
 use crate::common::own_server::Broker;
+use crate::common::workload::{CARTS, Producer, SETTLE, count_effects, wait_for_effects};
 use crate::common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
 use outbox::transport::{SubscribeOptions, Transport};
-use sea_orm::DatabaseConnection;
 
 /// How long the broker stays cut off: longer than every timeout below.
 const PARTITION: Duration = Duration::from_secs(15);
 /// The transports' timeouts: publish, connection, ping / heartbeat / response.
 const TIMEOUT: Duration = Duration::from_secs(1);
-/// Aggregates (carts) the producer writes to; each transaction adds the next line to every one.
-const CARTS: u32 = 4;
-/// Pause between the producer's transactions.
-const PRODUCE_EVERY: Duration = Duration::from_millis(100);
 /// How soon after the heal the events committed until then must be handled.
 const CATCH_UP: Duration = Duration::from_secs(10);
 /// The relay's retry budget, far shorter than the partition.
@@ -69,79 +62,6 @@ async fn partition_redis(
     event: Event<LineAdded>,
 ) -> Result<(), HandlerError> {
     record_line(tx, &event).await
-}
-
-/// Commits one transaction every [`PRODUCE_EVERY`], each adding line `seq` to every cart, until
-/// stopped. Counts only what committed.
-struct Producer {
-    stop: Arc<AtomicBool>,
-    committed: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<BTreeMap<String, Vec<u32>>>,
-}
-
-impl Producer {
-    fn spawn(db: DatabaseConnection, outbox: Outbox) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let committed = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            let committed = committed.clone();
-            async move {
-                let mut lines: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-                let mut seq = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let tx = outbox.begin(&db).await.expect("producer: begin");
-                    for cart in 0..CARTS {
-                        tx.enqueue(&LineAdded {
-                            cart: format!("cart-{cart}"),
-                            seq,
-                        })
-                        .unwrap();
-                    }
-                    let _ = tx.commit().await.expect("producer: commit");
-                    for cart in 0..CARTS {
-                        lines.entry(format!("cart-{cart}")).or_default().push(seq);
-                    }
-                    committed.fetch_add(CARTS as usize, Ordering::Relaxed);
-                    seq += 1;
-                    tokio::time::sleep(PRODUCE_EVERY).await;
-                }
-                lines
-            }
-        });
-        Producer {
-            stop,
-            committed,
-            task,
-        }
-    }
-
-    fn committed(&self) -> usize {
-        self.committed.load(Ordering::Relaxed)
-    }
-
-    /// Stop and return, per cart, the lines committed in order.
-    async fn stop(self) -> BTreeMap<String, Vec<u32>> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("the producer ran to the end")
-    }
-}
-
-async fn count_effects(db: &DatabaseConnection) -> usize {
-    scalar_i64(db, "SELECT COUNT(*) FROM effect").await as usize
-}
-
-/// Wait until `n` effects exist; fail with the state of both tables if they do not appear.
-async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) {
-    let ok = eventually(timeout, || async { count_effects(&t.db).await >= n }).await;
-    assert!(
-        ok,
-        "{}: only {} of {n} events handled within {timeout:?}; outbox {:?}, inbox {:?}",
-        t.name,
-        count_effects(&t.db).await,
-        status_counts(&t.db).await,
-        table_status_counts(&t.db, "inbox_event").await,
-    );
 }
 
 async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
@@ -249,15 +169,14 @@ async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, tes
 
     // Commits go on while the runtime catches up with what was committed until the heal, then
     // stop.
-    wait_for_effects(&t, backlog, Duration::from_secs(30)).await;
-    let caught_up_after_heal = healed_at.elapsed();
+    let caught_up_after_heal = wait_for_effects(&t, backlog, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let lines = producer.stop().await;
     let committed: usize = lines.values().map(Vec::len).sum();
     wait_for_effects(&t, committed, Duration::from_secs(60)).await;
     let drain_after_heal = healed_at.elapsed();
     // Anything handled twice would show up now.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(SETTLE).await;
 
     let shutting_down = Instant::now();
     let report = tokio::time::timeout(Duration::from_secs(30), runtime.shutdown())

@@ -18,6 +18,7 @@ pub mod carts;
 #[cfg(all(feature = "postgres", feature = "nats", feature = "redis"))]
 pub mod netns;
 pub mod own_server;
+pub mod workload;
 
 #[cfg(feature = "nats")]
 pub mod nats;
