@@ -331,6 +331,9 @@ impl Relay {
 
     /// Run one round: claim, publish, settle.
     pub async fn run_once(&self) -> Result<RoundReport, RelayError> {
+        // The breaker belongs to `run`'s loop, which waits for the broker; a single round always
+        // tries it (a broker found unavailable hands the claim back, as in the loop).
+        self.broker_down.store(false, Ordering::Relaxed);
         self.round(&CancellationToken::new())
             .await
             .map(|round| round.report)

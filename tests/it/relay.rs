@@ -657,8 +657,27 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
     assert_strictly_increasing(&log_order(&messages), 5);
 }
 
+/// Single rounds (`run_once`, `drain`) during an outage hand their claims back without
+/// attempts, and the next round after the broker's return publishes.
+async fn single_rounds_try_the_broker_each_time(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let total = produce(&t, &outbox, 2, 3, 6).await;
+    let transport = MemoryTransport::new();
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(config(10));
+    transport.set_unavailable(true);
+    let down = relay.drain(3).await.unwrap();
+    assert_eq!((down.sent, down.retried, down.dead), (0, 0, 0), "{down:?}");
+    assert!(down.released >= 2, "the claims were handed back: {down:?}");
+    assert!(outbox_rows(&t.db).await.iter().all(|r| r.attempts == 0));
+    transport.set_unavailable(false);
+    let back = relay.drain(10).await.unwrap();
+    assert_eq!(back.sent, total, "{back:?}");
+    assert_strictly_increasing(&log_order(&transport.messages()), 3);
+}
+
 backend_tests! {
     outage_spends_no_attempt => an_outage_longer_than_the_retry_budget_spends_no_attempt;
+    single_rounds_after_outage => single_rounds_try_the_broker_each_time;
     four_relays => four_relays_publish_each_event_once;
     order_random_failures => order_survives_random_failures_and_four_relays;
     backoff_dead => failures_back_off_then_dead_while_others_flow;
