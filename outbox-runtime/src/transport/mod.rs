@@ -47,6 +47,21 @@ pub mod redis;
 /// with.
 pub const CONTENT_TYPE: &str = "application/cloudevents+json";
 
+/// The check every transport makes of its timeouts and intervals: none may be zero (a zero
+/// timeout fails every call, a zero interval spins).
+pub(crate) fn check_nonzero(
+    transport: &'static str,
+    settings: &[(&str, std::time::Duration)],
+) -> Result<(), TransportError> {
+    match settings.iter().find(|(_, value)| value.is_zero()) {
+        Some((name, _)) => Err(TransportError::new(
+            transport,
+            format!("`{name}` must not be zero"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The check every transport makes before subscribing: a consumer name.
 pub(crate) fn check_consumer_name(
     transport: &'static str,

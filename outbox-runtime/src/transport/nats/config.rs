@@ -293,20 +293,16 @@ pub(super) fn validate_config(config: &NatsConfig) -> Result<(), TransportError>
             ),
         ));
     }
-    for (name, value) in [
-        ("publish_timeout", config.publish_timeout),
-        ("connection_timeout", config.connection_timeout),
-        ("ping_interval", config.ping_interval),
-        ("request_timeout", config.request_timeout),
-        ("pull_heartbeat", config.pull_heartbeat),
-    ] {
-        if value.is_zero() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                format!("`{name}` must not be zero"),
-            ));
-        }
-    }
+    crate::transport::check_nonzero(
+        TRANSPORT,
+        &[
+            ("publish_timeout", config.publish_timeout),
+            ("connection_timeout", config.connection_timeout),
+            ("ping_interval", config.ping_interval),
+            ("request_timeout", config.request_timeout),
+            ("pull_heartbeat", config.pull_heartbeat),
+        ],
+    )?;
     if config.pull_heartbeat > MAX_PULL_HEARTBEAT {
         return Err(TransportError::new(
             TRANSPORT,

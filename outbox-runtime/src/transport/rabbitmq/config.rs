@@ -325,19 +325,15 @@ pub(super) fn validate_config(config: &RabbitMqConfig) -> Result<(), TransportEr
             "the namespace must not be empty",
         ));
     }
-    for (name, value) in [
-        ("publish_timeout", config.publish_timeout),
-        ("connection_timeout", config.connection_timeout),
-        ("heartbeat", config.heartbeat),
-        ("response_timeout", config.response_timeout),
-    ] {
-        if value.is_zero() {
-            return Err(TransportError::new(
-                TRANSPORT,
-                format!("`{name}` must not be zero"),
-            ));
-        }
-    }
+    crate::transport::check_nonzero(
+        TRANSPORT,
+        &[
+            ("publish_timeout", config.publish_timeout),
+            ("connection_timeout", config.connection_timeout),
+            ("heartbeat", config.heartbeat),
+            ("response_timeout", config.response_timeout),
+        ],
+    )?;
     if config.heartbeat > MAX_HEARTBEAT {
         return Err(TransportError::new(
             TRANSPORT,
