@@ -261,14 +261,7 @@ fn main() {
         child_main(role);
         return;
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        println!("chaos: test");
-        return;
-    }
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| "chaos".contains(f.as_str())) {
-        println!("running 0 tests (filtered out)");
+    if !common::harness_selects("chaos") {
         return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

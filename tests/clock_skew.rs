@@ -71,17 +71,9 @@ fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         return child_main(&role);
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        println!("clock_skew: test");
-        return;
+    if common::harness_selects("clock_skew") {
+        supervise();
     }
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| "clock_skew".contains(f.as_str())) {
-        println!("running 0 tests (filtered out)");
-        return;
-    }
-    supervise();
 }
 
 fn env(name: &str) -> String {
@@ -520,26 +512,12 @@ fn retry_in(delay: Duration) -> InboxState {
 
 /// `(status, locked_by, attempts)` of a message.
 async fn inbox_state(db: &DatabaseConnection, message_id: &str) -> (String, Option<String>, i64) {
-    let backend = db.get_database_backend();
-    let sql = if backend == DbBackend::Postgres {
-        "SELECT status, locked_by, attempts FROM inbox_event WHERE consumer = $1 AND message_id = $2"
-    } else {
-        "SELECT status, locked_by, attempts FROM inbox_event WHERE consumer = ? AND message_id = ?"
-    };
-    let row = db
-        .query_one_raw(Statement::from_sql_and_values(
-            backend,
-            sql,
-            [WORKER.into(), message_id.into()],
-        ))
+    let row = common::inbox_rows(db, WORKER)
         .await
-        .unwrap()
+        .into_iter()
+        .find(|r| r.message_id == message_id)
         .unwrap_or_else(|| panic!("no inbox row {message_id}"));
-    (
-        row.try_get("", "status").unwrap(),
-        row.try_get("", "locked_by").unwrap(),
-        outbox::store::get_i64(&row, "attempts").unwrap(),
-    )
+    (row.status, row.locked_by, row.attempts)
 }
 
 async fn wait_done(db: &DatabaseConnection, ids: &[&str], within: Duration) -> bool {

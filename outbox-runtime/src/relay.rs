@@ -795,9 +795,9 @@ impl Relay {
     /// broker is unavailable.
     ///
     /// A lost or refused connection says the broker is unavailable; no confirmation in time
-    /// says so when the broker's health check fails too. Then no event is at fault. Those events and everything not yet published are handed back
-    /// without counting an attempt, and the relay stops claiming until the broker answers again
-    /// (see `wait_for_broker`). Only failures of the message itself (a rejection, or a timeout
+    /// says so when the broker's health check fails too. Then no event is at fault: those events
+    /// and everything not yet published are handed back without counting an attempt, and the
+    /// relay stops claiming until the broker answers again (see `wait_for_broker`). Only failures of the message itself (a rejection, or a timeout
     /// while the broker answers) count toward `max_attempts` and DEAD.
     async fn publish(
         &self,

@@ -29,14 +29,17 @@ use std::{
 
 use crate::common::carts::{LineAdded, record_line};
 use crate::common::own_server::{Broker, OwnServer};
-use crate::common::workload::{CARTS, Producer, SETTLE, count_effects, wait_for_effects};
+use crate::common::workload::{
+    CARTS, Producer, SETTLE, count_effects, inbox_config, loops_summary, relay_config,
+    retry_budget, wait_for_effects, wait_subscribed,
+};
 use crate::common::*;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
-use outbox::relay::{Backoff, RelayConfig};
+use outbox::relay::RelayConfig;
 use outbox::runtime::{Runtime, RuntimeReport};
-use outbox::transport::{SubscribeOptions, Transport};
+use outbox::transport::Transport;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
 };
@@ -47,12 +50,6 @@ const POLL_WITHOUT_NOTIFY: Duration = Duration::from_secs(5);
 const OUTAGE: Duration = Duration::from_secs(20);
 /// How long a publish waits for the broker's confirmation.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
-/// The relay's retry delays: 0.2, 0.4, 0.8, 1.6, 3.2, 3.2, … s, plus up to 20%.
-const BACKOFF: Backoff = Backoff {
-    base: Duration::from_millis(200),
-    cap: Duration::from_millis(3_200),
-    jitter: 0.2,
-};
 
 // One consumer per test, each writing one effect row per handled event.
 #[inbox_handler(consumer = "outage-nats", backoff = "50ms", backoff_cap = "1s")]
@@ -128,20 +125,6 @@ impl Metrics {
 // ---------------------------------------------------------------------------------------------
 // The workload.
 
-/// Wait until the consumer's dispatcher has subscribed.
-async fn wait_subscribed(runtime: &Runtime, consumer: &str) {
-    let name = format!("dispatch:{consumer}");
-    let subscribed = eventually(Duration::from_secs(30), || async {
-        runtime
-            .health()
-            .loops
-            .iter()
-            .any(|l| l.name == name && l.last_success.is_some())
-    })
-    .await;
-    assert!(subscribed, "{name} subscribed: {:#?}", runtime.health());
-}
-
 async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
     scalar_i64(db, sql).await
 }
@@ -204,37 +187,6 @@ async fn assert_everything_handled_once(
 
 // ---------------------------------------------------------------------------------------------
 // A broker killed for 20 s.
-
-/// The relay's retry budget, shrunk so that the outage outlasts it many times over.
-const MAX_ATTEMPTS: u32 = 5;
-
-/// How long an event's failed attempts take, at the least, to use the whole budget.
-fn retry_budget() -> Duration {
-    (0..MAX_ATTEMPTS - 1).map(|n| BACKOFF.base_delay(n)).sum()
-}
-
-fn relay_config() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        lease: Duration::from_secs(10),
-        backoff: BACKOFF,
-        max_attempts: MAX_ATTEMPTS,
-        error_delay: Duration::from_millis(200),
-        ..RelayConfig::default()
-    }
-}
-
-fn inbox_config() -> InboxConfig {
-    InboxConfig {
-        poll_interval: Duration::from_millis(50),
-        lease: Duration::from_secs(5),
-        subscribe: SubscribeOptions {
-            ack_wait: Duration::from_secs(5),
-            ..SubscribeOptions::default()
-        },
-        ..InboxConfig::default()
-    }
-}
 
 async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
     match broker {
@@ -514,15 +466,7 @@ async fn survives_a_20s_broker_outage(
         OUTAGE - Duration::from_secs(5),
         watched.max_oldest_age,
         summary(&report),
-        health_while_down
-            .loops
-            .iter()
-            .map(|l| match (&l.last_error, l.healthy) {
-                (Some(e), false) => format!("{} failing ({e})", l.name),
-                _ => format!("{} healthy", l.name),
-            })
-            .collect::<Vec<_>>()
-            .join(", "),
+        loops_summary(&health_while_down),
         started.elapsed(),
     );
 }

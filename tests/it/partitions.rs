@@ -23,13 +23,14 @@ use std::{
 use crate::common::carts::{LineAdded, record_line};
 use crate::common::netns::Partitionable;
 use crate::common::own_server::Broker;
-use crate::common::workload::{CARTS, Producer, SETTLE, count_effects, wait_for_effects};
+use crate::common::workload::{
+    CARTS, Producer, SETTLE, count_effects, inbox_config, loops_summary, relay_config,
+    wait_for_effects, wait_subscribed,
+};
 use crate::common::*;
-use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
-use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
-use outbox::transport::{SubscribeOptions, Transport};
+use outbox::transport::Transport;
 
 /// How long the broker stays cut off: longer than every timeout below.
 const PARTITION: Duration = Duration::from_secs(15);
@@ -37,8 +38,6 @@ const PARTITION: Duration = Duration::from_secs(15);
 const TIMEOUT: Duration = Duration::from_secs(1);
 /// How soon after the heal the events committed until then must be handled.
 const CATCH_UP: Duration = Duration::from_secs(10);
-/// The relay's retry budget, far shorter than the partition.
-const MAX_ATTEMPTS: u32 = 5;
 
 #[inbox_handler(consumer = "partition-nats", backoff = "50ms", backoff_cap = "1s")]
 async fn partition_nats(
@@ -117,40 +116,12 @@ async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, tes
         .source("partitions")
         .consumers([consumer])
         .transport_arc(transport)
-        .relay_config(RelayConfig {
-            poll_interval: Duration::from_millis(50),
-            lease: Duration::from_secs(10),
-            backoff: Backoff {
-                base: Duration::from_millis(200),
-                cap: Duration::from_millis(3_200),
-                jitter: 0.2,
-            },
-            max_attempts: MAX_ATTEMPTS,
-            error_delay: Duration::from_millis(200),
-            ..RelayConfig::default()
-        })
-        .inbox_config(InboxConfig {
-            poll_interval: Duration::from_millis(50),
-            lease: Duration::from_secs(5),
-            subscribe: SubscribeOptions {
-                ack_wait: Duration::from_secs(5),
-                ..SubscribeOptions::default()
-            },
-            ..InboxConfig::default()
-        })
+        .relay_config(relay_config())
+        .inbox_config(inbox_config())
         .start()
         .await
         .unwrap();
-    let name = format!("dispatch:{consumer}");
-    let subscribed = eventually(Duration::from_secs(30), || async {
-        runtime
-            .health()
-            .loops
-            .iter()
-            .any(|l| l.name == name && l.last_success.is_some())
-    })
-    .await;
-    assert!(subscribed, "{name} subscribed: {:#?}", runtime.health());
+    wait_subscribed(&runtime, consumer).await;
     let producer = Producer::spawn(t.db.clone(), runtime.outbox().clone());
     // Events flow end to end before the partition.
     wait_for_effects(&t, 4 * CARTS as usize, Duration::from_secs(30)).await;
@@ -249,15 +220,7 @@ async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, tes
          after it; shutdown took {shutdown_took:.1?}; {attempts} \
          attempts; relay {relay:?}; inbox {inbox:?}; loops while down: {}; total {:.1?}",
         partitioned_at - started,
-        health_while_down
-            .loops
-            .iter()
-            .map(|l| match (&l.last_error, l.healthy) {
-                (Some(e), false) => format!("{} failing ({e})", l.name),
-                _ => format!("{} healthy", l.name),
-            })
-            .collect::<Vec<_>>()
-            .join(", "),
+        loops_summary(&health_while_down),
         started.elapsed(),
     );
 }

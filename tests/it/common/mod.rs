@@ -283,6 +283,7 @@ pub struct InboxRow {
     pub message_id: String,
     pub status: String,
     pub attempts: i64,
+    pub locked_by: Option<String>,
     pub last_error: Option<String>,
     pub event_type: Option<String>,
     pub source: Option<String>,
@@ -300,6 +301,7 @@ impl std::fmt::Debug for InboxRow {
             .field("message_id", &self.message_id)
             .field("status", &self.status)
             .field("attempts", &self.attempts)
+            .field("locked_by", &self.locked_by)
             .field("last_error", &self.last_error)
             .field("event_type", &self.event_type)
             .field("source", &self.source)
@@ -325,7 +327,7 @@ pub async fn inbox_rows<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<Inbox
         .query_all_raw(Statement::from_sql_and_values(
             backend,
             format!(
-                "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, last_error, \
+                "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, locked_by, last_error, \
                  event_type, source, aggregate_type, aggregate_id, payload \
                  FROM inbox_event WHERE consumer = {} ORDER BY id",
                 if backend == DbBackend::Postgres {
@@ -343,6 +345,7 @@ pub async fn inbox_rows<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<Inbox
             message_id: r.try_get("", "message_id").unwrap(),
             status: r.try_get("", "status").unwrap(),
             attempts: r.try_get("", "attempts").unwrap(),
+            locked_by: r.try_get("", "locked_by").unwrap(),
             last_error: r.try_get("", "last_error").unwrap(),
             event_type: r.try_get("", "event_type").unwrap(),
             source: r.try_get("", "source").unwrap(),
@@ -651,4 +654,20 @@ pub fn skew_wall_clock(command: &mut std::process::Command, skew: &str) {
         .env("LD_PRELOAD", library)
         .env("FAKETIME", skew)
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+}
+
+/// For a test binary without libtest's harness (`harness = false`) that holds the one test
+/// `name`: answers `--list`, and says whether the command line's filters select it.
+pub fn harness_selects(name: &str) -> bool {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("{name}: test");
+        return false;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+        println!("running 0 tests (filtered out)");
+        return false;
+    }
+    true
 }

@@ -12,7 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
+use outbox::relay::{Backoff, RelayConfig};
+use outbox::runtime::{Health, Runtime};
+use outbox::transport::SubscribeOptions;
 use sea_orm::DatabaseConnection;
 
 use super::carts::LineAdded;
@@ -103,3 +107,70 @@ pub async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) -> Durati
 
 /// Long enough for a message handled twice to show up as a second effect row.
 pub const SETTLE: Duration = Duration::from_millis(500);
+
+/// The relay's retry delays: 0.2, 0.4, 0.8, 1.6, 3.2, 3.2, … s, plus up to 20%.
+pub const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(200),
+    cap: Duration::from_millis(3_200),
+    jitter: 0.2,
+};
+
+/// The relay's retry budget, shrunk so that a broker outage outlasts it many times over.
+pub const MAX_ATTEMPTS: u32 = 5;
+
+/// How long an event's failed attempts take, at the least, to use the whole budget.
+pub fn retry_budget() -> Duration {
+    (0..MAX_ATTEMPTS - 1).map(|n| BACKOFF.base_delay(n)).sum()
+}
+
+/// The relay of the outage and partition tests: quick polls, [`BACKOFF`], [`MAX_ATTEMPTS`].
+pub fn relay_config() -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        lease: Duration::from_secs(10),
+        backoff: BACKOFF,
+        max_attempts: MAX_ATTEMPTS,
+        error_delay: Duration::from_millis(200),
+        ..RelayConfig::default()
+    }
+}
+
+/// The consumers of the outage and partition tests: quick polls, short leases.
+pub fn inbox_config() -> InboxConfig {
+    InboxConfig {
+        poll_interval: Duration::from_millis(50),
+        lease: Duration::from_secs(5),
+        subscribe: SubscribeOptions {
+            ack_wait: Duration::from_secs(5),
+            ..SubscribeOptions::default()
+        },
+        ..InboxConfig::default()
+    }
+}
+
+/// Wait until the consumer's dispatcher has subscribed.
+pub async fn wait_subscribed(runtime: &Runtime, consumer: &str) {
+    let name = format!("dispatch:{consumer}");
+    let subscribed = eventually(Duration::from_secs(30), || async {
+        runtime
+            .health()
+            .loops
+            .iter()
+            .any(|l| l.name == name && l.last_success.is_some())
+    })
+    .await;
+    assert!(subscribed, "{name} subscribed: {:#?}", runtime.health());
+}
+
+/// Each loop, healthy or failing with its last error, on one line.
+pub fn loops_summary(health: &Health) -> String {
+    health
+        .loops
+        .iter()
+        .map(|l| match (&l.last_error, l.healthy) {
+            (Some(e), false) => format!("{} failing ({e})", l.name),
+            _ => format!("{} healthy", l.name),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
