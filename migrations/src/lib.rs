@@ -1,4 +1,5 @@
-//! SeaORM migrations for the outbox SDK's tables: `outbox_event` and `inbox_event`.
+//! SeaORM migrations for the outbox SDK's tables: `outbox_event`, `inbox_event` and the
+//! operations' tables beside them.
 //!
 //! Two ways to apply them:
 //!
@@ -25,6 +26,7 @@ mod m0001_outbox_event;
 mod m0002_inbox_event;
 mod m0003_inbox_aggregate_version;
 mod m0004_admin_action;
+mod m0005_relay;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -33,6 +35,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0002_inbox_event::MIGRATION),
         Box::new(m0003_inbox_aggregate_version::MIGRATION),
         Box::new(m0004_admin_action::MIGRATION),
+        Box::new(m0005_relay::MIGRATION),
     ]
 }
 

@@ -12,6 +12,8 @@
 //! | `outbox_relay_errors_total` | counter | | relay rounds that failed (database, transport) |
 //! | `outbox_broker_available` | gauge | `transport` | 1 while the relay sees the broker, 0 while its breaker is open (the broker is unavailable: nothing is claimed, no attempt is counted) |
 //! | `outbox_broker_outages_total` | counter | `transport` | times the relay found the broker unavailable and stopped claiming |
+//! | `outbox_broker_last_seen_seconds` | gauge | `transport` | time since the broker last confirmed a publish or answered a health check, as of the relay's last heartbeat (`RelayConfig::heartbeat`) or breaker change |
+//! | `outbox_events_held_back_total` | counter | `transport` | claimed events handed back without an attempt because the broker was unavailable |
 //! | `outbox_publish_lag_seconds` | histogram | `transport` | enqueue (commit) to broker confirmation |
 //! | `outbox_backlog_events` | gauge | `status` | unsent outbox rows per status |
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest unsent, not dead event |
@@ -41,6 +43,10 @@ pub const RELAY_ERRORS: &str = "outbox_relay_errors_total";
 pub const BROKER_AVAILABLE: &str = "outbox_broker_available";
 /// Times the relay found the broker unavailable.
 pub const BROKER_OUTAGES: &str = "outbox_broker_outages_total";
+/// Time since the broker was last seen.
+pub const BROKER_LAST_SEEN: &str = "outbox_broker_last_seen_seconds";
+/// Events handed back without an attempt during outages.
+pub const EVENTS_HELD_BACK: &str = "outbox_events_held_back_total";
 /// Commit to confirmation.
 pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
 /// Unsent outbox rows per status.
@@ -92,6 +98,16 @@ pub fn describe() {
         BROKER_OUTAGES,
         Unit::Count,
         "Times the relay found the broker unavailable and stopped claiming"
+    );
+    describe_gauge!(
+        BROKER_LAST_SEEN,
+        Unit::Seconds,
+        "Time since the broker last confirmed a publish or answered a health check"
+    );
+    describe_counter!(
+        EVENTS_HELD_BACK,
+        Unit::Count,
+        "Claimed events handed back without an attempt because the broker was unavailable"
     );
     describe_histogram!(
         PUBLISH_LAG,
@@ -147,6 +163,20 @@ pub(crate) fn broker_available(transport: &'static str, available: bool) {
     gauge!(BROKER_AVAILABLE, "transport" => transport).set(if available { 1.0 } else { 0.0 });
     if !available {
         counter!(BROKER_OUTAGES, "transport" => transport).increment(1);
+    }
+}
+
+/// Time since the broker was last seen (nothing while it never was).
+pub(crate) fn broker_seen(transport: &'static str, ago: Option<Duration>) {
+    if let Some(ago) = ago {
+        gauge!(BROKER_LAST_SEEN, "transport" => transport).set(ago.as_secs_f64());
+    }
+}
+
+/// `n` claimed events were handed back without an attempt: the broker is unavailable.
+pub(crate) fn held_back(transport: &'static str, n: usize) {
+    if n > 0 {
+        counter!(EVENTS_HELD_BACK, "transport" => transport).increment(n as u64);
     }
 }
 

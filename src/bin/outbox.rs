@@ -585,6 +585,16 @@ fn render_status(status: &Status) -> String {
         .map(|s| o.counts.get(*s).copied().unwrap_or(0).to_string())
         .collect();
     out.push_str(&table(&statuses, vec![row]));
+    if o.delayed_by_outage > 0 {
+        let _ = writeln!(
+            out,
+            "        {} backlog events wait for the broker: a relay reports it unavailable \
+             (no attempt is counted while it is)",
+            o.delayed_by_outage
+        );
+    }
+    out.push('\n');
+    out.push_str(&render_relays(status));
     out.push('\n');
     if status.consumers.is_empty() {
         out.push_str("INBOX   no consumer has received anything yet\n");
@@ -611,6 +621,54 @@ fn render_status(status: &Status) -> String {
         })
         .collect();
     out.push_str(&table(&headers, rows));
+    out
+}
+
+fn render_relays(status: &Status) -> String {
+    if status.relays.is_empty() {
+        return "RELAYS  none running with a broker\n".to_owned();
+    }
+    let mut out = String::from("RELAYS\n");
+    let headers = [
+        "RELAY",
+        "TRANSPORT",
+        "BROKER",
+        "LAST SEEN",
+        "UNAVAILABLE FOR",
+        "HELD BACK",
+        "OUTAGES",
+        "LAST ERROR",
+    ];
+    let rows = status
+        .relays
+        .iter()
+        .map(|r| {
+            let broker = match (r.current, r.broker_available) {
+                (false, _) => "stopped?",
+                (true, true) => "available",
+                (true, false) => "UNAVAILABLE",
+            };
+            vec![
+                r.relay_id.clone(),
+                r.transport.clone(),
+                broker.to_owned(),
+                r.broker_seen_ago
+                    .map(|d| format!("{} ago", age(Some(d))))
+                    .unwrap_or_else(|| "never".into()),
+                age(r.unavailable_for),
+                r.held_back.to_string(),
+                r.outages.to_string(),
+                clip(r.last_error.as_deref().unwrap_or("-"), 60),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&headers, rows));
+    if status.relays.iter().any(|r| !r.current) {
+        out.push_str(
+            "        stopped?: no report for three heartbeats (the relay was killed, or cannot \
+             write to the database)\n",
+        );
+    }
     out
 }
 

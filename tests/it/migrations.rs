@@ -54,7 +54,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 4);
+    assert_eq!(applied, 5);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -82,6 +82,7 @@ async fn up_down_up(t: TestDb) {
     assert!(!table_exists(&t.db, "inbox_aggregate_version").await);
     assert!(!table_exists(&t.db, "outbox_admin_action").await);
     assert!(!table_exists(&t.db, "outbox_lease").await);
+    assert!(!table_exists(&t.db, "outbox_relay").await);
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         0
@@ -91,10 +92,11 @@ async fn up_down_up(t: TestDb) {
     assert!(table_exists(&t.db, "outbox_event").await);
     assert!(table_exists(&t.db, "inbox_event").await);
     assert!(table_exists(&t.db, "inbox_aggregate_version").await);
+    assert!(table_exists(&t.db, "outbox_relay").await);
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        4
+        5
     );
 }
 
@@ -163,7 +165,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
             "outbox_0001_create_outbox_event",
             "outbox_0002_create_inbox_event",
             "outbox_0003_create_inbox_aggregate_version",
-            "outbox_0004_create_admin_action"
+            "outbox_0004_create_admin_action",
+            "outbox_0005_create_relay"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();

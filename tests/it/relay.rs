@@ -11,6 +11,7 @@ use std::{
 use crate::common::carts::*;
 use crate::common::*;
 use chrono::Utc;
+use outbox::admin;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
@@ -583,6 +584,31 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
         "the relay saw the outage: {:?}",
         handle.stats()
     );
+    // `outbox status` tells the outage: the relay's breaker is open, the backlog waits for it.
+    let status = admin::status(&t.db).await.unwrap();
+    assert_eq!(status.relays.len(), 1, "{:#?}", status.relays);
+    let seen = &status.relays[0];
+    assert!(seen.current && !seen.broker_available, "{seen:#?}");
+    assert_eq!(seen.transport, "memory");
+    assert!(
+        (1..=total as u64).contains(&seen.held_back),
+        "the claim handed back is counted: {seen:#?}"
+    );
+    assert_eq!(seen.outages, 1, "{seen:#?}");
+    assert!(
+        seen.unavailable_for
+            .is_some_and(|d| d >= Duration::from_secs(1)),
+        "{seen:#?}"
+    );
+    assert!(
+        seen.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("unavailable")),
+        "{seen:#?}"
+    );
+    assert!(status.broker_unavailable());
+    assert_eq!(status.outbox.delayed_by_outage, total as u64);
+
     let calls_while_down = transport.publish_calls();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -632,8 +658,26 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
     })
     .await;
     let took = back.elapsed();
+    let status = admin::status(&t.db).await.unwrap();
     let stats = handle.shutdown().await.unwrap();
     assert!(drained, "drained within 10 s of the broker's return");
+    let seen = &status.relays[0];
+    assert!(seen.current && seen.broker_available, "{seen:#?}");
+    assert_eq!(
+        (seen.held_back, seen.outages, seen.unavailable_for),
+        (0, stats.outages, None),
+        "{seen:#?}"
+    );
+    assert!(
+        seen.broker_seen_ago
+            .is_some_and(|d| d < Duration::from_secs(10)),
+        "{seen:#?}"
+    );
+    assert_eq!(status.outbox.delayed_by_outage, 0);
+    assert!(
+        admin::status(&t.db).await.unwrap().relays.is_empty(),
+        "a relay that stopped removes its row"
+    );
     eprintln!("relay outage (memory): drained {total} events {took:.2?} after the broker's return");
     let rows = outbox_rows(&t.db).await;
     let own = rows.iter().find(|r| r.id == own_id).unwrap();
@@ -657,6 +701,42 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
     assert_strictly_increasing(&log_order(&messages), 5);
 }
 
+/// An idle relay (nothing to publish) finds an outage by its heartbeat's health check, and
+/// `outbox status` shows it until the broker answers again.
+async fn idle_relay_reports_the_outage(t: TestDb) {
+    let transport = MemoryTransport::new();
+    let handle = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(RelayConfig {
+            heartbeat: Duration::from_millis(100),
+            ..config(8)
+        })
+        .spawn();
+    let broker = |available: bool| {
+        let db = t.db.clone();
+        async move {
+            let status = admin::status(&db).await.unwrap();
+            status.relays.len() == 1
+                && status.relays[0].current
+                && status.relays[0].broker_available == available
+        }
+    };
+    assert!(eventually(Duration::from_secs(10), || broker(true)).await);
+    transport.set_unavailable(true);
+    assert!(
+        eventually(Duration::from_secs(10), || broker(false)).await,
+        "{:#?}",
+        admin::status(&t.db).await.unwrap().relays
+    );
+    let status = admin::status(&t.db).await.unwrap();
+    assert_eq!(status.relays[0].held_back, 0, "nothing was claimed");
+    assert_eq!(status.outbox.delayed_by_outage, 0, "nothing waits");
+    transport.set_unavailable(false);
+    assert!(eventually(Duration::from_secs(10), || broker(true)).await);
+    let stats = handle.shutdown().await.unwrap();
+    assert_eq!(stats.outages, 1);
+    assert_eq!(transport.publish_calls(), 0);
+}
+
 /// Single rounds (`run_once`, `drain`) during an outage hand their claims back without
 /// attempts, and the next round after the broker's return publishes.
 async fn single_rounds_try_the_broker_each_time(t: TestDb) {
@@ -678,6 +758,7 @@ async fn single_rounds_try_the_broker_each_time(t: TestDb) {
 backend_tests! {
     outage_spends_no_attempt => an_outage_longer_than_the_retry_budget_spends_no_attempt;
     single_rounds_after_outage => single_rounds_try_the_broker_each_time;
+    idle_outage => idle_relay_reports_the_outage;
     four_relays => four_relays_publish_each_event_once;
     order_random_failures => order_survives_random_failures_and_four_relays;
     backoff_dead => failures_back_off_then_dead_while_others_flow;

@@ -135,7 +135,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0004` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0005` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -211,6 +211,22 @@ const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_lease",
         columns: &["name", "holder", "acquired_at", "locked_until"],
+    },
+    TableSpec {
+        name: "outbox_relay",
+        columns: &[
+            "relay_id",
+            "transport",
+            "broker_state",
+            "broker_seen_at",
+            "unavailable_since",
+            "outages",
+            "held_back",
+            "last_error",
+            "started_at",
+            "heartbeat_at",
+            "expires_at",
+        ],
     },
 ];
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{AdminError, Source, db_error, opt_secs};
 use crate::store::{
-    admin as sql,
+    admin as sql, broker_state,
     status::{InboxStatus, OutboxStatus as RowStatus},
 };
 
@@ -25,6 +25,9 @@ pub struct Status {
     pub outbox: OutboxStatus,
     /// Each consumer seen in the inbox, by name.
     pub consumers: Vec<ConsumerStatus>,
+    /// Each relay that reported what it sees of its broker, by relay id (relays that stopped
+    /// cleanly removed theirs).
+    pub relays: Vec<RelayStatus>,
 }
 
 impl Status {
@@ -36,6 +39,11 @@ impl Status {
     /// Rows in PROCESSING whose lease expired, outbox and inbox.
     pub fn stuck_total(&self) -> u64 {
         self.outbox.stuck + self.consumers.iter().map(|c| c.stuck).sum::<u64>()
+    }
+
+    /// A running relay reports its broker unavailable (its circuit breaker is open).
+    pub fn broker_unavailable(&self) -> bool {
+        self.relays.iter().any(|r| r.current && !r.broker_available)
     }
 }
 
@@ -60,6 +68,48 @@ pub struct OutboxStatus {
     pub stuck: u64,
     /// The earliest expired lease among them.
     pub stuck_since: Option<DateTime<Utc>>,
+    /// Backlog events delayed by a broker outage: the whole backlog while a running relay
+    /// reports its broker unavailable (nothing is published then), otherwise 0.
+    pub delayed_by_outage: u64,
+}
+
+/// One relay's view of its broker in [`Status`], from the row the relay keeps in
+/// `outbox_relay` (written when it starts, when its circuit breaker opens or closes, and every
+/// `RelayConfig::heartbeat`).
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct RelayStatus {
+    /// The relay's id (`RelayConfig::relay_id`).
+    pub relay_id: String,
+    /// Its transport (`nats`, `rabbitmq`, `redis`, …).
+    pub transport: String,
+    /// The row is current: the relay reported within three heartbeats. A row that is not
+    /// belongs to a relay that stopped without removing it (killed, or its database writes
+    /// failing); what it says is as of `heartbeat_at`.
+    pub current: bool,
+    /// The broker answers (the breaker is closed). `false`: the relay claims nothing and
+    /// counts no attempt until a health check answers.
+    pub broker_available: bool,
+    /// When the broker last confirmed a publish or answered a health check.
+    pub broker_seen_at: Option<DateTime<Utc>>,
+    /// How long ago that was (seconds in JSON).
+    #[serde(rename = "broker_seen_secs_ago", serialize_with = "opt_secs")]
+    pub broker_seen_ago: Option<Duration>,
+    /// While the broker is unavailable: since when.
+    pub unavailable_since: Option<DateTime<Utc>>,
+    /// For how long (seconds in JSON).
+    #[serde(rename = "unavailable_secs", serialize_with = "opt_secs")]
+    pub unavailable_for: Option<Duration>,
+    /// Claimed events this relay handed back without an attempt during the current outage.
+    pub held_back: u64,
+    /// Outages since the relay started.
+    pub outages: u64,
+    /// Why the broker is (or was last) unavailable.
+    pub last_error: Option<String>,
+    /// When the relay started.
+    pub started_at: DateTime<Utc>,
+    /// Its last report.
+    pub heartbeat_at: DateTime<Utc>,
 }
 
 /// One consumer's side of [`Status`].
@@ -122,6 +172,7 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         dead: 0,
         stuck: 0,
         stuck_since: None,
+        delayed_by_outage: 0,
     };
     for row in sql::outbox_counts(db)
         .await
@@ -178,11 +229,49 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         c.dead = c.counts[InboxStatus::Dead.as_str()];
         c.lag = age(now, c.oldest_unfinished_at);
     }
-    Ok(Status {
+    let relays: Vec<RelayStatus> = broker_state::relays(db)
+        .await
+        .map_err(db_error("reading the relays' broker state"))?
+        .into_iter()
+        .map(|r| relay_status(now, r))
+        .collect();
+    let status = Status {
         at: now,
         outbox,
         consumers: consumers.into_values().collect(),
+        relays,
+    };
+    let delayed = if status.broker_unavailable() {
+        status.outbox.backlog
+    } else {
+        0
+    };
+    Ok(Status {
+        outbox: OutboxStatus {
+            delayed_by_outage: delayed,
+            ..status.outbox
+        },
+        ..status
     })
+}
+
+fn relay_status(now: DateTime<Utc>, row: broker_state::RelayRow) -> RelayStatus {
+    let available = row.broker_state != broker_state::UNAVAILABLE;
+    RelayStatus {
+        current: row.expires_at >= now,
+        broker_available: available,
+        broker_seen_ago: age(now, row.broker_seen_at),
+        broker_seen_at: row.broker_seen_at,
+        unavailable_for: age(now, row.unavailable_since).filter(|_| !available),
+        unavailable_since: row.unavailable_since.filter(|_| !available),
+        held_back: u64::try_from(row.held_back).unwrap_or(0),
+        outages: u64::try_from(row.outages).unwrap_or(0),
+        last_error: row.last_error,
+        started_at: row.started_at,
+        heartbeat_at: row.heartbeat_at,
+        relay_id: row.relay_id,
+        transport: row.transport,
+    }
 }
 
 fn consumer_entry<'a>(

@@ -12,9 +12,10 @@
 //! - `inbox`: recording deliveries, the worker's claim and write-back;
 //! - `admin`: operators' reads and state changes and the audit log, `retention`: purging
 //!   finished rows, `lease`: named leases, `schema`: introspection for `doctor`,
-//!   `stats`: backlog counts for the metrics.
+//!   `stats`: backlog counts for the metrics, `broker_state`: each relay's view of its broker.
 
 pub mod admin;
+pub mod broker_state;
 pub mod claim;
 pub mod clock;
 pub mod dialect;
@@ -49,6 +50,8 @@ pub const INBOX_TABLE: &str = "inbox_event";
 pub const ACTION_TABLE: &str = "outbox_admin_action";
 /// The lease table.
 pub const LEASE_TABLE: &str = "outbox_lease";
+/// Each relay's view of its broker.
+pub const RELAY_TABLE: &str = "outbox_relay";
 /// The aggregate-version guard's table.
 pub const AGGREGATE_VERSION_TABLE: &str = "inbox_aggregate_version";
 

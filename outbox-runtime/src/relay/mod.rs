@@ -38,7 +38,7 @@ use std::{
     future::Future,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -61,6 +61,10 @@ use crate::{
 };
 
 pub use crate::util::backoff::Backoff;
+
+mod watch;
+
+use watch::BrokerWatch;
 
 /// Relay settings. Every field has a production default (see each).
 #[derive(Debug, Clone)]
@@ -94,6 +98,11 @@ pub struct RelayConfig {
     /// while it claims nothing. Default 100 ms doubling to 2 s, plus up to 20%: the relay
     /// resumes within about 2 s of the broker's return.
     pub probe: Backoff,
+    /// How often a running relay records what it sees of its broker in `outbox_relay` (for
+    /// `outbox status`: breaker state, when the broker was last seen, events held back), and,
+    /// when it published nothing since the last time, asks the broker's health check. Its row
+    /// counts as current for three of these. Default 10 s.
+    pub heartbeat: Duration,
 }
 
 impl Default for RelayConfig {
@@ -114,6 +123,7 @@ impl Default for RelayConfig {
                 cap: Duration::from_secs(2),
                 jitter: 0.2,
             },
+            heartbeat: Duration::from_secs(10),
         }
     }
 }
@@ -265,8 +275,8 @@ pub struct Relay {
     config: RelayConfig,
     outbox: Option<Outbox>,
     stats: Arc<RelayStats>,
-    /// The broker is unavailable (the breaker is open): publish nothing, hand claims back.
-    broker_down: Arc<AtomicBool>,
+    /// The circuit breaker and what the relay last saw of the broker.
+    broker: Arc<BrokerWatch>,
 }
 
 impl fmt::Debug for Relay {
@@ -288,7 +298,7 @@ impl Relay {
             config: RelayConfig::default(),
             outbox: None,
             stats: Arc::default(),
-            broker_down: Arc::default(),
+            broker: Arc::default(),
         }
     }
 
@@ -302,7 +312,7 @@ impl Relay {
             config: RelayConfig::default(),
             outbox: None,
             stats: Arc::default(),
-            broker_down: Arc::default(),
+            broker: Arc::default(),
         }
     }
 
@@ -333,7 +343,7 @@ impl Relay {
     pub async fn run_once(&self) -> Result<RoundReport, RelayError> {
         // The breaker belongs to `run`'s loop, which waits for the broker; a single round always
         // tries it (a broker found unavailable hands the claim back, as in the loop).
-        self.broker_down.store(false, Ordering::Relaxed);
+        self.broker.reset();
         self.round(&CancellationToken::new())
             .await
             .map(|round| round.report)
@@ -376,9 +386,12 @@ impl Relay {
         shutdown: CancellationToken,
         health: &LoopHealth,
     ) -> Result<(), RelayError> {
+        let mut heartbeat = None;
         if let Sink::Broker(transport) = &self.sink {
             transport.setup().await?;
             crate::metrics::broker_available(transport.name(), true);
+            self.broker.seen();
+            heartbeat = Some(self.spawn_heartbeat(transport.clone(), &shutdown));
         }
         let mut wake: Option<WakeReceiver> = self.outbox.as_ref().map(Outbox::subscribe);
         let hint = Arc::new(Notify::new());
@@ -396,7 +409,7 @@ impl Relay {
         // The last claim found events: look again after `linger`.
         let mut lingering = false;
         while !shutdown.is_cancelled() {
-            if self.broker_down.load(Ordering::Relaxed) {
+            if self.broker.is_down() {
                 // The claim in flight hands its events back at once (the breaker is open).
                 if let Some(round) = in_flight.take() {
                     self.account(round.await, health, &mut publishing_failed);
@@ -485,6 +498,10 @@ impl Relay {
             listener.abort();
             let _ = listener.await;
         }
+        if let Some(heartbeat) = heartbeat {
+            let _ = heartbeat.await;
+            watch::forget(&self.db, &self.config.relay_id).await;
+        }
         tracing::info!(relay = %self.config.relay_id, "outbox relay stopped");
         Ok(())
     }
@@ -542,11 +559,13 @@ impl Relay {
     /// pushed back (their last failure said the broker was unavailable) become due at once.
     async fn wait_for_broker(&self, shutdown: &CancellationToken, health: &LoopHealth) -> bool {
         let Sink::Broker(transport) = &self.sink else {
-            self.broker_down.store(false, Ordering::Relaxed);
+            self.broker.reset();
             return true;
         };
         let since = Instant::now();
         self.stats.outages.fetch_add(1, Ordering::Relaxed);
+        self.broker.outage_began();
+        self.record_broker(transport.name()).await;
         crate::metrics::broker_available(transport.name(), false);
         tracing::warn!(
             relay = %self.config.relay_id, transport = transport.name(),
@@ -566,7 +585,7 @@ impl Relay {
                 }
             }
         }
-        self.broker_down.store(false, Ordering::Relaxed);
+        self.broker.close();
         crate::metrics::broker_available(transport.name(), true);
         health.success();
         let made_due = match store::relay::retries_due_now(
@@ -586,7 +605,39 @@ impl Relay {
             down_for = ?since.elapsed(), made_due,
             "the broker answers again: the outbox relay resumes"
         );
+        self.record_broker(transport.name()).await;
         true
+    }
+
+    /// Record the broker's state in the relay's row of `outbox_relay` now (the heartbeat does
+    /// so periodically).
+    async fn record_broker(&self, transport: &'static str) {
+        self.broker
+            .record(
+                &self.db,
+                &self.config.relay_id,
+                transport,
+                self.config.heartbeat,
+            )
+            .await;
+    }
+
+    /// The heartbeat beside the loop (see [`RelayConfig::heartbeat`]).
+    fn spawn_heartbeat(
+        &self,
+        transport: Arc<dyn Transport>,
+        shutdown: &CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let (watch, db, relay_id, every, shutdown) = (
+            self.broker.clone(),
+            self.db.clone(),
+            self.config.relay_id.clone(),
+            self.config.heartbeat,
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            watch::heartbeat(&watch, &db, &relay_id, transport.as_ref(), every, &shutdown).await;
+        })
     }
 
     /// Wait `error_delay` after a failed round, or until shutdown.
@@ -714,6 +765,13 @@ impl Relay {
             outage,
         } = self.publish(transport, &claim, shutdown).await;
         failpoint!(error crate::failpoints::RELAY_AFTER_PUBLISH);
+        if !settlement.sent.is_empty() {
+            self.broker.seen();
+        }
+        if outage.is_some() {
+            self.broker.held_back(settlement.released.len());
+            crate::metrics::held_back(transport.name(), settlement.released.len());
+        }
         let settled = self.settle(&claim, &settlement).await?;
 
         report.sent = settlement.sent.len();
@@ -834,7 +892,7 @@ impl Relay {
             if wave.is_empty() {
                 break;
             }
-            if shutdown.is_cancelled() || self.broker_down.load(Ordering::Relaxed) {
+            if shutdown.is_cancelled() || self.broker.is_down() {
                 if outage.is_none() && !shutdown.is_cancelled() {
                     outage = Some("the broker is unavailable".to_owned());
                 }
@@ -912,7 +970,7 @@ impl Relay {
                     "the broker is unavailable: handing the claim back without counting attempts"
                 );
                 outage = Some(down.clone());
-                self.broker_down.store(true, Ordering::Relaxed);
+                self.broker.open(down);
             }
             for (event, result) in outcomes {
                 match result {
