@@ -2,13 +2,13 @@
 //! a table, dead letters listed and shown, replay, ignore, resend and purge changing rows, the
 //! audit log, doctor, and readable errors with a non-zero exit status.
 
-use std::{process::Output, sync::Arc};
+use std::{process::Output, sync::Arc, time::Duration};
 
 use crate::common::carts::*;
 use crate::common::*;
 use chrono::{DateTime, Utc};
 use outbox::prelude::*;
-use outbox::relay::Relay;
+use outbox::relay::{Relay, RelayConfig};
 use outbox::store::Failure;
 use outbox::store::inbox::{InboxState, NewInboxRow, insert};
 use outbox::transport::OutgoingMessage;
@@ -313,6 +313,101 @@ async fn cli_on_sqlite_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_on_postgres() {
     cli_operates_the_outbox(Backend::Postgres, "cli_ops_pg").await;
+}
+
+/// `outbox status` while a relay's broker is unavailable and after it is back: the relay's row,
+/// the events it held back, and the backlog waiting for the broker.
+async fn cli_status_shows_a_broker_outage(backend: Backend, test: &str) {
+    let Some(t) = test_db(backend, test).await else {
+        return;
+    };
+    let url = t.url.as_str();
+    let outbox = Outbox::new("cli-tests");
+    // The in-memory transport with an injected outage stands for the broker.
+    let transport = MemoryTransport::new();
+    let handle = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(RelayConfig {
+            relay_id: "relay-a".into(),
+            poll_interval: Duration::from_millis(50),
+            heartbeat: Duration::from_millis(200),
+            ..RelayConfig::default()
+        })
+        .spawn();
+    let started = eventually(Duration::from_secs(10), || async {
+        run_json(url, &["status"]).await["relays"][0]["broker_available"] == true
+    })
+    .await;
+    assert!(started, "{}", run(url, &["status"], 0).await);
+    // The broker goes away; then orders are committed.
+    transport.set_unavailable(true);
+    let total = produce(&t, &outbox, 3, 2, 10).await;
+    let unavailable = eventually(Duration::from_secs(10), || async {
+        let status = run_json(url, &["status"]).await;
+        status["relays"][0]["broker_available"] == false
+            && status["relays"][0]["held_back"].as_u64() > Some(0)
+    })
+    .await;
+    assert!(unavailable, "{}", run(url, &["status"], 0).await);
+    let status = run_json(url, &["status"]).await;
+    let relay = &status["relays"][0];
+    assert_eq!(relay["relay_id"], "relay-a");
+    assert_eq!(relay["transport"], "memory");
+    assert_eq!(relay["current"], true);
+    assert_eq!(relay["outages"], 1);
+    assert!(
+        (1..=total as u64).contains(&relay["held_back"].as_u64().unwrap_or(0)),
+        "each event held back is counted once: {relay}"
+    );
+    assert!(relay["unavailable_secs"].as_f64().is_some(), "{relay}");
+    assert!(relay["broker_seen_secs_ago"].as_f64().is_some(), "{relay}");
+    assert_eq!(status["outbox"]["delayed_by_outage"], total);
+    let table = run(url, &["status"], 0).await;
+    assert!(
+        table.contains(&format!("{total} backlog events wait for the broker")),
+        "{table}"
+    );
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("relay-a"))
+        .unwrap_or_else(|| panic!("no relay line:\n{table}"));
+    assert!(
+        line.contains("memory") && line.contains("UNAVAILABLE"),
+        "{table}"
+    );
+
+    transport.set_unavailable(false);
+    let back = eventually(Duration::from_secs(10), || async {
+        let status = run_json(url, &["status"]).await;
+        status["relays"][0]["broker_available"] == true
+            && status["outbox"]["counts"]["SENT"] == total
+    })
+    .await;
+    assert!(back, "{}", run(url, &["status"], 0).await);
+    let status = run_json(url, &["status"]).await;
+    assert_eq!(status["relays"][0]["held_back"], 0);
+    assert!(status["relays"][0]["unavailable_secs"].is_null());
+    assert_eq!(status["outbox"]["delayed_by_outage"], 0);
+    let table = run(url, &["status"], 0).await;
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("relay-a") && l.contains("available")),
+        "{table}"
+    );
+    assert!(!table.contains("wait for the broker"), "{table}");
+    handle.shutdown().await.unwrap();
+    let table = run(url, &["status"], 0).await;
+    assert!(table.contains("RELAYS  none running"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_a_broker_outage_on_sqlite_file() {
+    cli_status_shows_a_broker_outage(Backend::SqliteFile, "cli_outage_lf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_a_broker_outage_on_postgres() {
+    cli_status_shows_a_broker_outage(Backend::Postgres, "cli_outage_pg").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -335,6 +335,7 @@ async fn survives_a_20s_broker_outage(
     let handled_while_down = count_effects(&t.db).await - handled_before;
     let failures_while_down = metrics.value(&failures);
     let health_while_down = runtime.health();
+    let status_while_down = outbox::admin::status(&t.db).await.unwrap();
     resumed.store(true, Ordering::Relaxed);
     server.resume().await.unwrap();
     let restarted_after = killed_at.elapsed();
@@ -350,6 +351,7 @@ async fn survives_a_20s_broker_outage(
     stop_watching.store(true, Ordering::Relaxed);
     let watched = watcher.await.unwrap();
     let health = runtime.health();
+    let status_after = outbox::admin::status(&t.db).await.unwrap();
     let report = runtime.shutdown().await;
 
     let out_of_order = assert_everything_handled_once(&t, consumer, &lines).await;
@@ -427,6 +429,33 @@ async fn survives_a_20s_broker_outage(
             "{status} backlog after draining"
         );
     }
+    // `outbox status` told the outage while it lasted: the relay's breaker open for most of it,
+    // the broker unseen as long, the backlog waiting for it.
+    assert_eq!(status_while_down.relays.len(), 1, "{status_while_down:#?}");
+    let seen = &status_while_down.relays[0];
+    assert!(seen.current && !seen.broker_available, "{seen:#?}");
+    assert_eq!(seen.transport, label);
+    let half = OUTAGE / 2;
+    assert!(
+        seen.unavailable_for.is_some_and(|d| d >= half)
+            && seen.broker_seen_ago.is_some_and(|d| d >= half),
+        "{seen:#?}"
+    );
+    assert!(
+        status_while_down.outbox.delayed_by_outage > 0
+            && status_while_down.outbox.delayed_by_outage == status_while_down.outbox.backlog,
+        "{:#?}",
+        status_while_down.outbox
+    );
+    let seen = &status_after.relays[0];
+    assert!(seen.current && seen.broker_available, "{seen:#?}");
+    assert_eq!(
+        (seen.held_back, seen.unavailable_for),
+        (0, None),
+        "{seen:#?}"
+    );
+    assert_eq!(status_after.outbox.delayed_by_outage, 0);
+
     let relay = report.relay.expect("the relay ran");
     assert_eq!(relay.retried, 0, "{report:?}");
     assert!(relay.outages >= 1, "{report:?}");

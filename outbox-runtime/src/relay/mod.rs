@@ -769,7 +769,7 @@ impl Relay {
             self.broker.seen();
         }
         if outage.is_some() {
-            self.broker.held_back(settlement.released.len());
+            self.broker.held_back(&settlement.released);
             crate::metrics::held_back(transport.name(), settlement.released.len());
         }
         let settled = self.settle(&claim, &settlement).await?;

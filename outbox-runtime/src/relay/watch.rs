@@ -2,6 +2,7 @@
 //! and the heartbeat that records both in `outbox_relay` for `outbox status`.
 
 use std::{
+    collections::HashSet,
     sync::{
         Mutex,
         atomic::{AtomicBool, Ordering},
@@ -32,7 +33,9 @@ struct State {
     last_seen: Option<Instant>,
     unavailable_since: Option<Instant>,
     outages: u64,
-    held_back: u64,
+    /// The events handed back without an attempt during the current outage (an event claimed
+    /// again before the breaker opened is counted once).
+    held_back: HashSet<i64>,
     last_error: Option<String>,
 }
 
@@ -67,9 +70,9 @@ impl BrokerWatch {
         state.unavailable_since.get_or_insert_with(Instant::now);
     }
 
-    /// `n` events were handed back without an attempt because of the outage.
-    pub(super) fn held_back(&self, n: usize) {
-        self.state().held_back += n as u64;
+    /// These events were handed back without an attempt because of the outage.
+    pub(super) fn held_back(&self, ids: &[i64]) {
+        self.state().held_back.extend(ids);
     }
 
     /// The broker answers again: close the breaker.
@@ -77,7 +80,7 @@ impl BrokerWatch {
         let mut state = self.state();
         state.last_seen = Some(Instant::now());
         state.unavailable_since = None;
-        state.held_back = 0;
+        state.held_back = HashSet::new();
         self.down.store(false, Ordering::Relaxed);
     }
 
@@ -106,7 +109,7 @@ impl BrokerWatch {
             seen_ago: state.last_seen.map(|t| t.elapsed()),
             unavailable_for: state.unavailable_since.map(|t| t.elapsed()),
             outages: state.outages,
-            held_back: state.held_back,
+            held_back: state.held_back.len() as u64,
             last_error: state.last_error.clone(),
             expires_in,
         }
