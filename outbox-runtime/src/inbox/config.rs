@@ -24,6 +24,10 @@ pub struct InboxConfig {
     pub ordering: bool,
     /// Broker subscription settings.
     pub subscribe: SubscribeOptions,
+    /// How soon a consumer whose subscription failed or ended (the broker went away) subscribes
+    /// again; nothing is marked failed meanwhile. Default 100 ms doubling to 2 s, plus up to
+    /// 20%: a consumer is back within about 2 s of the broker's return.
+    pub resubscribe: Backoff,
     /// Deliveries waiting in one lane that are recorded and handled in one transaction, each
     /// handler isolated as in a savepoint of its own (a failing handler rolls back only its own
     /// work and its message is stored for retry in the same commit; handlers before it in the
@@ -43,6 +47,11 @@ impl Default for InboxConfig {
             backoff: Backoff::default(),
             ordering: true,
             subscribe: SubscribeOptions::default(),
+            resubscribe: Backoff {
+                base: Duration::from_millis(100),
+                cap: Duration::from_secs(2),
+                jitter: 0.2,
+            },
             commit_batch: 32,
         }
     }

@@ -7,7 +7,7 @@
 //! [`InboxConfig::concurrency`]: super::InboxConfig::concurrency
 //! [`InboxConfig::commit_batch`]: super::InboxConfig::commit_batch
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -49,7 +49,8 @@ impl Consumer {
                 }
             }));
         }
-        let mut delay = Duration::from_millis(100);
+        // Failed subscriptions in a row, for the resubscribe backoff.
+        let mut failures: u32 = 0;
         'subscribe: while !shutdown.is_cancelled() {
             let mut subscription = match transport
                 .subscribe(self.name, &self.event_types, &self.config.subscribe)
@@ -61,13 +62,13 @@ impl Consumer {
                     tracing::warn!(consumer = self.name, error = %e, "subscribe failed; retrying");
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(delay) => {}
+                        _ = tokio::time::sleep(self.config.resubscribe.delay(failures)) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(5));
+                    failures = failures.saturating_add(1);
                     continue;
                 }
             };
-            delay = Duration::from_millis(100);
+            failures = 0;
             health.success();
             loop {
                 let next = tokio::select! {
@@ -91,7 +92,10 @@ impl Consumer {
                     Some(Err(e)) => {
                         health.failure(&e.to_string());
                         tracing::warn!(consumer = self.name, error = %e, "subscription error; resubscribing");
-                        tokio::time::sleep(delay).await;
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break 'subscribe,
+                            _ = tokio::time::sleep(self.config.resubscribe.delay(0)) => {}
+                        }
                         continue 'subscribe;
                     }
                     None => continue 'subscribe,
