@@ -129,6 +129,26 @@ impl EnvelopeError {
 }
 
 impl Envelope {
+    /// The trace context and the other extension attributes (user headers) as name and text,
+    /// for transports that carry headers beside the body; a non-string value is its JSON text.
+    pub fn transport_headers(&self) -> Vec<(String, String)> {
+        let trace = [
+            ("traceparent", &self.traceparent),
+            ("tracestate", &self.tracestate),
+        ];
+        trace
+            .into_iter()
+            .filter_map(|(name, value)| Some((name.to_owned(), value.clone()?)))
+            .chain(self.extensions.iter().map(|(name, value)| {
+                let text = match value {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (name.clone(), text)
+            }))
+            .collect()
+    }
+
     /// Encode as CloudEvents structured-mode JSON.
     pub fn to_json(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(256 + self.data.as_ref().map_or(0, |d| d.get().len()));

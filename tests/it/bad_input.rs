@@ -543,6 +543,7 @@ impl Broker {
                     aggregate_type: "probe".into(),
                     aggregate_id: "raw".into(),
                     body: Bytes::copy_from_slice(body),
+                    headers: Vec::new(),
                 };
                 assert!(m.publish(&[message]).await[0].is_ok());
             }

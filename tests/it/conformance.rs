@@ -520,6 +520,7 @@ async fn broker_redelivers_on_nack_and_missing_ack(kind: Kind, test: &str) {
                 aggregate_type: "note".into(),
                 aggregate_id: format!("k{n}"),
                 body: bytes::Bytes::from(format!("{{\"id\":\"{id}\",\"n\":{n}}}")),
+                headers: Vec::new(),
             }
         })
         .collect();

@@ -205,6 +205,7 @@ fn raw(event_id: uuid::Uuid, event_type: &str, body: Vec<u8>) -> OutgoingMessage
         aggregate_type: "cart".into(),
         aggregate_id: "x".into(),
         body: Bytes::from(body),
+        headers: Vec::new(),
     }
 }
 

@@ -1120,12 +1120,14 @@ fn release<'a>(settlement: &mut Settlement, events: impl Iterator<Item = &'a Cla
 /// The message of a claimed event, ready to publish. An error means the row itself is broken
 /// (it can never be published): the event goes DEAD with the reason.
 fn outgoing(event: &ClaimedEvent) -> Result<OutgoingMessage, String> {
+    let envelope = event.envelope()?;
     Ok(OutgoingMessage {
         event_id: event.event_id,
         event_type: event.event_type.clone(),
         aggregate_type: event.aggregate_type.clone(),
         aggregate_id: event.aggregate_id.clone(),
-        body: Bytes::from(event.envelope()?.to_json()),
+        body: Bytes::from(envelope.to_json()),
+        headers: envelope.transport_headers(),
     })
 }
 

@@ -519,6 +519,7 @@ mod tests {
             aggregate_type: "order".into(),
             aggregate_id: n.to_string(),
             body: Bytes::from(format!("{{\"n\":{n}}}")),
+            headers: Vec::new(),
         }
     }
 

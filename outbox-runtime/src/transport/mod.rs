@@ -9,7 +9,9 @@
 //! - `rabbitmq::RabbitMqTransport` (feature `rabbitmq`): a topic exchange per namespace, a durable
 //!   queue per consumer, publisher confirms;
 //! - `redis::RedisTransport` (feature `redis`): Redis Streams, one stream `{namespace}:events`,
-//!   a consumer group per consumer.
+//!   a consumer group per consumer;
+//! - `kafka::KafkaTransport` (feature `kafka`): a topic per aggregate type, keyed by aggregate
+//!   id, an idempotent producer, consumer groups committing offsets by hand.
 //!
 //! The database-local transport is not a `Transport`: the relay moves events straight into local
 //! consumers' inboxes (`relay::Relay::local`).
@@ -34,6 +36,8 @@ macro_rules! delegate_setters {
     )*};
 }
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod local;
 pub mod memory;
 #[cfg(feature = "nats")]
@@ -132,6 +136,10 @@ pub struct OutgoingMessage {
     pub aggregate_id: String,
     /// The CloudEvents JSON body.
     pub body: Bytes,
+    /// The trace context (`traceparent`, `tracestate`) and the user headers given at enqueue, as
+    /// the body carries them too: for brokers whose messages have headers beside the body
+    /// (Kafka), so that tools reading headers see them without parsing the body.
+    pub headers: Vec<(String, String)>,
 }
 
 /// Why one message was not confirmed.
