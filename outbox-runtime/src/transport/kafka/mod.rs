@@ -31,8 +31,11 @@
 //! [`PublishError::Timeout`]; a broker that cannot be reached, or a full producer queue, a
 //! [`PublishError::Connection`] (the relay then counts no attempt and waits for the broker); a
 //! message over [`KafkaConfig::max_message_bytes`] is refused before it is sent, as
-//! [`PublishError::Permanent`] naming its size and the limit. Dropping the transport flushes what
-//! is queued.
+//! [`PublishError::Permanent`] naming its size and the limit. When the idempotent producer hits
+//! a fatal error (its producer id fenced, a sequence gap after a broker lost data), librdkafka
+//! cannot use it again: the transport replaces it with a new one, and the messages it failed are
+//! reported as [`PublishError::Connection`] (no attempt counted; they are published again by the
+//! new producer). Dropping the transport flushes what is queued.
 //!
 //! # Consuming
 //!
@@ -122,7 +125,8 @@ pub struct KafkaTransport {
 struct Inner {
     bootstrap_servers: String,
     config: KafkaConfig,
-    producer: FutureProducer,
+    /// Replaced when it hits a fatal error (see [`KafkaTransport::producer`]).
+    producer: std::sync::RwLock<FutureProducer>,
     admin: AdminClient<DefaultClientContext>,
     /// Topics known to exist (created or seen), so a publish asks only once per topic.
     topics: Mutex<HashSet<String>>,
@@ -132,7 +136,8 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Delivery reports were awaited by every publish; this only bounds what a cancelled
         // publish left queued.
-        if let Err(e) = self.producer.flush(Duration::from_secs(5)) {
+        let producer = self.producer.read().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = producer.flush(Duration::from_secs(5)) {
             tracing::warn!(error = %e, "kafka transport: flushing the producer on shutdown failed");
         }
     }
@@ -165,20 +170,7 @@ impl KafkaTransport {
 
     async fn new(bootstrap_servers: String, config: KafkaConfig) -> Result<Self, TransportError> {
         config::validate_config(&config)?;
-        let producer: FutureProducer = client_config(&bootstrap_servers, &config)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "1")
-            .set(
-                "message.timeout.ms",
-                millis(config.publish_timeout).to_string(),
-            )
-            .set("message.max.bytes", config.max_message_bytes.to_string())
-            .create()
-            .map_err(|e| {
-                TransportError::new(TRANSPORT, format!("cannot create the producer: {e}"))
-            })?;
+        let producer = new_producer(&bootstrap_servers, &config)?;
         let admin: AdminClient<DefaultClientContext> = client_config(&bootstrap_servers, &config)
             .create()
             .map_err(|e| {
@@ -188,7 +180,7 @@ impl KafkaTransport {
             inner: Arc::new(Inner {
                 bootstrap_servers,
                 config,
-                producer,
+                producer: std::sync::RwLock::new(producer),
                 admin,
                 topics: Mutex::default(),
             }),
@@ -203,6 +195,39 @@ impl KafkaTransport {
             )
         })?;
         Ok(transport)
+    }
+
+    /// The producer in use (a clone shares it).
+    pub(super) fn producer(&self) -> FutureProducer {
+        self.inner
+            .producer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replace `failed` (the producer in use) after a fatal error. Its queue is flushed into
+    /// failures, which the caller reports as connection errors.
+    pub(super) fn replace_producer(&self, failed: &FutureProducer, reason: &str) {
+        let mut current = self
+            .inner
+            .producer
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if current.client().native_ptr() != failed.client().native_ptr() {
+            return; // another publish replaced it already
+        }
+        match new_producer(&self.inner.bootstrap_servers, &self.inner.config) {
+            Ok(producer) => {
+                tracing::warn!(
+                    error = reason,
+                    "kafka producer hit a fatal error; replaced by a new one (what it failed is \
+                     published again, without counting attempts)"
+                );
+                *current = producer;
+            }
+            Err(e) => tracing::error!(error = %e, "kafka producer could not be replaced"),
+        }
     }
 
     /// The settings in use.
@@ -303,7 +328,7 @@ impl KafkaTransport {
         &self,
         topics: &[String],
     ) -> Result<Vec<(String, usize)>, TransportError> {
-        let producer = self.inner.producer.clone();
+        let producer = self.producer();
         let timeout = self.inner.config.request_timeout;
         let topics = topics.to_vec();
         tokio::task::spawn_blocking(move || {
@@ -323,6 +348,25 @@ impl KafkaTransport {
     }
 }
 
+/// The idempotent producer.
+fn new_producer(
+    bootstrap_servers: &str,
+    config: &KafkaConfig,
+) -> Result<FutureProducer, TransportError> {
+    client_config(bootstrap_servers, config)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "1")
+        .set(
+            "message.timeout.ms",
+            millis(config.publish_timeout).to_string(),
+        )
+        .set("message.max.bytes", config.max_message_bytes.to_string())
+        .create()
+        .map_err(|e| TransportError::new(TRANSPORT, format!("cannot create the producer: {e}")))
+}
+
 /// The settings shared by every client of the transport.
 pub(super) fn client_config(bootstrap_servers: &str, config: &KafkaConfig) -> ClientConfig {
     let mut client = ClientConfig::new();
@@ -334,6 +378,12 @@ pub(super) fn client_config(bootstrap_servers: &str, config: &KafkaConfig) -> Cl
         .set(
             "socket.timeout.ms",
             millis(config.request_timeout).to_string(),
+        )
+        // A connection attempt into a silent network is given up after as long, and tried
+        // afresh, instead of waiting on the kernel's SYN retries after the network is back.
+        .set(
+            "socket.connection.setup.timeout.ms",
+            millis(config.request_timeout).max(1000).to_string(),
         )
         .set("reconnect.backoff.ms", "100")
         .set("reconnect.backoff.max.ms", "2000");
@@ -428,7 +478,7 @@ impl Transport for KafkaTransport {
     }
 
     async fn health(&self) -> Result<(), TransportError> {
-        let producer = self.inner.producer.clone();
+        let producer = self.producer();
         let timeout = self.inner.config.request_timeout;
         tokio::task::spawn_blocking(move || {
             let metadata = producer

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rdkafka::{
     error::{KafkaError, RDKafkaErrorCode},
     message::{Header, OwnedHeaders},
-    producer::FutureRecord,
+    producer::{FutureRecord, Producer},
 };
 
 use super::{EVENT_ID_HEADER, EVENT_TYPE_HEADER, KafkaTransport};
@@ -27,6 +27,7 @@ impl KafkaTransport {
         messages: &[OutgoingMessage],
     ) -> Vec<Result<(), PublishError>> {
         let config = &self.inner.config;
+        let producer = self.producer();
         let mut pending = Vec::with_capacity(messages.len());
         let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; messages.len()];
         for (index, message) in messages.iter().enumerate() {
@@ -65,7 +66,7 @@ impl KafkaTransport {
                         value: Some(*value),
                     })
                 }));
-            match self.inner.producer.send_result(record) {
+            match producer.send_result(record) {
                 Ok(delivery) => pending.push((index, delivery)),
                 Err((error, _)) => results[index] = Some(Err(queue_error(error))),
             }
@@ -74,6 +75,8 @@ impl KafkaTransport {
         // waiting a little longer bounds a producer that stopped reporting.
         let deadline =
             tokio::time::Instant::now() + config.publish_timeout + Duration::from_secs(5);
+        // A failure that says the producer itself cannot go on.
+        let mut broken: Option<String> = None;
         for (index, delivery) in pending {
             let result = match tokio::time::timeout_at(deadline, delivery).await {
                 Ok(Ok(Ok(report))) if report.partition >= 0 && report.offset >= 0 => Ok(()),
@@ -81,13 +84,35 @@ impl KafkaTransport {
                     "delivery report without a position (partition {}, offset {})",
                     report.partition, report.offset
                 ))),
-                Ok(Ok(Err((error, _)))) => Err(delivery_error(error, config.publish_timeout)),
+                Ok(Ok(Err((error, _)))) => {
+                    if broken.is_none() && producer_state_error(&error) {
+                        broken = Some(error.to_string());
+                    }
+                    Err(delivery_error(error, config.publish_timeout))
+                }
                 Ok(Err(_canceled)) => Err(PublishError::Connection(
                     "the producer was closed before the delivery report".into(),
                 )),
                 Err(_) => Err(PublishError::Timeout(config.publish_timeout)),
             };
             results[index] = Some(result);
+        }
+        let fatal = producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code}: {reason}"))
+            .or(broken);
+        if let Some(fatal) = fatal {
+            // The producer cannot be used again: what it failed is not the messages' fault.
+            let reason = format!("the producer hit a fatal error ({fatal})");
+            self.replace_producer(&producer, &reason);
+            for result in results.iter_mut().flatten() {
+                if let Err(error) = result
+                    && !error.is_permanent()
+                {
+                    *result = Err(PublishError::Connection(reason.clone()));
+                }
+            }
         }
         crate::transport::publish_results(results)
     }
@@ -106,6 +131,23 @@ fn queue_error(error: KafkaError) -> PublishError {
     }
 }
 
+/// Whether a failed delivery says the producer's own state is broken (fenced, out of sequence):
+/// it cannot publish again, a new producer can.
+fn producer_state_error(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::Fatal
+                | C::ProducerFenced
+                | C::InvalidProducerEpoch
+                | C::OutOfOrderSequenceNumber
+                | C::UnknownProducerId
+                | C::InvalidProducerIdMapping
+        )
+    )
+}
+
 /// A failed delivery report.
 fn delivery_error(error: KafkaError, timeout: Duration) -> PublishError {
     use RDKafkaErrorCode as C;
@@ -113,6 +155,10 @@ fn delivery_error(error: KafkaError, timeout: Duration) -> PublishError {
         Some(C::MessageTimedOut | C::RequestTimedOut) => PublishError::Timeout(timeout),
         Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
             PublishError::Permanent(format!("the broker refused the message: {error}"))
+        }
+        // The producer's state, not the message: a new producer publishes it.
+        _ if producer_state_error(&error) => {
+            PublishError::Connection(format!("the producer cannot go on: {error}"))
         }
         Some(
             C::AllBrokersDown
