@@ -240,3 +240,231 @@ impl Fixture for Kafka {
         assert!(text.contains("cannot reach the Kafka brokers"), "{text}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// What only Kafka has.
+// ---------------------------------------------------------------------------------------------
+
+/// Kafka's murmur2 (as the Java client computes it, seed 0x9747b28c), written here from the
+/// algorithm so the transport's partitioner is checked against it, not against itself.
+fn java_murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ (data.len() as u32);
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition a Java producer picks for `key` among `partitions`.
+fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (java_murmur2(key) & 0x7fff_ffff) % partitions
+}
+
+#[test]
+fn the_reference_murmur2_matches_kafkas_published_values() {
+    // Values the Java client's own tests pin (`Utils.murmur2`).
+    assert_eq!(java_murmur2(b"21"), -973_932_308);
+    assert_eq!(java_murmur2(b"foobar"), -790_332_482);
+    assert_eq!(java_murmur2(b"a-little-bit-long-string"), -985_981_536);
+    assert_eq!(java_murmur2(b"a-little-bit-longer-string"), -1_486_304_829);
+    assert_eq!(
+        java_murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8"),
+        -58_897_971
+    );
+    assert_eq!(java_murmur2(b"abc"), 479_470_107);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_of_an_aggregate_lands_on_the_partition_java_clients_pick() {
+    let Some(t) = transport_with("kafka_keys", 6).await else {
+        return;
+    };
+    // Events of 40 aggregates, of two types: one topic (per aggregate type), key = aggregate id.
+    let mut messages = Vec::new();
+    for round in 0..3 {
+        for n in 0..40 {
+            let event_type = if round % 2 == 0 {
+                "order.placed"
+            } else {
+                "order.shipped"
+            };
+            let mut m = super::message(event_type, n);
+            m.aggregate_id = format!("order-{n}");
+            messages.push(m);
+        }
+    }
+    super::publish_ok(&t.0, &messages).await;
+    let prefix = format!("{}.", t.namespace());
+    let stored = tokio::task::spawn_blocking(move || read_all(&prefix))
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), messages.len());
+    let topic = format!("{}.order", t.namespace());
+    let mut partitions_used = std::collections::BTreeSet::new();
+    for (stored_topic, partition, _, _, key, _) in &stored {
+        let key = key.clone().expect("a key");
+        assert_eq!(stored_topic, &topic, "one topic for the aggregate type");
+        assert_eq!(
+            *partition,
+            java_partition(&key, 6),
+            "key {} is on the partition a Java client picks",
+            String::from_utf8_lossy(&key)
+        );
+        partitions_used.insert(*partition);
+    }
+    assert!(partitions_used.len() > 1, "keys spread over partitions");
+    // Within each aggregate, the three events are in publish order.
+    for n in 0..40 {
+        let key = format!("order-{n}");
+        let ids: Vec<&str> = stored
+            .iter()
+            .filter(|s| s.4.as_deref() == Some(key.as_bytes()))
+            .map(|s| s.5["outbox-event-id"].as_str())
+            .collect();
+        let sent: Vec<String> = messages
+            .iter()
+            .filter(|m| m.aggregate_id == key)
+            .map(|m| m.event_id.to_string())
+            .collect();
+        assert_eq!(ids, sent, "events of {key} in order");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_carry_the_content_type_ids_trace_context_and_user_headers() {
+    let Some(t) = transport("kafka_headers").await else {
+        return;
+    };
+    let mut message = super::message("order.placed", 1);
+    message.headers = vec![
+        (
+            "traceparent".to_owned(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        ),
+        ("tenant".to_owned(), "acme".to_owned()),
+    ];
+    super::publish_ok(&t.0, std::slice::from_ref(&message)).await;
+    let prefix = format!("{}.", t.namespace());
+    let stored = tokio::task::spawn_blocking(move || read_all(&prefix))
+        .await
+        .unwrap();
+    let (_, _, _, body, key, headers) = &stored[0];
+    assert_eq!(
+        body.as_slice(),
+        message.body.as_ref(),
+        "the value is the body, byte for byte"
+    );
+    assert_eq!(key.as_deref(), Some(message.aggregate_id.as_bytes()));
+    assert_eq!(headers["content-type"], "application/cloudevents+json");
+    assert_eq!(headers["outbox-event-id"], message.event_id.to_string());
+    assert_eq!(headers["outbox-event-type"], "order.placed");
+    assert_eq!(
+        headers["traceparent"],
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    );
+    assert_eq!(headers["tenant"], "acme");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_limit_is_refused_for_good_naming_size_and_limit() {
+    let Some(small) = connect_or_skip(
+        "Kafka",
+        &bootstrap(),
+        "kafka_size",
+        KafkaTransport::builder(bootstrap())
+            .namespace(fresh_namespace("kafka_size"))
+            .partitions(1)
+            .max_message_bytes(10_000)
+            .connect(),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut big = super::message("order.placed", 1);
+    big.body = vec![b'x'; 20_000].into();
+    let fits = super::message("order.placed", 2);
+    let results = small.publish(&[big, fits]).await;
+    super::assert_permanent(&results[0], &["over the limit of 10000 bytes"]);
+    match &results[0] {
+        Err(outbox::transport::PublishError::Permanent(reason)) => {
+            assert!(reason.contains("max_message_bytes"), "{reason}");
+            assert!(reason.contains(" bytes as a Kafka record"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        results[1].is_ok(),
+        "the next message goes on: {:?}",
+        results[1]
+    );
+}
+
+/// A slow message at the head of a partition holds the committed offset back while later ones
+/// are settled: a new member of the group gets everything from the slow one on again (the inbox
+/// would recognise the settled ones), and nothing once all are settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_are_committed_only_past_messages_settled_with_all_before_them() {
+    let Some(t) = transport("kafka_commits").await else {
+        return;
+    };
+    let fixture = Kafka(t);
+    let messages = super::batch("order.placed", 4);
+    super::publish_ok(fixture.transport(), &messages).await;
+    let options = super::options(Duration::from_secs(30), 16);
+    let mut first = fixture
+        .subscribe("commits", &["order.placed"], &options)
+        .await;
+    let mut deliveries = Vec::new();
+    for sent in &messages {
+        deliveries.push(super::next_of(&mut first, sent, 1, "first delivery").await);
+    }
+    let mut deliveries = deliveries.into_iter();
+    let slow = deliveries.next().unwrap();
+    for later in deliveries {
+        later.ack().await.expect("ack");
+    }
+    // Give the committer its chance: nothing may be committed past the slow one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(slow);
+    drop(first);
+    let mut second = fixture
+        .subscribe("commits", &["order.placed"], &options)
+        .await;
+    for sent in &messages {
+        let again = super::next_of(&mut second, sent, 1, "from the slow one on").await;
+        again.ack().await.expect("ack");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(second);
+    let mut third = fixture
+        .subscribe("commits", &["order.placed"], &options)
+        .await;
+    super::assert_nothing_within(
+        &mut third,
+        Duration::from_secs(10),
+        "everything settled was committed",
+    )
+    .await;
+}
