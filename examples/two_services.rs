@@ -6,11 +6,13 @@
 //! cargo run --example two_services --features $F -- consumer &   # waits for orders
 //! cargo run --example two_services --features $F -- producer     # places 5 orders
 //! BROKER=rabbitmq cargo run --example two_services --features $F -- consumer   # or redis
+//! BROKER=kafka cargo run --example two_services --features $F,kafka -- consumer
 //! ```
 //!
 //! `BROKER` picks the transport: `nats` (default, `NATS_URL`, default `nats://127.0.0.1:4222`),
-//! `rabbitmq` (`RABBITMQ_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`) or `redis`
-//! (`REDIS_URL`, default `redis://127.0.0.1:6379/`). `DATABASE_URL` defaults to
+//! `rabbitmq` (`RABBITMQ_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`), `redis`
+//! (`REDIS_URL`, default `redis://127.0.0.1:6379/`) or, with the `kafka` feature, `kafka`
+//! (`KAFKA_BROKERS`, default `127.0.0.1:9092`; `scripts/kafka-broker start` runs one). `DATABASE_URL` defaults to
 //! `postgres://postgres@127.0.0.1:5432/test`. The producer's relay publishes each committed event
 //! and marks it SENT once the broker confirmed it; the consumer records each message in its inbox
 //! in the same transaction as its effect, so a redelivery is suppressed. The consumer exits after
@@ -140,7 +142,23 @@ async fn connect() -> Result<(DatabaseConnection, Arc<dyn Transport>), Box<dyn s
                 .connect()
                 .await?,
         ),
-        other => return Err(format!("unknown BROKER `{other}`: nats, rabbitmq or redis").into()),
+        #[cfg(feature = "kafka")]
+        "kafka" => Arc::new(
+            outbox::transport::kafka::KafkaTransport::builder(env(
+                "KAFKA_BROKERS",
+                "127.0.0.1:9092",
+            ))
+            .namespace("two_services")
+            .connect()
+            .await?,
+        ),
+        #[cfg(not(feature = "kafka"))]
+        "kafka" => {
+            return Err("BROKER=kafka needs the `kafka` feature (--features …,kafka)".into());
+        }
+        other => {
+            return Err(format!("unknown BROKER `{other}`: nats, rabbitmq, redis or kafka").into());
+        }
     };
     println!("using {broker}");
     Ok((db, transport))

@@ -477,6 +477,8 @@ enum Broker {
     RabbitMq(crate::common::rabbitmq::TestTransport),
     #[cfg(feature = "redis")]
     Redis(RedisStream),
+    #[cfg(feature = "kafka")]
+    Kafka(crate::transport::kafka::TestTransport),
 }
 
 /// A Redis transport on a namespace of its own; its stream is deleted when the test ends.
@@ -508,6 +510,8 @@ impl Broker {
             Broker::RabbitMq(r) => Arc::new(r.transport.clone()),
             #[cfg(feature = "redis")]
             Broker::Redis(r) => Arc::new(r.0.clone()),
+            #[cfg(feature = "kafka")]
+            Broker::Kafka(k) => Arc::new(k.0.clone()),
         }
     }
 
@@ -608,6 +612,37 @@ impl Broker {
                 cmd.arg("type").arg(PROBE).arg("body").arg(body);
                 let mut conn = r.0.connection();
                 let _: String = cmd.query_async(&mut conn).await.unwrap();
+            }
+            #[cfg(feature = "kafka")]
+            Broker::Kafka(k) => {
+                // A foreign producer: the event id header when it has one, no type header (the
+                // consumer cannot filter such a message: it gets it whatever its type).
+                use outbox::transport::kafka::rdkafka::{
+                    ClientConfig,
+                    message::{Header, OwnedHeaders},
+                    producer::{FutureProducer, FutureRecord},
+                };
+                let producer: FutureProducer = ClientConfig::new()
+                    .set("bootstrap.servers", crate::transport::kafka::bootstrap())
+                    .create()
+                    .unwrap();
+                let topic = k.topic_for(PROBE, "probe");
+                let mut headers = OwnedHeaders::new();
+                if let Some(id) = &id {
+                    headers = headers.insert(Header {
+                        key: "outbox-event-id",
+                        value: Some(id.as_bytes()),
+                    });
+                }
+                let record = FutureRecord::to(&topic)
+                    .key("raw")
+                    .payload(body)
+                    .headers(headers);
+                producer
+                    .send(record, std::time::Duration::from_secs(10))
+                    .await
+                    .map_err(|(e, _)| e)
+                    .unwrap();
             }
         }
     }
@@ -1226,6 +1261,18 @@ async fn redis_corpus() {
     corpus_through(Broker::Redis(RedisStream(redis)), t).await;
 }
 
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_corpus() {
+    let Some(t) = test_db(Backend::Postgres, "bad_input_kafka").await else {
+        return;
+    };
+    let Some(kafka) = crate::transport::kafka::transport("bad_input").await else {
+        return;
+    };
+    corpus_through(Broker::Kafka(kafka), t).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Producer side: an event over the broker's size limit.
 // ---------------------------------------------------------------------------------------------
@@ -1341,6 +1388,45 @@ async fn nats_rejects_an_event_over_max_payload() {
             "larger than the server's max_payload".into(),
             format!("Payload size limit of {max_payload} exceeded by message size of"),
             "CloudEvents envelope and headers included".into(),
+        ],
+    )
+    .await;
+}
+
+/// Through the runtime: the Kafka transport refuses a record over `max_message_bytes` before it
+/// sends it, and the event is DEAD at once, naming its size and the limit; the rest flows.
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_refuses_an_event_over_max_message_bytes() {
+    let Some(t) = test_db(Backend::Postgres, "bad_input_kafka_oversize").await else {
+        return;
+    };
+    let limit = 64 * 1024;
+    let connect =
+        outbox::transport::kafka::KafkaTransport::builder(crate::transport::kafka::bootstrap())
+            .namespace(crate::common::fresh_namespace("bad_oversize"))
+            .max_message_bytes(limit)
+            .session_timeout(Duration::from_secs(6))
+            .connect();
+    let Some(kafka) = crate::common::connect_or_skip(
+        "Kafka",
+        &crate::transport::kafka::bootstrap(),
+        "bad_oversize",
+        connect,
+    )
+    .await
+    else {
+        return;
+    };
+    oversized_event_is_dead_at_once(
+        t,
+        Arc::new(kafka),
+        Outbox::new("bad-input-tests"),
+        100 * 1024,
+        &[
+            "broker rejected the message permanently".into(),
+            format!("over the limit of {limit} bytes"),
+            "as a Kafka record".into(),
         ],
     )
     .await;
