@@ -121,7 +121,7 @@ impl Outage for Frozen {
         // A frozen broker fails publishes by timeout, not by a refused connection: it stays
         // frozen long enough for the last publishes of the outage to time out and the relay's
         // health check to fail, before it answers again.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_secs(6)).await;
         self.0.thaw();
     }
 }
@@ -195,10 +195,11 @@ async fn restartable(kind: Kind, test: &str) -> Option<(Setup, Arc<dyn Outage>)>
                 let t = outbox::transport::kafka::KafkaTransport::builder(url)
                     .namespace("outage")
                     .partitions(3)
-                    // Well within the 2 s freeze: the publish times out and the health check
-                    // fails while the broker is still frozen.
-                    .publish_timeout(Duration::from_millis(500))
-                    .request_timeout(Duration::from_millis(700))
+                    // Well within the freeze (see `Frozen`): the publish times out and the health
+                    // check fails while the broker is still frozen; after the thaw, a slow
+                    // machine is not mistaken for a failing message.
+                    .publish_timeout(Duration::from_secs(2))
+                    .request_timeout(Duration::from_secs(1))
                     .session_timeout(Duration::from_secs(3))
                     .connect()
                     .await;

@@ -39,6 +39,8 @@ mod outages;
 mod outbox_transaction;
 #[cfg(all(feature = "postgres", feature = "nats", feature = "redis"))]
 mod partitions;
+#[cfg(all(feature = "postgres", feature = "kafka"))]
+mod rebalance;
 mod relay;
 #[cfg(feature = "nats")]
 mod relay_nats;

@@ -18,7 +18,7 @@
 //! recorder of the test's own, so the tests run in parallel without mixing their counters.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     future::Future,
     sync::{
         Arc,
@@ -30,8 +30,8 @@ use std::{
 use crate::common::carts::{LineAdded, record_line};
 use crate::common::own_server::{Broker, OwnServer};
 use crate::common::workload::{
-    CARTS, Producer, SETTLE, count_effects, inbox_config, loops_summary, relay_config,
-    retry_budget, wait_for_effects, wait_subscribed,
+    CARTS, Producer, SETTLE, assert_everything_handled_once, count_effects, inbox_config,
+    loops_summary, relay_config, retry_budget, wait_for_effects, wait_subscribed,
 };
 use crate::common::*;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
@@ -135,67 +135,14 @@ async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
     scalar_i64(db, sql).await
 }
 
-/// Every committed event has exactly one effect row, and nothing is left unfinished in the
-/// outbox or the inbox. Returns the carts whose effects are not in the order of their lines,
-/// with that order.
-async fn assert_everything_handled_once(
-    t: &TestDb,
-    consumer: &str,
-    lines: &BTreeMap<String, Vec<u32>>,
-) -> Vec<(String, Vec<u32>)> {
-    let committed: usize = lines.values().map(Vec::len).sum();
-    let effects = effects(&t.db).await;
-    let outbox = outbox_rows(&t.db).await;
-    assert_eq!(outbox.len(), committed, "an event row per committed event");
-    assert_eq!(
-        effects.len(),
-        committed,
-        "{}: one effect per committed event",
-        t.name
-    );
-    assert!(effects.iter().all(|e| e.consumer == consumer));
-    let effect_ids: HashSet<&str> = effects.iter().map(|e| e.event_id.as_str()).collect();
-    assert_eq!(effect_ids.len(), committed, "an event handled twice");
-    let event_ids: HashSet<String> = outbox.iter().map(|r| r.event_id.to_string()).collect();
-    assert_eq!(
-        effect_ids,
-        event_ids.iter().map(String::as_str).collect::<HashSet<_>>(),
-        "the effects are those of the committed events"
-    );
-    assert_eq!(
-        status_counts(&t.db).await,
-        BTreeMap::from([("SENT".to_owned(), committed as i64)]),
-        "{}: every event SENT, none PENDING, PROCESSING, RETRY or DEAD",
-        t.name
-    );
-    assert_eq!(
-        table_status_counts(&t.db, "inbox_event").await,
-        BTreeMap::from([("DONE".to_owned(), committed as i64)]),
-        "{}: every message DONE, none PENDING, PROCESSING, RETRY or DEAD",
-        t.name
-    );
-    let mut per_cart: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for e in &effects {
-        per_cart
-            .entry(e.cart.clone())
-            .or_default()
-            .push(u32::try_from(e.seq).unwrap());
-    }
-    assert_eq!(
-        per_cart.keys().collect::<Vec<_>>(),
-        lines.keys().collect::<Vec<_>>()
-    );
-    per_cart
-        .into_iter()
-        .filter(|(cart, handled)| Some(handled) != lines.get(cart))
-        .collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // A broker killed for 20 s.
 
 async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
     match broker {
+        #[cfg(not(feature = "kafka"))]
+        Broker::Kafka => unreachable!("Kafka tests need the `kafka` feature"),
+        #[cfg(feature = "kafka")]
         Broker::Kafka => Arc::new(
             outbox::transport::kafka::KafkaTransport::builder(url)
                 .namespace("outages")

@@ -74,6 +74,9 @@ async fn partition_redis(
 
 async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
     match broker {
+        #[cfg(not(feature = "kafka"))]
+        Broker::Kafka => unreachable!("Kafka tests need the `kafka` feature"),
+        #[cfg(feature = "kafka")]
         Broker::Kafka => Arc::new(
             outbox::transport::kafka::KafkaTransport::builder(url)
                 .namespace("partitions")

@@ -4,7 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -20,7 +20,9 @@ use outbox::transport::SubscribeOptions;
 use sea_orm::DatabaseConnection;
 
 use super::carts::LineAdded;
-use super::{TestDb, eventually, scalar_i64, status_counts, table_status_counts};
+use super::{
+    TestDb, effects, eventually, outbox_rows, scalar_i64, status_counts, table_status_counts,
+};
 
 /// Aggregates (carts) the producer writes to; each transaction adds the next line to every one.
 pub const CARTS: u32 = 4;
@@ -173,4 +175,60 @@ pub fn loops_summary(health: &Health) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Every committed event has exactly one effect row, and nothing is left unfinished in the
+/// outbox or the inbox. Returns the carts whose effects are not in the order of their lines,
+/// with that order.
+pub async fn assert_everything_handled_once(
+    t: &TestDb,
+    consumer: &str,
+    lines: &BTreeMap<String, Vec<u32>>,
+) -> Vec<(String, Vec<u32>)> {
+    let committed: usize = lines.values().map(Vec::len).sum();
+    let effects = effects(&t.db).await;
+    let outbox = outbox_rows(&t.db).await;
+    assert_eq!(outbox.len(), committed, "an event row per committed event");
+    assert_eq!(
+        effects.len(),
+        committed,
+        "{}: one effect per committed event",
+        t.name
+    );
+    assert!(effects.iter().all(|e| e.consumer == consumer));
+    let effect_ids: HashSet<&str> = effects.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(effect_ids.len(), committed, "an event handled twice");
+    let event_ids: HashSet<String> = outbox.iter().map(|r| r.event_id.to_string()).collect();
+    assert_eq!(
+        effect_ids,
+        event_ids.iter().map(String::as_str).collect::<HashSet<_>>(),
+        "the effects are those of the committed events"
+    );
+    assert_eq!(
+        status_counts(&t.db).await,
+        BTreeMap::from([("SENT".to_owned(), committed as i64)]),
+        "{}: every event SENT, none PENDING, PROCESSING, RETRY or DEAD",
+        t.name
+    );
+    assert_eq!(
+        table_status_counts(&t.db, "inbox_event").await,
+        BTreeMap::from([("DONE".to_owned(), committed as i64)]),
+        "{}: every message DONE, none PENDING, PROCESSING, RETRY or DEAD",
+        t.name
+    );
+    let mut per_cart: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for e in &effects {
+        per_cart
+            .entry(e.cart.clone())
+            .or_default()
+            .push(u32::try_from(e.seq).unwrap());
+    }
+    assert_eq!(
+        per_cart.keys().collect::<Vec<_>>(),
+        lines.keys().collect::<Vec<_>>()
+    );
+    per_cart
+        .into_iter()
+        .filter(|(cart, handled)| Some(handled) != lines.get(cart))
+        .collect()
 }

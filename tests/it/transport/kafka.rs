@@ -468,3 +468,52 @@ async fn offsets_are_committed_only_past_messages_settled_with_all_before_them()
     )
     .await;
 }
+
+/// `send` only queues: a publish counts a message confirmed only by its delivery report. With
+/// the broker frozen (its connection open and silent), nothing is reported `Ok`: every message
+/// times out, and the transport confirms again once the broker answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_confirmed_without_a_delivery_report() {
+    use crate::common::own_server::{Broker, OwnServer};
+    let Some(server) = OwnServer::start(Broker::Kafka, "kafka_reports").await else {
+        return;
+    };
+    let timeout = Duration::from_secs(1);
+    let transport = KafkaTransport::builder(server.url())
+        .namespace("reports")
+        .partitions(1)
+        .publish_timeout(timeout)
+        .request_timeout(timeout)
+        .connect()
+        .await
+        .expect("connect");
+    super::publish_ok(&transport, &super::batch("order.placed", 5)).await;
+
+    server.freeze();
+    let started = std::time::Instant::now();
+    let results = transport.publish(&super::batch("order.placed", 5)).await;
+    let took = started.elapsed();
+    server.thaw();
+    assert_eq!(results.len(), 5);
+    for result in &results {
+        assert!(
+            matches!(
+                result,
+                Err(outbox::transport::PublishError::Timeout(_)
+                    | outbox::transport::PublishError::Connection(_))
+            ),
+            "unconfirmed while the broker was frozen: {result:?}"
+        );
+    }
+    assert!(took >= timeout, "waited for the reports: {took:?}");
+    assert!(transport.health().await.is_ok());
+    // Confirmed again once the broker answers (by a new producer if the old one was fenced).
+    let again = super::batch("order.placed", 5);
+    let confirmed = crate::common::eventually(Duration::from_secs(20), || {
+        let transport = transport.clone();
+        let again = again.clone();
+        async move { transport.publish(&again).await.iter().all(Result::is_ok) }
+    })
+    .await;
+    assert!(confirmed, "publishes are confirmed again after the thaw");
+}
