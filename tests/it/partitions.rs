@@ -15,7 +15,6 @@
 //! Needs root (`ip netns`); skipped loudly otherwise, a failure with `OUTBOX_REQUIRE_SERVICES=1`.
 
 use std::{
-    collections::{BTreeMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -24,8 +23,8 @@ use crate::common::carts::{LineAdded, record_line};
 use crate::common::netns::Partitionable;
 use crate::common::own_server::Broker;
 use crate::common::workload::{
-    CARTS, Producer, SETTLE, count_effects, inbox_config, loops_summary, relay_config,
-    wait_for_effects, wait_subscribed,
+    CARTS, Producer, SETTLE, assert_everything_handled_once, count_effects, inbox_config,
+    loops_summary, relay_config, wait_for_effects, wait_subscribed,
 };
 use crate::common::*;
 use outbox::prelude::*;
@@ -178,40 +177,13 @@ async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, tes
         .unwrap_or_else(|_| panic!("{test}: the runtime did not shut down within 30 s"));
     let shutdown_took = shutting_down.elapsed();
 
-    // Exactly once, in order per cart.
-    let effects = effects(&t.db).await;
+    // Exactly once, in order per cart; nothing DEAD, nothing left, no attempt spent.
+    let out_of_order = assert_everything_handled_once(&t, consumer, &lines).await;
+    assert!(
+        out_of_order.is_empty(),
+        "{test}: effects of a cart out of order: {out_of_order:?}"
+    );
     let outbox = outbox_rows(&t.db).await;
-    assert_eq!(outbox.len(), committed, "an event row per committed event");
-    assert_eq!(effects.len(), committed, "{test}: one effect per event");
-    assert!(effects.iter().all(|e| e.consumer == consumer));
-    let effect_ids: HashSet<&str> = effects.iter().map(|e| e.event_id.as_str()).collect();
-    assert_eq!(effect_ids.len(), committed, "an event handled twice");
-    let event_ids: HashSet<String> = outbox.iter().map(|r| r.event_id.to_string()).collect();
-    assert_eq!(
-        effect_ids,
-        event_ids.iter().map(String::as_str).collect::<HashSet<_>>(),
-        "the effects are those of the committed events"
-    );
-    let mut per_cart: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for e in &effects {
-        per_cart
-            .entry(e.cart.clone())
-            .or_default()
-            .push(u32::try_from(e.seq).unwrap());
-    }
-    assert_eq!(per_cart, lines, "{test}: effects of a cart out of order");
-
-    // Nothing DEAD, nothing left, no attempt spent.
-    assert_eq!(
-        status_counts(&t.db).await,
-        BTreeMap::from([("SENT".to_owned(), committed as i64)]),
-        "{test}: every event SENT, none PENDING, PROCESSING, RETRY or DEAD"
-    );
-    assert_eq!(
-        table_status_counts(&t.db, "inbox_event").await,
-        BTreeMap::from([("DONE".to_owned(), committed as i64)]),
-        "{test}: every message DONE, none PENDING, PROCESSING, RETRY or DEAD"
-    );
     let attempts: i64 = outbox.iter().map(|r| r.attempts).sum();
     assert_eq!(attempts, 0, "{test}: the partition spent attempts");
     assert!(
