@@ -517,3 +517,121 @@ async fn nothing_is_confirmed_without_a_delivery_report() {
     .await;
     assert!(confirmed, "publishes are confirmed again after the thaw");
 }
+
+/// Where the Python packages of the CloudEvents interoperability test are (`.ci/run` installs
+/// `cloudevents` and `confluent-kafka` there): `OUTBOX_PYTHONPATH`, default
+/// `~/.cache/outbox/python`.
+fn python_packages() -> std::path::PathBuf {
+    std::env::var_os("OUTBOX_PYTHONPATH").map_or_else(
+        || {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/outbox/python")
+        },
+        std::path::PathBuf::from,
+    )
+}
+
+/// A consumer written with the official CloudEvents SDK's Kafka binding (Python,
+/// `scripts/cloudevents_kafka_reader.py`: confluent-kafka reads the records, the SDK's
+/// `from_kafka_event` decodes them, nothing of ours) reads what the relay publishes: id, type,
+/// source, subject, data, the extension attributes (aggregate type, trace context, a user header)
+/// and the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_cloudevents_sdk_reads_what_the_relay_publishes() {
+    use crate::common::carts::LineAdded;
+    use crate::common::{Backend, test_db};
+    use outbox::prelude::*;
+    use outbox::relay::Relay;
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let Some(t) = test_db(Backend::SqliteMemory, "kafka_cloudevents").await else {
+        return;
+    };
+    let Some(kafka) = transport("kafka_cloudevents").await else {
+        return;
+    };
+    let packages = python_packages();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/cloudevents_kafka_reader.py"
+    );
+    let probe = std::process::Command::new("python3")
+        .env("PYTHONPATH", &packages)
+        .args([
+            "-c",
+            "import cloudevents.core.bindings.kafka, confluent_kafka",
+        ])
+        .output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        let why = format!(
+            "the CloudEvents SDK and confluent-kafka are not installed in {} (see .ci/run)",
+            packages.display()
+        );
+        assert!(!crate::common::services_required(), "{why}");
+        eprintln!("\n*** SKIPPED kafka_cloudevents: {why} ***\n");
+        return;
+    }
+
+    let outbox = Outbox::new("shop");
+    let tx = outbox.begin(&t.db).await.unwrap();
+    let trace = TraceContext::new(TRACEPARENT, None).unwrap();
+    let mut ids = Vec::new();
+    for seq in 0..3 {
+        let mut headers = std::collections::BTreeMap::new();
+        headers.insert("tenant".to_owned(), "acme".to_owned());
+        let line = LineAdded {
+            cart: "cart-7".into(),
+            seq,
+        };
+        ids.push(
+            trace
+                .clone()
+                .scope(async { tx.enqueue_with_headers(&line, headers) })
+                .await
+                .unwrap(),
+        );
+    }
+    let _ = tx.commit().await.unwrap();
+    let report = Relay::new(t.db.clone(), std::sync::Arc::new(kafka.0.clone()))
+        .drain(10)
+        .await
+        .unwrap();
+    assert_eq!(report.sent, 3);
+
+    let topic = kafka.topic_for("line.added", "cart");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .env("PYTHONPATH", &packages)
+            .args([script, &bootstrap(), &topic, "3"])
+            .output()
+            .expect("run the CloudEvents SDK reader")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the SDK reader failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(events.len(), 3, "{events:#?}");
+    for (seq, (event, id)) in events.iter().zip(&ids).enumerate() {
+        let a = &event["attributes"];
+        assert_eq!(a["id"], id.to_string());
+        assert_eq!(a["specversion"], "1.0");
+        assert_eq!(a["source"], "shop");
+        assert_eq!(a["type"], "line.added");
+        assert_eq!(a["subject"], "cart-7");
+        assert_eq!(a["aggregatetype"], "cart");
+        assert_eq!(a["traceparent"], TRACEPARENT);
+        assert_eq!(a["tenant"], "acme");
+        assert_eq!(
+            event["data"],
+            serde_json::json!({"cart": "cart-7", "seq": seq})
+        );
+        assert_eq!(event["key"], "cart-7");
+    }
+}
