@@ -167,7 +167,9 @@ async fn restartable(kind: Kind, test: &str) -> Option<(Setup, Arc<dyn Outage>)>
             own_broker(Broker::RabbitMq, test, |url| async move {
                 let t = outbox::transport::rabbitmq::RabbitMqTransport::builder(url)
                     .namespace("outage")
-                    .publish_timeout(Duration::from_secs(2))
+                    // A node that has just booted, on a loaded machine, may take seconds to
+                    // confirm: a timeout while it answers would rightly count an attempt.
+                    .publish_timeout(Duration::from_secs(5))
                     .connect()
                     .await;
                 Arc::new(t.unwrap()) as Arc<dyn Transport>
