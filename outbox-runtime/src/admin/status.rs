@@ -235,24 +235,16 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         .into_iter()
         .map(|r| relay_status(now, r))
         .collect();
-    let status = Status {
+    let mut status = Status {
         at: now,
         outbox,
         consumers: consumers.into_values().collect(),
         relays,
     };
-    let delayed = if status.broker_unavailable() {
-        status.outbox.backlog
-    } else {
-        0
-    };
-    Ok(Status {
-        outbox: OutboxStatus {
-            delayed_by_outage: delayed,
-            ..status.outbox
-        },
-        ..status
-    })
+    if status.broker_unavailable() {
+        status.outbox.delayed_by_outage = status.outbox.backlog;
+    }
+    Ok(status)
 }
 
 fn relay_status(now: DateTime<Utc>, row: broker_state::RelayRow) -> RelayStatus {

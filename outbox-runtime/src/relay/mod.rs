@@ -292,13 +292,14 @@ impl fmt::Debug for Relay {
 impl Relay {
     /// A relay over `db` publishing to `transport`, with default settings.
     pub fn new(db: DatabaseConnection, transport: Arc<dyn Transport>) -> Self {
+        let stats = Arc::<RelayStats>::default();
         Relay {
             db,
             sink: Sink::Broker(transport),
             config: RelayConfig::default(),
             outbox: None,
-            stats: Arc::default(),
-            broker: Arc::default(),
+            stats: stats.clone(),
+            broker: Arc::new(BrokerWatch::new(stats)),
         }
     }
 
@@ -306,13 +307,14 @@ impl Relay {
     /// of every consumer `routes` returns for the event type, and marks them SENT, in one
     /// transaction; then `delivered` is notified so the consumers' workers run.
     pub fn local(db: DatabaseConnection, delivery: LocalDelivery) -> Self {
+        let stats = Arc::<RelayStats>::default();
         Relay {
             db,
             sink: Sink::Local(delivery),
             config: RelayConfig::default(),
             outbox: None,
-            stats: Arc::default(),
-            broker: Arc::default(),
+            stats: stats.clone(),
+            broker: Arc::new(BrokerWatch::new(stats)),
         }
     }
 
@@ -563,7 +565,6 @@ impl Relay {
             return true;
         };
         let since = Instant::now();
-        self.stats.outages.fetch_add(1, Ordering::Relaxed);
         self.broker.outage_began();
         self.record_broker(transport.name()).await;
         crate::metrics::broker_available(transport.name(), false);

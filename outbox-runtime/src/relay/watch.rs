@@ -4,7 +4,7 @@
 use std::{
     collections::HashSet,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -13,6 +13,7 @@ use std::{
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 
+use super::RelayStats;
 use crate::{
     store::broker_state::{self, BrokerReport},
     transport::Transport,
@@ -21,6 +22,8 @@ use crate::{
 /// Shared by the relay's loop, its rounds and its heartbeat.
 #[derive(Debug, Default)]
 pub(super) struct BrokerWatch {
+    /// The relay's counters: outages are counted there.
+    stats: Arc<RelayStats>,
     /// The broker is unavailable (the breaker is open): publish nothing, hand claims back.
     down: AtomicBool,
     state: Mutex<State>,
@@ -32,7 +35,6 @@ pub(super) struct BrokerWatch {
 struct State {
     last_seen: Option<Instant>,
     unavailable_since: Option<Instant>,
-    outages: u64,
     /// The events handed back without an attempt during the current outage (an event claimed
     /// again before the breaker opened is counted once).
     held_back: HashSet<i64>,
@@ -40,6 +42,14 @@ struct State {
 }
 
 impl BrokerWatch {
+    /// A watch counting outages in `stats`.
+    pub(super) fn new(stats: Arc<RelayStats>) -> Self {
+        BrokerWatch {
+            stats,
+            ..BrokerWatch::default()
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -65,9 +75,10 @@ impl BrokerWatch {
 
     /// The loop took the outage on: count it.
     pub(super) fn outage_began(&self) {
-        let mut state = self.state();
-        state.outages += 1;
-        state.unavailable_since.get_or_insert_with(Instant::now);
+        self.stats.outages.fetch_add(1, Ordering::Relaxed);
+        self.state()
+            .unavailable_since
+            .get_or_insert_with(Instant::now);
     }
 
     /// These events were handed back without an attempt because of the outage.
@@ -108,7 +119,7 @@ impl BrokerWatch {
             available: !self.is_down(),
             seen_ago: state.last_seen.map(|t| t.elapsed()),
             unavailable_for: state.unavailable_since.map(|t| t.elapsed()),
-            outages: state.outages,
+            outages: self.stats.outages.load(Ordering::Relaxed),
             held_back: state.held_back.len() as u64,
             last_error: state.last_error.clone(),
             expires_in,

@@ -264,8 +264,10 @@ impl KafkaTransport {
             .collect()
     }
 
-    /// Create `topics` that do not exist yet; existing ones are left as they are.
-    async fn create_topics(&self, topics: &[String]) -> Result<(), TransportError> {
+    /// Create these topics where they do not exist (with the configured partitions and
+    /// replication factor); existing ones are left as they are. Topics already created or seen
+    /// by this transport are not asked for again.
+    pub async fn ensure_topics(&self, topics: &[String]) -> Result<(), TransportError> {
         let missing: Vec<&String> = {
             let known = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
             topics.iter().filter(|t| !known.contains(*t)).collect()
@@ -309,42 +311,15 @@ impl KafkaTransport {
         Ok(())
     }
 
-    /// Make sure `topic` exists before publishing to it.
-    async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
-        if self
-            .inner
-            .topics
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(topic)
-        {
-            return Ok(());
-        }
-        self.create_topics(&[topic.to_owned()]).await
-    }
-
-    /// Partition counts of existing topics, by metadata.
-    async fn partition_counts(
-        &self,
-        topics: &[String],
-    ) -> Result<Vec<(String, usize)>, TransportError> {
+    /// The cluster's metadata, asked for with the producer's client (a blocking call, off the
+    /// async threads).
+    async fn metadata(&self) -> Result<rdkafka::metadata::Metadata, TransportError> {
         let producer = self.producer();
         let timeout = self.inner.config.request_timeout;
-        let topics = topics.to_vec();
-        tokio::task::spawn_blocking(move || {
-            let metadata = producer
-                .client()
-                .fetch_metadata(None, timeout)
-                .map_err(|e| TransportError::new(TRANSPORT, e.to_string()))?;
-            Ok(metadata
-                .topics()
-                .iter()
-                .filter(|t| topics.iter().any(|name| name == t.name()))
-                .map(|t| (t.name().to_owned(), t.partitions().len()))
-                .collect())
-        })
-        .await
-        .map_err(|e| TransportError::new(TRANSPORT, e.to_string()))?
+        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
+            .await
+            .map_err(|e| TransportError::new(TRANSPORT, e.to_string()))?
+            .map_err(|e| TransportError::new(TRANSPORT, format!("no metadata: {e}")))
     }
 }
 
@@ -417,10 +392,12 @@ impl Transport for KafkaTransport {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        self.create_topics(&topics).await?;
-        for (topic, partitions) in self.partition_counts(&topics).await? {
-            let configured = usize::try_from(self.inner.config.partitions).unwrap_or(0);
-            if partitions < configured {
+        self.ensure_topics(&topics).await?;
+        let configured = usize::try_from(self.inner.config.partitions).unwrap_or(0);
+        for topic in self.metadata().await?.topics() {
+            let partitions = topic.partitions().len();
+            if topics.iter().any(|t| t == topic.name()) && partitions < configured {
+                let topic = topic.name();
                 tracing::warn!(
                     topic,
                     partitions,
@@ -456,7 +433,7 @@ impl Transport for KafkaTransport {
             }
         }
         let mut topics: Vec<String> = topics.into_iter().collect();
-        self.create_topics(&topics).await?;
+        self.ensure_topics(&topics).await?;
         if !unknown.is_empty() {
             // Their aggregate types (hence topics) are unknown here: read every topic of the
             // namespace, as they appear, and keep these types.
@@ -478,23 +455,13 @@ impl Transport for KafkaTransport {
     }
 
     async fn health(&self) -> Result<(), TransportError> {
-        let producer = self.producer();
-        let timeout = self.inner.config.request_timeout;
-        tokio::task::spawn_blocking(move || {
-            let metadata = producer
-                .client()
-                .fetch_metadata(None, timeout)
-                .map_err(|e| TransportError::new(TRANSPORT, format!("no metadata: {e}")))?;
-            if metadata.brokers().is_empty() {
-                return Err(TransportError::new(
-                    TRANSPORT,
-                    "the cluster lists no broker",
-                ));
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| TransportError::new(TRANSPORT, e.to_string()))?
+        if self.metadata().await?.brokers().is_empty() {
+            return Err(TransportError::new(
+                TRANSPORT,
+                "the cluster lists no broker",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -523,11 +490,5 @@ impl KafkaTransport {
         }
         pattern.push_str("\\..+");
         pattern
-    }
-
-    /// Create these topics where they do not exist (with the configured partitions and
-    /// replication factor); existing ones are left as they are.
-    pub async fn ensure_topics(&self, topics: &[String]) -> Result<(), TransportError> {
-        self.create_topics(topics).await
     }
 }

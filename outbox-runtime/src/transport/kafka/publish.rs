@@ -30,10 +30,21 @@ impl KafkaTransport {
         let producer = self.producer();
         let mut pending = Vec::with_capacity(messages.len());
         let mut results: Vec<Option<Result<(), PublishError>>> = vec![None; messages.len()];
-        for (index, message) in messages.iter().enumerate() {
-            let topic = config.topic_for(&message.event_type, &message.aggregate_type);
-            if let Err(error) = self.ensure_topic(&topic).await {
-                results[index] = Some(Err(PublishError::Connection(error.to_string())));
+        let topics: Vec<String> = messages
+            .iter()
+            .map(|m| config.topic_for(&m.event_type, &m.aggregate_type))
+            .collect();
+        // Each topic of the batch made sure of once; a topic that cannot be created fails only
+        // its own messages.
+        let mut unavailable: std::collections::HashMap<&str, String> = Default::default();
+        for topic in topics.iter().collect::<std::collections::BTreeSet<_>>() {
+            if let Err(error) = self.ensure_topics(std::slice::from_ref(topic)).await {
+                unavailable.insert(topic, error.to_string());
+            }
+        }
+        for (index, (message, topic)) in messages.iter().zip(&topics).enumerate() {
+            if let Some(error) = unavailable.get(topic.as_str()) {
+                results[index] = Some(Err(PublishError::Connection(error.clone())));
                 continue;
             }
             let event_id = message.event_id.to_string();
@@ -57,7 +68,7 @@ impl KafkaTransport {
                 ))));
                 continue;
             }
-            let record = FutureRecord::to(&topic)
+            let record = FutureRecord::to(topic)
                 .key(message.aggregate_id.as_bytes())
                 .payload(&message.body[..])
                 .headers(headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
