@@ -20,6 +20,8 @@ pub mod netns;
 pub mod own_server;
 pub mod workload;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]

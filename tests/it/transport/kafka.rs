@@ -5,21 +5,14 @@
 //!
 //! Each test works in its own namespace (`t_<test>_<random>`).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use outbox::transport::{
-    OutgoingMessage, SubscribeOptions, Subscription, Transport,
-    kafka::{
-        KafkaTransport,
-        rdkafka::{
-            ClientConfig, Message, Offset, TopicPartitionList,
-            consumer::{BaseConsumer, Consumer},
-            message::Headers,
-        },
-    },
+    OutgoingMessage, SubscribeOptions, Subscription, Transport, kafka::KafkaTransport,
 };
 
 use super::{Connecting, Fixture, Stored, connect_error};
+use crate::common::kafka::Read;
 use crate::common::{connect_or_skip, fresh_namespace};
 
 /// The broker the tests use.
@@ -38,26 +31,6 @@ impl std::ops::Deref for TestTransport {
     fn deref(&self) -> &KafkaTransport {
         &self.0
     }
-}
-
-/// Every topic whose name starts with `prefix`.
-fn topics_with_prefix(prefix: &str) -> Vec<String> {
-    let Ok(consumer) = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .create::<BaseConsumer>()
-    else {
-        return Vec::new();
-    };
-    consumer
-        .fetch_metadata(None, Duration::from_secs(5))
-        .map(|m| {
-            m.topics()
-                .iter()
-                .map(|t| t.name().to_owned())
-                .filter(|t| t.starts_with(prefix))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// A transport on a fresh namespace, or `None` (after a loud message) when the broker is not
@@ -80,71 +53,10 @@ async fn transport_with(test: &str, partitions: i32) -> Option<TestTransport> {
         .map(TestTransport)
 }
 
-/// One message as read back: topic, partition, offset, value, key and headers.
-pub(crate) type Read = (
-    String,
-    i32,
-    i64,
-    Vec<u8>,
-    Option<Vec<u8>>,
-    BTreeMap<String, String>,
-);
-
-/// Every message of the topics named `prefix…`, from the beginning, ordered by topic, partition
-/// and offset. Reads until nothing arrives for two seconds (the broker's high watermarks are not
-/// relied on: tansu's `ListOffsets` does not report them).
+/// Every message of the topics named `prefix…` on the tests' broker (see
+/// [`common::kafka::read_all`](crate::common::kafka::read_all)).
 pub(crate) fn read_all(prefix: &str) -> Vec<Read> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", "outbox-tests-reader")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("reader");
-    let mut list = TopicPartitionList::new();
-    for topic in topics_with_prefix(prefix) {
-        let metadata = consumer
-            .fetch_metadata(Some(&topic), Duration::from_secs(5))
-            .expect("metadata");
-        for partition in metadata.topics()[0].partitions() {
-            list.add_partition_offset(&topic, partition.id(), Offset::Beginning)
-                .expect("partition");
-        }
-    }
-    if list.count() == 0 {
-        return Vec::new();
-    }
-    consumer.assign(&list).expect("assign");
-    let mut all = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::time::Instant::now() < deadline {
-        let Some(message) = consumer.poll(Duration::from_secs(2)) else {
-            break;
-        };
-        let message = message.expect("read");
-        let headers = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| {
-                        (
-                            h.key.to_owned(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        all.push((
-            message.topic().to_owned(),
-            message.partition(),
-            message.offset(),
-            message.payload().unwrap_or_default().to_vec(),
-            message.key().map(<[u8]>::to_vec),
-            headers,
-        ));
-    }
-    all.sort_by(|a, b| (&a.0, a.1, a.2).cmp(&(&b.0, b.1, b.2)));
-    all
+    crate::common::kafka::read_all(&bootstrap(), prefix)
 }
 
 /// A Kafka transport on topics of the test's own.
