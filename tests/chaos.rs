@@ -1,5 +1,6 @@
 //! Process-kill harness: a producer, relays and consumers as separate processes over PostgreSQL
-//! and NATS JetStream, killed at random moments and at every failpoint, then drained and checked.
+//! and NATS JetStream (or Kafka, with `OUTBOX_CHAOS_BROKER=kafka` or `BROKER=kafka`), killed at
+//! random moments and at every failpoint, then drained and checked.
 //!
 //! The supervisor (this binary without `OUTBOX_CHAOS_ROLE`) creates a database and a stream of
 //! its own and starts, as copies of itself:
@@ -23,6 +24,10 @@
 //! that it is killed (SIGKILL) for 4 s and started again on its data
 //! (`OUTBOX_CHAOS_BROKER_FAULT_SECS`, 0 for no broker faults on the machine's NATS). Production
 //! goes on until both faults are over; the report says when each began and ended.
+//! With Kafka the broker is tansu (`scripts/kafka-broker`), which keeps its log in memory: the
+//! second fault freezes it (SIGSTOP) for as long instead of killing it, so every connection
+//! hangs and nothing is answered; the consumers' session is 6 s, so a killed consumer's
+//! partitions move to another instance within seconds.
 //!
 //! Each child life arms the failpoints of its role still short of their kill target (the
 //! `failpoints` feature) to panic after a random number of passes; a panic hook aborts the
@@ -47,8 +52,17 @@
 //!   cargo test --release --features postgres,nats,failpoints --test chaos
 //! ```
 //!
+//! and on Kafka (200,000 events):
+//!
+//! ```sh
+//! BROKER=kafka OUTBOX_CHAOS_EVENTS=200000 OUTBOX_CHAOS_RATE=800 OUTBOX_CHAOS_KILLS=30 \
+//! OUTBOX_CHAOS_SIGKILLS=100 OUTBOX_CHAOS_MAX_SECS=1800 OUTBOX_CHAOS_STRICT=1 \
+//!   cargo test --release --features postgres,nats,kafka,failpoints --test chaos
+//! ```
+//!
 //! Figures are printed as a table and written as JSON to `OUTBOX_CHAOS_REPORT` (default
-//! `target/chaos-report.json`). The chaos database runs with `synchronous_commit = off`: only
+//! `target/chaos-report-<broker>.json`). Without a broker named, the harness runs once per
+//! broker it was built for (NATS, and Kafka with the `kafka` feature). The chaos database runs with `synchronous_commit = off`: only
 //! client processes are killed here, never the database server, so a commit the server
 //! acknowledged is never lost, and the harness gets more events through per minute.
 //!
@@ -64,7 +78,7 @@ use std::{
     io::Write,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::LazyLock,
+    sync::{Arc, LazyLock},
     time::{Duration, Instant},
 };
 
@@ -77,8 +91,8 @@ use outbox::relay::{Backoff, RelayConfig};
 use outbox::retention::RetentionPolicy;
 use outbox::runtime::Runtime;
 use outbox::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
-use outbox::transport::SubscribeOptions;
 use outbox::transport::nats::{NatsTransport, async_nats};
+use outbox::transport::{SubscribeOptions, Transport};
 use serde::{Deserialize, Serialize};
 
 const ROLE: &str = "OUTBOX_CHAOS_ROLE";
@@ -186,10 +200,12 @@ struct Settings {
     /// The wall clock of relay 0 runs this many seconds ahead, and consumer 0's as many behind
     /// (0: every clock in step).
     skew_secs: u64,
-    /// Broker faults during production: the harness's own NATS server, in a network namespace
-    /// of its own, is cut off silently for this many seconds, and later killed for as long
-    /// (0: no broker faults, on the machine's NATS).
+    /// Broker faults during production: the harness's own broker, in a network namespace of
+    /// its own, is cut off silently for this many seconds, and later killed (NATS) or frozen
+    /// (Kafka) for as long (0: no broker faults, on the machine's broker).
     broker_fault_secs: u64,
+    /// The broker the relays publish to and the consumers read from.
+    broker: ChaosBroker,
 }
 
 impl Settings {
@@ -207,6 +223,79 @@ impl Settings {
             strict: std::env::var("OUTBOX_CHAOS_STRICT").is_ok_and(|v| v == "1"),
             skew_secs: env_u64("OUTBOX_CHAOS_SKEW_SECS", 30),
             broker_fault_secs: env_u64("OUTBOX_CHAOS_BROKER_FAULT_SECS", 4),
+            broker: ChaosBroker::from_env().unwrap_or(ChaosBroker::Nats),
+        }
+    }
+}
+
+/// The broker of a run: `OUTBOX_CHAOS_BROKER` (or `BROKER`), `nats` or `kafka`; without either,
+/// the harness runs once on each broker it was built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum ChaosBroker {
+    Nats,
+    Kafka,
+}
+
+impl ChaosBroker {
+    /// The broker named in the environment, if one is.
+    fn from_env() -> Option<Self> {
+        let name = std::env::var("OUTBOX_CHAOS_BROKER")
+            .or_else(|_| std::env::var("BROKER"))
+            .ok()?;
+        match name.to_ascii_lowercase().as_str() {
+            "nats" => Some(ChaosBroker::Nats),
+            "kafka" => Some(ChaosBroker::Kafka),
+            other => {
+                panic!("chaos: unknown broker {other:?} (OUTBOX_CHAOS_BROKER: nats or kafka)")
+            }
+        }
+    }
+
+    /// The brokers this run covers: the one named, or every one the harness was built for.
+    fn selected() -> Vec<Self> {
+        match Self::from_env() {
+            Some(broker) => vec![broker],
+            None if cfg!(feature = "kafka") => vec![ChaosBroker::Nats, ChaosBroker::Kafka],
+            None => vec![ChaosBroker::Nats],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ChaosBroker::Nats => "nats",
+            ChaosBroker::Kafka => "kafka",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            ChaosBroker::Nats => "NATS JetStream",
+            ChaosBroker::Kafka => "Kafka",
+        }
+    }
+
+    /// The machine's broker, used when the harness runs no broker of its own.
+    fn machine_url(self) -> String {
+        match self {
+            ChaosBroker::Nats => env_str("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222"),
+            ChaosBroker::Kafka => env_str("OUTBOX_KAFKA", "127.0.0.1:9092"),
+        }
+    }
+
+    fn own_server(self) -> common::own_server::Broker {
+        match self {
+            ChaosBroker::Nats => common::own_server::Broker::Nats,
+            ChaosBroker::Kafka => common::own_server::Broker::Kafka,
+        }
+    }
+
+    /// The second fault's name: a NATS server is killed and restarted on its data; tansu keeps
+    /// its log in memory, so it is frozen (SIGSTOP) instead of killed.
+    fn outage(self) -> &'static str {
+        match self {
+            ChaosBroker::Nats => "outage",
+            ChaosBroker::Kafka => "frozen",
         }
     }
 }
@@ -269,13 +358,25 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    println!("\nrunning 1 test: chaos (process kills over PostgreSQL and NATS JetStream)");
-    match runtime.block_on(supervise(Settings::from_env())) {
-        Ok(Outcome::Passed) => println!("test chaos ... ok\n"),
-        Ok(Outcome::Skipped) => println!("test chaos ... skipped\n"),
-        Err(failure) => {
-            eprintln!("test chaos ... FAILED\n{failure}");
-            std::process::exit(101);
+    let brokers = ChaosBroker::selected();
+    println!("\nrunning {} test(s): chaos", brokers.len());
+    for broker in brokers {
+        let settings = Settings {
+            broker,
+            ..Settings::from_env()
+        };
+        println!(
+            "chaos on {}: process kills over PostgreSQL and {}",
+            broker.name(),
+            broker.label()
+        );
+        match runtime.block_on(supervise(settings)) {
+            Ok(Outcome::Passed) => println!("test chaos::{} ... ok\n", broker.name()),
+            Ok(Outcome::Skipped) => println!("test chaos::{} ... skipped\n", broker.name()),
+            Err(failure) => {
+                eprintln!("test chaos::{} ... FAILED\n{failure}", broker.name());
+                std::process::exit(101);
+            }
         }
     }
 }
@@ -283,10 +384,6 @@ fn main() {
 enum Outcome {
     Passed,
     Skipped,
-}
-
-fn nats_url() -> String {
-    env_str("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
 }
 
 async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
@@ -362,12 +459,47 @@ async fn child_db(max: u32) -> Result<DatabaseConnection, BoxError> {
     Ok(connect(&env_str("OUTBOX_CHAOS_DB", ""), max).await?)
 }
 
-async fn child_transport() -> Result<NatsTransport, BoxError> {
-    Ok(NatsTransport::builder(nats_url())
-        .namespace(env_str("OUTBOX_CHAOS_NS", "chaos"))
-        .connection_timeout(Duration::from_secs(5))
-        .connect()
-        .await?)
+async fn child_transport() -> Result<Arc<dyn Transport>, BoxError> {
+    let broker = ChaosBroker::from_env().unwrap_or(ChaosBroker::Nats);
+    let url = env_str("OUTBOX_CHAOS_BROKER_URL", &broker.machine_url());
+    transport(broker, url, env_str("OUTBOX_CHAOS_NS", "chaos")).await
+}
+
+/// A transport on `namespace` of the broker at `url`.
+async fn transport(
+    broker: ChaosBroker,
+    url: String,
+    namespace: String,
+) -> Result<Arc<dyn Transport>, BoxError> {
+    Ok(match broker {
+        ChaosBroker::Nats => Arc::new(
+            NatsTransport::builder(url)
+                .namespace(namespace)
+                .connection_timeout(Duration::from_secs(5))
+                .connect()
+                .await?,
+        ),
+        ChaosBroker::Kafka => kafka_transport(url, namespace).await?,
+    })
+}
+
+/// Kafka: the consumers' session is short, so that a killed consumer's partitions go to
+/// another instance within seconds.
+#[cfg(feature = "kafka")]
+async fn kafka_transport(url: String, namespace: String) -> Result<Arc<dyn Transport>, BoxError> {
+    Ok(Arc::new(
+        outbox::transport::kafka::KafkaTransport::builder(url)
+            .namespace(namespace)
+            .session_timeout(Duration::from_secs(6))
+            .request_timeout(Duration::from_secs(5))
+            .connect()
+            .await?,
+    ))
+}
+
+#[cfg(not(feature = "kafka"))]
+async fn kafka_transport(_: String, _: String) -> Result<Arc<dyn Transport>, BoxError> {
+    Err("this harness was built without the `kafka` feature".into())
 }
 
 /// Write counters where the supervisor finds them; a killed process leaves its last write.
@@ -449,12 +581,12 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
 /// for a process killed right after publishing.
 #[derive(Debug)]
 struct CountingConfirms {
-    inner: NatsTransport,
+    inner: Arc<dyn Transport>,
     log: std::sync::Mutex<std::fs::File>,
 }
 
 #[async_trait::async_trait]
-impl outbox::transport::Transport for CountingConfirms {
+impl Transport for CountingConfirms {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
@@ -594,7 +726,7 @@ async fn consume(dir: &Path) -> Result<(), BoxError> {
     };
     let runtime = Runtime::builder(db)
         .source("chaos-consumers")
-        .transport(transport)
+        .transport_arc(transport)
         .without_relay()
         // The relays run the janitor, with their short policy: one policy per database.
         .retention(None, Duration::from_secs(60))
@@ -647,9 +779,9 @@ struct Harness {
     exits: BTreeMap<Role, u64>,
     failed_starts: u64,
     arming: bool,
-    /// The NATS server the children use.
-    nats_url: String,
-    /// The harness's own NATS server in its network namespace, when broker faults are on.
+    /// The broker the children use.
+    broker_url: String,
+    /// The harness's own broker in its network namespace, when broker faults are on.
     network: Option<common::netns::Partitionable>,
     /// When each broker fault began and ended, from the start of the run (seconds).
     broker_faults: BTreeMap<&'static str, (f64, f64)>,
@@ -681,7 +813,8 @@ impl Harness {
             .env("OUTBOX_CHAOS_DIR", &self.dir)
             .env("OUTBOX_CHAOS_DB", &self.db_url)
             .env("OUTBOX_CHAOS_NS", &self.namespace)
-            .env("OUTBOX_TEST_NATS_URL", &self.nats_url)
+            .env("OUTBOX_CHAOS_BROKER", self.settings.broker.name())
+            .env("OUTBOX_CHAOS_BROKER_URL", &self.broker_url)
             .env("OUTBOX_CHAOS_EVENTS", self.settings.events.to_string())
             .env("OUTBOX_CHAOS_RATE", self.settings.rate.to_string())
             .env(
@@ -888,6 +1021,14 @@ fn skip(what: &str, error: impl std::fmt::Display) -> Result<Outcome, String> {
 
 async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
     let started = Instant::now();
+    if settings.skew_secs > 0 && settings.broker == ChaosBroker::Kafka {
+        // librdkafka waits on condition variables until absolute CLOCK_REALTIME deadlines,
+        // which a preloaded libfaketime shifts in some calls and not in others: a client 30 s
+        // behind times out at once, one 30 s ahead waits 30 s too long. A host whose clock is
+        // really off has no such split, so the skewed children run on NATS only.
+        println!("chaos: every clock in step on Kafka (libfaketime and librdkafka disagree)");
+        settings.skew_secs = 0;
+    }
     if settings.skew_secs > 0 && common::find_libfaketime().is_none() {
         let why = "libfaketime is not installed (Debian's package faketime; .ci/run installs it)";
         if services_required() {
@@ -906,35 +1047,33 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
     // The broker: the harness's own in a network namespace, so it can be cut off and killed.
     let network = if settings.broker_fault_secs > 0 {
         let network = common::netns::Partitionable::with_broker(
-            common::own_server::Broker::Nats,
+            settings.broker.own_server(),
             &format!("chaos{tag}"),
         )
         .await;
         if network.is_none() {
-            eprintln!("\n*** chaos: no broker faults, on the machine's NATS ***\n");
+            eprintln!("\n*** chaos: no broker faults, on the machine's broker ***\n");
             settings.broker_fault_secs = 0;
         }
         network
     } else {
         None
     };
-    let nats_url = network.as_ref().map_or_else(nats_url, |n| n.server().url());
-    // The stream first, so that no child races another to create it.
-    let transport = match NatsTransport::builder(nats_url.clone())
-        .namespace(namespace.clone())
-        .connection_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-    {
+    let broker_url = network
+        .as_ref()
+        .map_or_else(|| settings.broker.machine_url(), |n| n.server().url());
+    // The stream or topics first, so that no child races another to create them.
+    let transport = match transport(settings.broker, broker_url.clone(), namespace.clone()).await {
         Ok(t) => t,
         Err(e) => {
             drop_database(&db_name).await;
-            return skip("NATS JetStream", e);
+            return skip(settings.broker.label(), e);
         }
     };
-    outbox::transport::Transport::setup(&transport)
+    transport
+        .setup()
         .await
-        .map_err(|e| format!("stream setup: {e}"))?;
+        .map_err(|e| format!("broker setup: {e}"))?;
 
     let dir = std::env::temp_dir().join(format!("outbox-chaos-{tag}"));
     for sub in ["stats", "confirms"] {
@@ -969,7 +1108,7 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
         exits: BTreeMap::new(),
         failed_starts: 0,
         arming: true,
-        nats_url,
+        broker_url,
         network,
         broker_faults: BTreeMap::new(),
     };
@@ -984,36 +1123,34 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
         settings.max_secs,
         h.dir.display()
     );
-    let result = run(&mut h, &transport, started).await;
+    let result = run(&mut h, started).await;
     h.terminate_all();
     match result {
         Ok(report) => {
             // OUTBOX_CHAOS_KEEP=1 keeps the database, stream and work directory for a look.
+            // Kafka topics stay (deleting topics under live clients is what tansu handles
+            // worst); on the harness's own broker they go with it.
             if std::env::var("OUTBOX_CHAOS_KEEP").is_err() {
-                let _ = transport
-                    .jetstream()
-                    .delete_stream(transport.stream_name())
-                    .await;
+                if h.settings.broker == ChaosBroker::Nats {
+                    delete_stream(&h.broker_url, &h.namespace).await;
+                }
                 drop_database(&db_name).await;
                 let _ = std::fs::remove_dir_all(&h.dir);
             }
-            write_report(&report);
+            write_report(settings.broker, &report);
             Ok(Outcome::Passed)
         }
         Err(failure) => Err(format!(
-            "{failure}\n(database {db_name}, stream {}, work dir {} kept)\n{}",
-            transport.stream_name(),
+            "{failure}\n(database {db_name}, namespace {} on {}, work dir {} kept)\n{}",
+            h.namespace,
+            h.broker_url,
             h.dir.display(),
             h.log_tail()
         )),
     }
 }
 
-async fn run(
-    h: &mut Harness,
-    transport: &NatsTransport,
-    started: Instant,
-) -> Result<serde_json::Value, String> {
+async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, String> {
     let db = connect(&h.db_url, 2).await.map_err(|e| e.to_string())?;
     for i in 0..h.slots.len() {
         h.spawn(i);
@@ -1023,12 +1160,13 @@ async fn run(
     let mut last_print = Instant::now();
     let mut producer_done = false;
     let mut stop_written = false;
-    // Broker faults: a silent partition from 3 s, the broker killed from 3 s after it healed.
+    // Broker faults: a silent partition from 3 s, the broker killed (or frozen) from 3 s after
+    // it healed.
     let fault = Duration::from_secs(h.settings.broker_fault_secs);
     let mut faults = if h.network.is_some() {
         vec![
             ("partition", Duration::from_secs(3)),
-            ("outage", Duration::from_secs(6) + fault),
+            (h.settings.broker.outage(), Duration::from_secs(6) + fault),
         ]
     } else {
         Vec::new()
@@ -1043,6 +1181,7 @@ async fn run(
                 Some((name, since)) if since.elapsed() >= fault => {
                     match name {
                         "partition" => network.heal(),
+                        "frozen" => network.server().thaw(),
                         _ => network.server().resume().await?,
                     }
                     let began = (since - started).as_secs_f64();
@@ -1057,6 +1196,7 @@ async fn run(
                     let (name, _) = faults.pop().expect("a fault");
                     match name {
                         "partition" => network.partition(),
+                        "frozen" => network.server().freeze(),
                         _ => network.server().stop(),
                     }
                     fault_on = Some((name, Instant::now()));
@@ -1171,22 +1311,12 @@ async fn run(
     tokio::time::sleep(Duration::from_millis(600)).await;
     h.terminate_all();
 
-    verify(
-        h,
-        &db,
-        transport,
-        orders,
-        produced_secs,
-        drain_secs,
-        started,
-    )
-    .await
+    verify(h, &db, orders, produced_secs, drain_secs, started).await
 }
 
 async fn verify(
     h: &Harness,
     db: &DatabaseConnection,
-    transport: &NatsTransport,
     orders: i64,
     produced_secs: f64,
     drain_secs: f64,
@@ -1232,7 +1362,10 @@ async fn verify(
     }
 
     // The stream: every order's event is there, first copies in sequence order per customer.
-    let stream = read_stream(transport).await?;
+    let stream = match h.settings.broker {
+        ChaosBroker::Nats => read_stream(&h.broker_url, &h.namespace).await?,
+        ChaosBroker::Kafka => read_topics(&h.broker_url, &h.namespace).await?,
+    };
     let mut first_seen: HashMap<i64, usize> = HashMap::new();
     let mut last_seq: HashMap<String, i64> = HashMap::new();
     let mut out_of_order = 0u64;
@@ -1360,9 +1493,26 @@ async fn verify(
     }
 }
 
+/// Delete the namespace's stream.
+async fn delete_stream(url: &str, namespace: &str) {
+    if let Ok(nats) = NatsTransport::builder(url)
+        .namespace(namespace)
+        .connect()
+        .await
+    {
+        let _ = nats.jetstream().delete_stream(nats.stream_name()).await;
+    }
+}
+
 /// Every message on the stream, as (order id, customer, seq), in stream order.
-async fn read_stream(transport: &NatsTransport) -> Result<Vec<(i64, String, i64)>, String> {
+async fn read_stream(url: &str, namespace: &str) -> Result<Vec<(i64, String, i64)>, String> {
     use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    let transport = NatsTransport::builder(url)
+        .namespace(namespace)
+        .connection_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
     let mut stream = transport
         .jetstream()
         .get_stream(transport.stream_name())
@@ -1396,12 +1546,35 @@ async fn read_stream(transport: &NatsTransport) -> Result<Vec<(i64, String, i64)
     Ok(out)
 }
 
-fn write_report(report: &serde_json::Value) {
+/// Every message of the namespace's topics, as (order id, customer, seq), partition after
+/// partition, each in offset order: a customer's events are all on one partition.
+#[cfg(feature = "kafka")]
+async fn read_topics(url: &str, namespace: &str) -> Result<Vec<(i64, String, i64)>, String> {
+    let (url, prefix) = (url.to_owned(), format!("{namespace}."));
+    let read = tokio::task::spawn_blocking(move || common::kafka::try_read_all(&url, &prefix))
+        .await
+        .map_err(|e| e.to_string())??;
+    read.into_iter()
+        .map(|(_, _, _, value, _, _)| {
+            let envelope = outbox::Envelope::from_json(&value).map_err(|e| e.to_string())?;
+            let data: OrderPlaced = envelope.data_as().map_err(|e| e.to_string())?;
+            Ok((data.order_id, data.customer, data.seq))
+        })
+        .collect()
+}
+
+#[cfg(not(feature = "kafka"))]
+async fn read_topics(_: &str, _: &str) -> Result<Vec<(i64, String, i64)>, String> {
+    Err("this harness was built without the `kafka` feature".into())
+}
+
+/// The report as JSON: to `OUTBOX_CHAOS_REPORT`, or `target/chaos-report-<broker>.json`.
+fn write_report(broker: ChaosBroker, report: &serde_json::Value) {
     let path = std::env::var("OUTBOX_CHAOS_REPORT").map_or_else(
         |_| {
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("target")
-                .join("chaos-report.json")
+                .join(format!("chaos-report-{}.json", broker.name()))
         },
         PathBuf::from,
     );
