@@ -17,6 +17,9 @@
 //!   polling only, against a hand-written pipeline (commit, publish, consume, commit), and the
 //!   relay's share against a hand-written relay.
 //! - P4 inbox throughput against raw commits of the same effect row at the same concurrency.
+//! - With the `kafka` feature, P2 and P4 also measure Kafka: the SDK relay against raw
+//!   pipelined rdkafka publishing and a hand-written claim-publish-mark relay on Kafka, and the
+//!   inbox working off a backlog on Kafka (`KAFKA_BOOTSTRAP`, default `127.0.0.1:9092`).
 //! - P5 claim latency and relay throughput with 10k and 10M SENT rows in the table, and the
 //!   runtime's memory with a 1M-event backlog.
 //! - P6 peer: sqlxmq spawning and completing trivial jobs on the same database.
@@ -28,6 +31,8 @@
 //! missing) and `NATS_URL` (default `nats://127.0.0.1:4222`). The table is printed and written
 //! as JSON to `target/bench/report.json` (`--out`).
 
+#[cfg(feature = "kafka")]
+mod kafka;
 mod p1;
 mod p2;
 mod p3;

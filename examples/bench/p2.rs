@@ -83,6 +83,8 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     out.push(m("p2.relay_unordered.r1", rate, "ev/s"));
 
     out.extend(producers_beside_relay(ctx).await?);
+    #[cfg(feature = "kafka")]
+    out.extend(crate::kafka::p2(ctx).await?);
     Ok(out)
 }
 
@@ -474,5 +476,7 @@ pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {
             "p2.producers_beside_raw_relay",
         ),
     );
+    #[cfg(feature = "kafka")]
+    specs.extend(crate::kafka::p2_specs());
     specs
 }

@@ -109,12 +109,20 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     if effects != n || stats.handled != n || stats.dead > 0 {
         return Err(format!("P4: {effects} effect rows of {n}; consumer {stats:?}").into());
     }
-    Ok(vec![
+    #[allow(unused_mut)]
+    let mut out = vec![
         m("p4.raw_commits", raw.per_sec(), "tx/s"),
         m("p4.raw_batched", raw_batched, "ev/s"),
         m("p4.raw_batched_rows", raw_batched_rows, "ev/s"),
         m("p4.sdk.handled", n as f64 / elapsed.as_secs_f64(), "ev/s"),
-    ])
+    ];
+    #[cfg(feature = "kafka")]
+    out.push(m(
+        "p4.kafka.sdk.handled",
+        crate::kafka::p4(ctx, CONSUMER, CONCURRENCY).await?,
+        "ev/s",
+    ));
+    Ok(out)
 }
 
 /// Messages a hand-written batch takes at most, as the SDK's `commit_batch`.
@@ -290,7 +298,8 @@ async fn raw_batch(
 }
 
 pub(crate) fn specs() -> Vec<Spec> {
-    vec![
+    #[allow(unused_mut)]
+    let mut specs = vec![
         spec("P4", "raw effect commits, 8 clients", "p4.raw_commits"),
         spec(
             "P4",
@@ -322,5 +331,8 @@ pub(crate) fn specs() -> Vec<Spec> {
             "p4.sdk.handled",
         )
         .against("hand-written batched inbox, 8 workers", "p4.raw_batched"),
-    ]
+    ];
+    #[cfg(feature = "kafka")]
+    specs.extend(crate::kafka::p4_specs());
+    specs
 }
