@@ -999,6 +999,19 @@ async fn setup_database(name: &str) -> Result<String, String> {
     Ok(url)
 }
 
+/// What autovacuum does for the planner, which the machine's PostgreSQL may run without
+/// (`autovacuum = off`): without statistics, the claim queries of a table that grew from empty
+/// are planned for an empty table, and an inbox backlog of thousands of rows makes each of them
+/// take seconds, then minutes, on a loaded machine.
+async fn analyze(db: &DatabaseConnection) {
+    if let Err(e) = db
+        .execute_unprepared("ANALYZE outbox_event, inbox_event")
+        .await
+    {
+        eprintln!("chaos: ANALYZE failed: {e}");
+    }
+}
+
 async fn drop_database(name: &str) {
     if let Ok(admin) = connect(&postgres_admin_url(), 1).await {
         let _ = admin
@@ -1158,6 +1171,7 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
     let deadline = started + Duration::from_secs(h.settings.max_secs);
     let mut next_kill = Instant::now() + Duration::from_millis(fastrand::u64(500..3_000));
     let mut last_print = Instant::now();
+    let mut last_analyze = Instant::now();
     let mut producer_done = false;
     let mut stop_written = false;
     // Broker faults: a silent partition from 3 s, the broker killed (or frozen) from 3 s after
@@ -1251,6 +1265,10 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
             }
             next_kill = Instant::now() + Duration::from_millis(fastrand::u64(500..3_000));
         }
+        if last_analyze.elapsed() > Duration::from_secs(20) {
+            last_analyze = Instant::now();
+            analyze(&db).await;
+        }
         if last_print.elapsed() > Duration::from_secs(30) {
             last_print = Instant::now();
             println!(
@@ -1276,7 +1294,12 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
     }
     let drain_started = Instant::now();
     let mut last_progress = (Instant::now(), -1i64);
+    let mut last_analyze = Instant::now();
     loop {
+        if last_analyze.elapsed() > Duration::from_secs(20) {
+            last_analyze = Instant::now();
+            analyze(&db).await;
+        }
         for (i, _) in h.reap() {
             *h.exits.entry(h.slots[i].role).or_default() += 1;
             h.spawn(i);

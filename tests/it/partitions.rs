@@ -37,6 +37,9 @@ const PARTITION: Duration = Duration::from_secs(15);
 const TIMEOUT: Duration = Duration::from_secs(1);
 /// How soon after the heal the events committed until then must be handled.
 const CATCH_UP: Duration = Duration::from_secs(10);
+/// The same on Kafka: the consumer's group session expired during the partition, and on tansu
+/// (the broker CI runs) the group's rejoin alone takes about 6 s of the 8 s measured.
+const KAFKA_CATCH_UP: Duration = Duration::from_secs(15);
 
 #[inbox_handler(consumer = "partition-nats", backoff = "50ms", backoff_cap = "1s")]
 async fn partition_nats(
@@ -192,8 +195,13 @@ async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, tes
     );
     // Connections left silent by the partition were noticed and replaced: the backlog does not
     // wait for TCP's retransmissions, backed off to several seconds by then, to revive them.
+    let catch_up = if broker == Broker::Kafka {
+        KAFKA_CATCH_UP
+    } else {
+        CATCH_UP
+    };
     assert!(
-        caught_up_after_heal <= CATCH_UP,
+        caught_up_after_heal <= catch_up,
         "{test}: the events committed until the heal were handled {caught_up_after_heal:.1?} \
          after it"
     );

@@ -311,15 +311,20 @@ impl KafkaTransport {
         Ok(())
     }
 
-    /// The cluster's metadata, asked for with the producer's client (a blocking call, off the
-    /// async threads).
-    async fn metadata(&self) -> Result<rdkafka::metadata::Metadata, TransportError> {
+    /// The cluster's metadata, of one topic or of every topic, asked for with the producer's
+    /// client (a blocking call, off the async threads).
+    async fn metadata(
+        &self,
+        topic: Option<String>,
+    ) -> Result<rdkafka::metadata::Metadata, TransportError> {
         let producer = self.producer();
         let timeout = self.inner.config.request_timeout;
-        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(None, timeout))
-            .await
-            .map_err(|e| TransportError::new(TRANSPORT, e.to_string()))?
-            .map_err(|e| TransportError::new(TRANSPORT, format!("no metadata: {e}")))
+        tokio::task::spawn_blocking(move || {
+            producer.client().fetch_metadata(topic.as_deref(), timeout)
+        })
+        .await
+        .map_err(|e| TransportError::new(TRANSPORT, e.to_string()))?
+        .map_err(|e| TransportError::new(TRANSPORT, format!("no metadata: {e}")))
     }
 }
 
@@ -394,7 +399,7 @@ impl Transport for KafkaTransport {
             .clear();
         self.ensure_topics(&topics).await?;
         let configured = usize::try_from(self.inner.config.partitions).unwrap_or(0);
-        for topic in self.metadata().await?.topics() {
+        for topic in self.metadata(None).await?.topics() {
             let partitions = topic.partitions().len();
             if topics.iter().any(|t| t == topic.name()) && partitions < configured {
                 let topic = topic.name();
@@ -455,7 +460,17 @@ impl Transport for KafkaTransport {
     }
 
     async fn health(&self) -> Result<(), TransportError> {
-        if self.metadata().await?.brokers().is_empty() {
+        // One topic this transport made sure of keeps the answer small on a large cluster;
+        // before there is one, the whole cluster's.
+        let topic = self
+            .inner
+            .topics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .next()
+            .cloned();
+        if self.metadata(topic).await?.brokers().is_empty() {
             return Err(TransportError::new(
                 TRANSPORT,
                 "the cluster lists no broker",
