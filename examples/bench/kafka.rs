@@ -18,21 +18,19 @@ use std::{
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::{Relay, RelayConfig};
-use outbox::sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
-};
+use outbox::sea_orm::DatabaseConnection;
 use outbox::transport::kafka::{
     KafkaTransport,
     rdkafka::{
         ClientConfig, Offset, TopicPartitionList,
         consumer::{BaseConsumer, Consumer},
-        message::{Header, OwnedHeaders},
-        producer::{FutureProducer, FutureRecord},
+        message::{Header, OwnedHeaders, ToBytes},
+        producer::{DeliveryFuture, FutureProducer, FutureRecord},
     },
 };
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{BoxError, Ctx, execute_bound, pre_enqueue, wait_drained};
+use crate::support::{BoxError, Ctx, pre_enqueue, wait_drained};
 
 /// Aggregates the P2 backlog is spread over, as on JetStream.
 const AGGREGATES: u64 = 10_000;
@@ -106,6 +104,36 @@ async fn stored(transport: &KafkaTransport) -> Result<u64, BoxError> {
     .await?
 }
 
+/// Delivery reports awaited `IN_FLIGHT` at a time, oldest first.
+#[derive(Default)]
+struct Reports(std::collections::VecDeque<DeliveryFuture>);
+
+impl Reports {
+    /// Send `record`, waiting for the oldest report first when `IN_FLIGHT` are pending.
+    async fn send<P: ToBytes + ?Sized>(
+        &mut self,
+        producer: &FutureProducer,
+        record: FutureRecord<'_, String, P>,
+    ) -> Result<(), BoxError> {
+        if self.0.len() >= IN_FLIGHT
+            && let Some(report) = self.0.pop_front()
+        {
+            report.await?.map_err(|(e, _)| e)?;
+        }
+        self.0
+            .push_back(producer.send_result(record).map_err(|(e, _)| e)?);
+        Ok(())
+    }
+
+    /// Wait for every pending report.
+    async fn finish(self) -> Result<(), BoxError> {
+        for report in self.0 {
+            report.await?.map_err(|(e, _)| e)?;
+        }
+        Ok(())
+    }
+}
+
 pub(crate) async fn p2(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let n = ctx.sizes.p2_events;
     let mut out = Vec::new();
@@ -116,20 +144,13 @@ pub(crate) async fn p2(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let producer = raw_producer()?;
     let body = serde_json::to_vec(&crate::support::OrderPlaced::sample(1, 1))?;
     let t = Instant::now();
-    let mut pending = std::collections::VecDeque::with_capacity(IN_FLIGHT);
+    let mut reports = Reports::default();
     for i in 0..n {
         let key = format!("customer-{}", i % AGGREGATES);
         let record = FutureRecord::to(&topic).key(&key).payload(&body);
-        pending.push_back(producer.send_result(record).map_err(|(e, _)| e)?);
-        if pending.len() >= IN_FLIGHT
-            && let Some(report) = pending.pop_front()
-        {
-            report.await?.map_err(|(e, _)| e)?;
-        }
+        reports.send(&producer, record).await?;
     }
-    for report in pending {
-        report.await?.map_err(|(e, _)| e)?;
-    }
+    reports.finish().await?;
     out.push(m(
         "p2.kafka.raw_publish",
         n as f64 / t.elapsed().as_secs_f64(),
@@ -217,25 +238,12 @@ async fn raw_relay(
 ) -> Result<u64, BoxError> {
     let mut published = 0u64;
     loop {
-        let tx = db.begin().await?;
-        tx.execute_unprepared("SET LOCAL synchronous_commit = off")
-            .await?;
-        let rows = tx
-            .query_all_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "UPDATE outbox_event o SET status = 'PROCESSING' \
-                 FROM (SELECT id FROM outbox_event WHERE status <> 'SENT' AND status = 'PENDING' \
-                 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id \
-                 RETURNING o.id, o.event_id, o.aggregate_id, o.payload::text AS payload",
-                [(BATCH as i64).into()],
-            ))
-            .await?;
-        tx.commit().await?;
+        let rows = crate::p2::raw_claim(db).await?;
         if rows.is_empty() {
             return Ok(published);
         }
         let mut ids = Vec::with_capacity(rows.len());
-        let mut pending = std::collections::VecDeque::with_capacity(IN_FLIGHT);
+        let mut reports = Reports::default();
         for row in &rows {
             ids.push(row.try_get::<i64>("", "id")?);
             let event_id = row.try_get::<uuid::Uuid>("", "event_id")?.to_string();
@@ -249,27 +257,11 @@ async fn raw_relay(
                 .key(&key)
                 .payload(&payload)
                 .headers(headers);
-            pending.push_back(producer.send_result(record).map_err(|(e, _)| e)?);
-            if pending.len() >= IN_FLIGHT
-                && let Some(report) = pending.pop_front()
-            {
-                report.await?.map_err(|(e, _)| e)?;
-            }
+            reports.send(producer, record).await?;
         }
-        for report in pending {
-            report.await?.map_err(|(e, _)| e)?;
-        }
+        reports.finish().await?;
         published += ids.len() as u64;
-        let tx = db.begin().await?;
-        tx.execute_unprepared("SET LOCAL synchronous_commit = off")
-            .await?;
-        execute_bound(
-            &tx,
-            "UPDATE outbox_event SET status = 'SENT', sent_at = now() WHERE id = ANY($1)",
-            [ids.into()],
-        )
-        .await?;
-        tx.commit().await?;
+        crate::p2::raw_mark_sent(db, ids).await?;
     }
 }
 
@@ -278,15 +270,7 @@ pub(crate) async fn p4(ctx: &Ctx, consumer: &str, concurrency: usize) -> Result<
     let n = ctx.sizes.p4_messages;
     ctx.reset().await?;
     let target = Arc::new(transport("p4").await?);
-    pre_enqueue(&ctx.db, n, 1_000, "PENDING").await?;
-    let relay = Relay::new(ctx.db.clone(), target.clone())
-        .with_config(RelayConfig {
-            listen: false,
-            ..RelayConfig::default()
-        })
-        .spawn();
-    wait_drained(&ctx.db, Instant::now(), Duration::from_secs(300)).await?;
-    relay.shutdown().await?;
+    crate::support::relay_backlog(&ctx.db, target.clone(), n).await?;
 
     let runtime = Runtime::builder(ctx.db.clone())
         .source("bench-p4")

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use outbox::prelude::*;
 use outbox::relay::{Relay, RelayConfig};
 use outbox::sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value,
+    ConnectionTrait, DatabaseConnection, DbBackend, QueryResult, Statement, TransactionTrait, Value,
 };
 use outbox::transport::nats::async_nats;
 
@@ -334,21 +334,7 @@ pub(crate) async fn raw_relay(
 ) -> Result<u64, BoxError> {
     let mut published = 0u64;
     loop {
-        let tx = db.begin().await?;
-        tx.execute_unprepared("SET LOCAL synchronous_commit = off")
-            .await?;
-        let rows = tx
-            .query_all_raw(Statement::from_string(
-                DbBackend::Postgres,
-                format!(
-                    "UPDATE outbox_event o SET status = 'PROCESSING' \
-                     FROM (SELECT id FROM outbox_event WHERE status <> 'SENT' AND status = 'PENDING' \
-                     ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id \
-                     RETURNING o.id, o.event_id, o.payload::text AS payload"
-                ),
-            ))
-            .await?;
-        tx.commit().await?;
+        let rows = raw_claim(&db).await?;
         if rows.is_empty() {
             if stop.load(Ordering::Relaxed) {
                 return Ok(published);
@@ -379,17 +365,45 @@ pub(crate) async fn raw_relay(
             ack.await?;
         }
         published += ids.len() as u64;
-        let tx = db.begin().await?;
-        tx.execute_unprepared("SET LOCAL synchronous_commit = off")
-            .await?;
-        execute_bound(
-            &tx,
-            "UPDATE outbox_event SET status = 'SENT', sent_at = now() WHERE id = ANY($1)",
-            [ids.clone().into()],
-        )
-        .await?;
-        tx.commit().await?;
+        raw_mark_sent(&db, ids).await?;
     }
+}
+
+/// The hand-written relays' claim: up to 500 PENDING rows, oldest first, `SKIP LOCKED`, set
+/// PROCESSING in a transaction of their own without waiting for the WAL flush. Each row has
+/// `id`, `event_id`, `aggregate_id` and `payload` (as text).
+pub(crate) async fn raw_claim(db: &DatabaseConnection) -> Result<Vec<QueryResult>, BoxError> {
+    let tx = db.begin().await?;
+    tx.execute_unprepared("SET LOCAL synchronous_commit = off")
+        .await?;
+    let rows = tx
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "UPDATE outbox_event o SET status = 'PROCESSING' \
+             FROM (SELECT id FROM outbox_event WHERE status <> 'SENT' AND status = 'PENDING' \
+             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) c WHERE o.id = c.id \
+             RETURNING o.id, o.event_id, o.aggregate_id, o.payload::text AS payload",
+            [(BATCH as i64).into()],
+        ))
+        .await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// The hand-written relays' mark: `ids` SENT, in a transaction of its own without waiting for
+/// the WAL flush.
+pub(crate) async fn raw_mark_sent(db: &DatabaseConnection, ids: Vec<i64>) -> Result<(), BoxError> {
+    let tx = db.begin().await?;
+    tx.execute_unprepared("SET LOCAL synchronous_commit = off")
+        .await?;
+    execute_bound(
+        &tx,
+        "UPDATE outbox_event SET status = 'SENT', sent_at = now() WHERE id = ANY($1)",
+        [ids.into()],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {

@@ -13,16 +13,13 @@ use std::{
 use futures::StreamExt;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
-use outbox::relay::{Relay, RelayConfig};
 use outbox::sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
 };
 use outbox::transport::nats::{NatsTransport, async_nats};
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{
-    BoxError, Ctx, OrderPlaced, closed_loop, insert_effect, pre_enqueue, wait_drained,
-};
+use crate::support::{BoxError, Ctx, OrderPlaced, closed_loop, insert_effect};
 
 const CONSUMER: &str = "bench-p4";
 /// Messages handled at once by the consumer, and clients of the raw baseline.
@@ -57,15 +54,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     // The backlog: `n` events relayed to the stream, then handled by a consumer started after.
     ctx.reset().await?;
     let transport = Arc::new(ctx.transport("bench_p4").await?);
-    pre_enqueue(&ctx.db, n, 1_000, "PENDING").await?;
-    let relay = Relay::new(ctx.db.clone(), transport.clone())
-        .with_config(RelayConfig {
-            listen: false,
-            ..RelayConfig::default()
-        })
-        .spawn();
-    wait_drained(&ctx.db, Instant::now(), Duration::from_secs(300)).await?;
-    relay.shutdown().await?;
+    crate::support::relay_backlog(&ctx.db, transport.clone(), n).await?;
 
     // The hand-written batched inbox on the same stream (its own JetStream consumer each),
     // recording a bare message id, then the row the SDK records.

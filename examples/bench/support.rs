@@ -510,3 +510,22 @@ pub(crate) async fn pre_enqueue(
     db.execute_unprepared("ANALYZE outbox_event").await?;
     Ok(())
 }
+
+/// `n` events over 1,000 aggregates enqueued and relayed by one relay (no wake-ups) until none
+/// is left unsent: the backlog a P4 consumer then works off.
+pub(crate) async fn relay_backlog(
+    db: &DatabaseConnection,
+    transport: Arc<dyn outbox::transport::Transport>,
+    n: u64,
+) -> Result<(), BoxError> {
+    pre_enqueue(db, n, 1_000, "PENDING").await?;
+    let relay = outbox::relay::Relay::new(db.clone(), transport)
+        .with_config(outbox::relay::RelayConfig {
+            listen: false,
+            ..outbox::relay::RelayConfig::default()
+        })
+        .spawn();
+    wait_drained(db, Instant::now(), Duration::from_secs(300)).await?;
+    relay.shutdown().await?;
+    Ok(())
+}
