@@ -27,6 +27,8 @@ mod m0002_inbox_event;
 mod m0003_inbox_aggregate_version;
 mod m0004_admin_action;
 mod m0005_relay;
+mod m0006_inbox_external;
+mod m0007_inbox_drop_message_id_key;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -36,6 +38,8 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0003_inbox_aggregate_version::MIGRATION),
         Box::new(m0004_admin_action::MIGRATION),
         Box::new(m0005_relay::MIGRATION),
+        Box::new(m0006_inbox_external::MIGRATION),
+        Box::new(m0007_inbox_drop_message_id_key::MIGRATION),
     ]
 }
 
@@ -45,7 +49,19 @@ struct Script {
     postgres: &'static [&'static str],
     mysql: &'static [&'static str],
     sqlite: &'static [&'static str],
-    down: &'static [&'static str],
+    down: Down,
+}
+
+/// How a migration is undone.
+enum Down {
+    /// The same statements on every backend.
+    All(&'static [&'static str]),
+    /// One script per backend: PostgreSQL, MySQL, SQLite.
+    Each(
+        &'static [&'static str],
+        &'static [&'static str],
+        &'static [&'static str],
+    ),
 }
 
 impl MigrationName for Script {
@@ -68,7 +84,13 @@ impl MigrationTrait for Script {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        run_script(manager, self.down).await
+        let script = match (&self.down, manager.get_database_backend()) {
+            (Down::All(all), _) => all,
+            (Down::Each(postgres, _, _), DbBackend::Postgres) => postgres,
+            (Down::Each(_, mysql, _), DbBackend::MySql) => mysql,
+            (Down::Each(_, _, sqlite), _) => sqlite,
+        };
+        run_script(manager, script).await
     }
 }
 

@@ -1,13 +1,13 @@
 //! `outbox_event`: events committed with business rows, waiting for (or done with) the relay.
 
-use crate::Script;
+use crate::{Down, Script};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0001_create_outbox_event",
     postgres: POSTGRES_UP,
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
-    down: DOWN,
+    down: Down::All(DOWN),
 };
 
 const POSTGRES_UP: &[&str] = &[

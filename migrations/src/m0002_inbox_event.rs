@@ -3,14 +3,14 @@
 //! `id` numbers rows in arrival order, which the retry worker follows to keep a consumer's
 //! per-aggregate order; `(consumer, message_id)` is unique.
 
-use crate::Script;
+use crate::{Down, Script};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0002_create_inbox_event",
     postgres: POSTGRES_UP,
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
-    down: DOWN,
+    down: Down::All(DOWN),
 };
 
 const POSTGRES_UP: &[&str] = &[

@@ -1,14 +1,14 @@
 //! `inbox_aggregate_version`: the newest aggregate version each consumer accepted, for handlers
 //! that drop stale events (`InboxTransaction::accept_version`).
 
-use crate::Script;
+use crate::{Down, Script};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0003_create_inbox_aggregate_version",
     postgres: POSTGRES_UP,
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
-    down: DOWN,
+    down: Down::All(DOWN),
 };
 
 const POSTGRES_UP: &[&str] = &[r#"CREATE TABLE inbox_aggregate_version (

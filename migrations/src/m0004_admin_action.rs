@@ -2,14 +2,14 @@
 //! ignore, resend, purge), and `outbox_lease`, named leases that let one instance at a time run a
 //! singleton job such as the retention janitor.
 
-use crate::Script;
+use crate::{Down, Script};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0004_create_admin_action",
     postgres: POSTGRES_UP,
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
-    down: DOWN,
+    down: Down::All(DOWN),
 };
 
 const POSTGRES_UP: &[&str] = &[

@@ -3,14 +3,14 @@
 //! circuit breaker opens or closes, and on a heartbeat; a row whose `expires_at` passed belongs
 //! to a relay that stopped without saying so.
 
-use crate::Script;
+use crate::{Down, Script};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0005_create_relay",
     postgres: POSTGRES_UP,
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
-    down: DOWN,
+    down: Down::All(DOWN),
 };
 
 const POSTGRES_UP: &[&str] = &[r#"CREATE TABLE outbox_relay (

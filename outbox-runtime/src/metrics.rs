@@ -192,6 +192,19 @@ pub(crate) fn inbox(consumer: &'static str, outcome: &'static str) {
     counter!(INBOX_MESSAGES, "consumer" => consumer, "outcome" => outcome).increment(1);
 }
 
+/// An external message received for `consumer`: `new`, `duplicate`, `same_business_fact` or
+/// `conflict` (counted under the same metric as every inbox message, with `received_` before
+/// the outcome).
+pub(crate) fn inbox_received(consumer: &str, outcome: &'static str) {
+    let outcome = match outcome {
+        "new" => "received_new",
+        "duplicate" => "received_duplicate",
+        "same_business_fact" => "received_same_business_fact",
+        _ => "received_conflict",
+    };
+    counter!(INBOX_MESSAGES, "consumer" => consumer.to_owned(), "outcome" => outcome).increment(1);
+}
+
 pub(crate) fn handler_duration(consumer: &'static str, event_type: &str, elapsed: Duration) {
     histogram!(HANDLER_DURATION, "consumer" => consumer, "event_type" => event_type.to_owned())
         .record(elapsed.as_secs_f64());

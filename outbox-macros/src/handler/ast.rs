@@ -72,6 +72,12 @@ pub(crate) enum Mode {
     Stored,
 }
 
+/// What a handler of external messages takes: their source and type.
+pub(crate) struct External {
+    pub(crate) source: LitStr,
+    pub(crate) message_type: LitStr,
+}
+
 /// A validated handler: everything code generation needs.
 pub(crate) struct Handler<'a> {
     /// Path of the facade crate: `::outbox` unless `crate = "..."` says otherwise.
@@ -82,6 +88,9 @@ pub(crate) struct Handler<'a> {
     pub(crate) backoff_cap_ms: Option<u64>,
     pub(crate) ordering: Option<bool>,
     pub(crate) mode: Mode,
+    /// For a handler of external messages, what it takes; its payload type then needs only
+    /// `DeserializeOwned`.
+    pub(crate) external: Option<External>,
     /// The function's name.
     pub(crate) ident: &'a Ident,
     /// The first parameter's type as written (`&InboxTransaction`).

@@ -16,11 +16,13 @@ mod kw {
     syn::custom_keyword!(backoff_cap);
     syn::custom_keyword!(ordering);
     syn::custom_keyword!(mode);
+    syn::custom_keyword!(source);
+    syn::custom_keyword!(message_type);
 }
 
 /// The keys `#[inbox_handler(...)]` accepts, for "expected one of" messages.
-const KEYS: &str =
-    "`consumer`, `max_attempts`, `backoff`, `backoff_cap`, `ordering`, `mode`, `crate`";
+const KEYS: &str = "`consumer`, `max_attempts`, `backoff`, `backoff_cap`, `ordering`, `mode`, \
+                    `source`, `message_type`, `crate`";
 
 /// The arguments as written, before validation.
 #[derive(Default)]
@@ -33,6 +35,10 @@ pub(crate) struct Args {
     pub(crate) backoff_cap: Option<LitStr>,
     pub(crate) ordering: Option<LitBool>,
     pub(crate) mode: Option<LitStr>,
+    /// The source of external messages this handler takes.
+    pub(crate) source: Option<LitStr>,
+    /// The type of external messages this handler takes.
+    pub(crate) message_type: Option<LitStr>,
     pub(crate) krate: Option<LitStr>,
 }
 
@@ -74,6 +80,19 @@ fn item(input: ParseStream<'_>, args: &mut Args) -> syn::Result<()> {
         let key = input.parse::<kw::mode>()?;
         let lit = string_value(input, key.span, "mode", "mode = \"stored\"")?;
         set_once(&mut args.mode, lit, key.span, "mode")
+    } else if input.peek(kw::source) {
+        let key = input.parse::<kw::source>()?;
+        let lit = string_value(input, key.span, "source", "source = \"stripe\"")?;
+        set_once(&mut args.source, lit, key.span, "source")
+    } else if input.peek(kw::message_type) {
+        let key = input.parse::<kw::message_type>()?;
+        let lit = string_value(
+            input,
+            key.span,
+            "message_type",
+            "message_type = \"payment_intent.succeeded\"",
+        )?;
+        set_once(&mut args.message_type, lit, key.span, "message_type")
     } else if input.peek(Token![crate]) {
         let key = input.parse::<Token![crate]>()?;
         let lit = string_value(input, key.span, "crate", "crate = \"my_outbox\"")?;
@@ -102,6 +121,8 @@ fn item(input: ParseStream<'_>, args: &mut Args) -> syn::Result<()> {
             "backoff_base" | "base" | "delay" | "retry_delay" => "; did you mean `backoff`?",
             "max_backoff" | "backoff_max" | "cap" => "; did you mean `backoff_cap`?",
             "ordered" | "order" => "; did you mean `ordering`?",
+            "sender" | "origin" | "from" => "; did you mean `source`?",
+            "type" | "event_type" | "kind" => "; did you mean `message_type`?",
             _ => "",
         };
         Err(Error::new(
@@ -165,14 +186,15 @@ mod tests {
             [
                 "`consumer` specified more than once",
                 "unknown key `retries`; expected one of `consumer`, `max_attempts`, `backoff`, \
-                 `backoff_cap`, `ordering`, `mode`, `crate`; did you mean `max_attempts`?",
+                 `backoff_cap`, `ordering`, `mode`, `source`, `message_type`, `crate`; did you \
+                 mean `max_attempts`?",
                 "`max_attempts` must be an integer literal, e.g. `max_attempts = 5`",
                 "`ordering` must be `true` or `false`, e.g. `ordering = false`",
                 "`mode` must be a string literal, e.g. `mode = \"stored\"`",
                 "`backoff` needs a value: `backoff = \"500ms\"`",
                 "expected a value after `backoff_cap =`, e.g. `backoff_cap = \"5m\"`",
                 "unknown key `topic`; expected one of `consumer`, `max_attempts`, `backoff`, \
-                 `backoff_cap`, `ordering`, `mode`, `crate`",
+                 `backoff_cap`, `ordering`, `mode`, `source`, `message_type`, `crate`",
             ]
         );
     }
@@ -190,7 +212,7 @@ mod tests {
             errors,
             [
                 "expected a key; expected one of `consumer`, `max_attempts`, `backoff`, \
-                 `backoff_cap`, `ordering`, `mode`, `crate`"
+                 `backoff_cap`, `ordering`, `mode`, `source`, `message_type`, `crate`"
             ]
         );
     }

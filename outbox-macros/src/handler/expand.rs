@@ -27,6 +27,7 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
         backoff_cap_ms,
         ordering,
         mode,
+        external,
         ident,
         tx_ty,
         event_param_ty,
@@ -39,11 +40,39 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
     // Generated tokens that stand for a piece of the user's code are placed on it, so a failed
     // check points there; they keep the macro's hygiene, so lints see generated code.
     let event_at = at(event_ty.span());
-    let assert_event = quote_spanned! {event_at=>
-        #[doc(hidden)]
-        const _: fn() = __outbox_assert_domain_event::<#event_ty>;
-        #[doc(hidden)]
-        const _: fn() = __outbox_assert_deserialize_owned::<#event_ty>;
+    // A handler of external messages takes any `DeserializeOwned` payload; every other handler
+    // one of our `DomainEvent`s.
+    let assert_event = match external {
+        Some(_) => quote_spanned! {event_at=>
+            #[doc(hidden)]
+            const _: fn() = __outbox_assert_deserialize_owned::<#event_ty>;
+        },
+        None => quote_spanned! {event_at=>
+            #[doc(hidden)]
+            const _: fn() = __outbox_assert_domain_event::<#event_ty>;
+            #[doc(hidden)]
+            const _: fn() = __outbox_assert_deserialize_owned::<#event_ty>;
+        },
+    };
+    let (bound, event_type, schema_version, decode, source) = match external {
+        Some(external) => {
+            let message_type = &external.message_type;
+            let source = &external.source;
+            (
+                quote!(#private::serde::de::DeserializeOwned),
+                quote!(#message_type),
+                quote!(0),
+                quote!(decode_external),
+                quote!(#private::Some(#source)),
+            )
+        }
+        None => (
+            quote!(#private::DomainEvent + #private::serde::de::DeserializeOwned),
+            quote!(<#event_ty as #private::DomainEvent>::EVENT_TYPE),
+            quote!(<#event_ty as #private::DomainEvent>::SCHEMA_VERSION),
+            quote!(decode),
+            quote!(#private::None),
+        ),
     };
     // The wrapper's locals have `macro_rules!` hygiene: a handler named `event` or `tx` still
     // calls the handler.
@@ -76,7 +105,7 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
     let private_at_name = respan(private.clone(), name_at);
     let boxed = quote_spanned! {name_at=>
         #private_at_name::Box::pin(async move {
-            let #event = match <#private::Event<#event_ty>>::decode(#envelope, #attempt) {
+            let #event = match <#private::Event<#event_ty>>::#decode(#envelope, #attempt) {
                 #private::Ok(#event) => #event,
                 #private::Err(#error) => return #private::Err(#error),
             };
@@ -96,6 +125,7 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
     let backoff_cap_ms = option(backoff_cap_ms.map(|ms| quote!(#ms)));
     let ordering = option(ordering.map(|on| quote!(#on)));
     let mode = match mode {
+        _ if external.is_some() => quote!(#private::HandlerMode::Stored),
         Mode::Inline => quote!(#private::HandlerMode::Inline),
         Mode::Stored => quote!(#private::HandlerMode::Stored),
     };
@@ -129,13 +159,10 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
             where
                 // Higher-ranked to work around trivial bounds being unstable: when the bound does
                 // not hold, the impl is simply absent and `__OutboxUnregistered` stands in.
-                for<'__outbox> #event_ty: #private::DomainEvent
-                    + #private::serde::de::DeserializeOwned,
+                for<'__outbox> #event_ty: #bound,
             {
-                const EVENT_TYPE: &'static ::core::primitive::str =
-                    <#event_ty as #private::DomainEvent>::EVENT_TYPE;
-                const SCHEMA_VERSION: ::core::primitive::u32 =
-                    <#event_ty as #private::DomainEvent>::SCHEMA_VERSION;
+                const EVENT_TYPE: &'static ::core::primitive::str = #event_type;
+                const SCHEMA_VERSION: ::core::primitive::u32 = #schema_version;
 
                 /// Decodes the payload and calls the handler.
                 #wrapper {
@@ -167,6 +194,7 @@ pub(crate) fn handler(function: &Function, handler: &Handler<'_>) -> TokenStream
                     backoff_cap_ms: #backoff_cap_ms,
                     ordering: #ordering,
                     mode: #mode,
+                    source: #source,
                     function: #function_name,
                     module_path: ::core::module_path!(),
                     file: ::core::file!(),

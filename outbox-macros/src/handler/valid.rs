@@ -5,7 +5,7 @@
 //! `DomainEvent`, the future is `Send`, the error converts into `HandlerError`) is checked by the
 //! generated code, spanned to the same tokens (see [`super::expand`]).
 
-use super::ast::{Handler, Input, Mode};
+use super::ast::{External, Handler, Input, Mode};
 use crate::keys::{combine, crate_path};
 use proc_macro2::Span;
 use syn::punctuated::Punctuated;
@@ -16,6 +16,8 @@ use syn::{
 
 /// The longest consumer name the inbox stores (`inbox_event.consumer`).
 const MAX_CONSUMER_LEN: usize = 128;
+/// The longest source and message type the inbox stores.
+const MAX_KEY_LEN: usize = 255;
 const SIGNATURE: &str = "(tx: &InboxTransaction, event: Event<OrderPlaced>)";
 
 /// Checks `input`, returning all its errors (parse errors included) combined into one.
@@ -32,6 +34,7 @@ pub(crate) fn validate<'a>(input: &'a Input<'a>) -> syn::Result<Handler<'a>> {
             backoff_cap_ms: options.backoff_cap_ms,
             ordering: options.ordering,
             mode: options.mode,
+            external: options.external,
             ident: &input.function.sig.ident,
             tx_ty: signature.tx_ty,
             event_param_ty: signature.event_param_ty,
@@ -52,6 +55,7 @@ struct Options {
     backoff_cap_ms: Option<u64>,
     ordering: Option<bool>,
     mode: Mode,
+    external: Option<External>,
 }
 
 fn check_args(input: &Input<'_>, errors: &mut Vec<Error>) -> Option<Options> {
@@ -100,6 +104,7 @@ fn check_args(input: &Input<'_>, errors: &mut Vec<Error>) -> Option<Options> {
         Some(lit) => check_mode(lit, errors),
         None => Some(Mode::Inline),
     };
+    let external = check_external(args, errors);
     let krate = crate_path(args.krate.as_ref())
         .map_err(|error| errors.push(error))
         .ok();
@@ -112,7 +117,67 @@ fn check_args(input: &Input<'_>, errors: &mut Vec<Error>) -> Option<Options> {
         backoff_cap_ms: optional(backoff_cap)?,
         ordering: args.ordering.as_ref().map(|lit| lit.value),
         mode: mode?,
+        external: external?,
     })
+}
+
+/// `source` and `message_type`: both (a handler of external messages) or neither. `Some(None)`
+/// for neither, `None` after an error.
+fn check_external(args: &super::attr::Args, errors: &mut Vec<Error>) -> Option<Option<External>> {
+    let text = |lit: &LitStr, key: &str, errors: &mut Vec<Error>| {
+        let value = lit.value();
+        if value.trim().is_empty() {
+            errors.push(Error::new(lit.span(), format!("`{key}` is empty")));
+            return false;
+        }
+        if value.chars().count() > MAX_KEY_LEN {
+            errors.push(Error::new(
+                lit.span(),
+                format!(
+                    "`{key}` is {} characters long; the inbox stores at most {MAX_KEY_LEN}",
+                    value.chars().count()
+                ),
+            ));
+            return false;
+        }
+        true
+    };
+    match (&args.source, &args.message_type) {
+        (None, None) => Some(None),
+        (Some(source), Some(message_type)) => {
+            let ok = text(source, "source", errors) & text(message_type, "message_type", errors);
+            if let Some(mode) = &args.mode {
+                errors.push(Error::new(
+                    mode.span(),
+                    "`mode` does not apply to external messages: they are always recorded \
+                     first and handled by the consumer's worker; remove `mode`",
+                ));
+                return None;
+            }
+            ok.then(|| {
+                Some(External {
+                    source: source.clone(),
+                    message_type: message_type.clone(),
+                })
+            })
+        }
+        (Some(source), None) => {
+            errors.push(Error::new(
+                source.span(),
+                "`source` needs `message_type`: a handler of external messages names both, e.g. \
+                 `source = \"stripe\", message_type = \"payment_intent.succeeded\"`",
+            ));
+            None
+        }
+        (None, Some(message_type)) => {
+            errors.push(Error::new(
+                message_type.span(),
+                "`message_type` needs `source`: a handler of external messages names both, \
+                 e.g. `source = \"stripe\", message_type = \"payment_intent.succeeded\"`",
+            ));
+            None
+        }
+    }
 }
 
 /// An optional key's checked value: `Some(None)` when the key is absent, `None` when its value is
@@ -711,7 +776,7 @@ mod tests {
             errors(quote!(consumr = "a"), handler_fn()),
             [
                 "unknown key `consumr`; expected one of `consumer`, `max_attempts`, `backoff`, \
-                 `backoff_cap`, `ordering`, `mode`, `crate`"
+                 `backoff_cap`, `ordering`, `mode`, `source`, `message_type`, `crate`"
             ]
         );
     }

@@ -41,6 +41,8 @@ use crate::{
 pub(crate) struct Consumer {
     pub(crate) name: &'static str,
     handlers: HashMap<(&'static str, u32), &'static HandlerRegistration>,
+    /// Handlers of external messages, by source and message type.
+    external: HashMap<(&'static str, &'static str), &'static HandlerRegistration>,
     pub(crate) event_types: Vec<String>,
     pub(super) ordering: bool,
     pub(super) mode: HandlerMode,
@@ -78,21 +80,24 @@ impl Consumer {
         wake: Arc<Notify>,
         worker_id: String,
     ) -> Self {
-        let handlers: HashMap<_, _> = registrations
+        let (external, own): (Vec<&'static HandlerRegistration>, Vec<_>) =
+            registrations.iter().partition(|r| r.source.is_some());
+        let handlers: HashMap<_, _> = own
             .iter()
             .map(|r| ((r.event_type, r.schema_version), *r))
             .collect();
-        let mut event_types: Vec<String> = registrations
+        let external: HashMap<_, _> = external
             .iter()
-            .map(|r| r.event_type.to_owned())
+            .filter_map(|r| Some(((r.source?, r.event_type), *r)))
             .collect();
+        let mut event_types: Vec<String> = own.iter().map(|r| r.event_type.to_owned()).collect();
         event_types.sort();
         event_types.dedup();
         let ordering = registrations
             .iter()
             .find_map(|r| r.ordering)
             .unwrap_or(config.ordering);
-        let mode = if registrations.iter().any(|r| r.mode == HandlerMode::Stored) {
+        let mode = if own.iter().any(|r| r.mode == HandlerMode::Stored) {
             HandlerMode::Stored
         } else {
             HandlerMode::Inline
@@ -100,6 +105,7 @@ impl Consumer {
         Consumer {
             name,
             handlers,
+            external,
             event_types,
             ordering,
             mode,
@@ -151,6 +157,40 @@ impl Consumer {
                 self.name, envelope.event_type
             ))
         }
+    }
+
+    /// The handler of external messages of `source` and `message_type`, or why there is none.
+    pub(super) fn external_handler(
+        &self,
+        source: &str,
+        message_type: &str,
+    ) -> Result<&'static HandlerRegistration, String> {
+        if let Some(reg) = self.external.get(&(source, message_type)) {
+            return Ok(reg);
+        }
+        let types: Vec<&str> = self
+            .external
+            .keys()
+            .filter(|(s, _)| *s == source)
+            .map(|(_, t)| *t)
+            .collect();
+        if types.is_empty() {
+            Err(format!(
+                "consumer `{}` has no handler for external messages from `{source}`",
+                self.name
+            ))
+        } else {
+            Err(format!(
+                "consumer `{}` has no handler for `{message_type}` from `{source}` (it handles \
+                 {types:?})",
+                self.name
+            ))
+        }
+    }
+
+    /// Whether any handler of this consumer takes this SDK's events (from a transport).
+    pub(crate) fn takes_events(&self) -> bool {
+        !self.handlers.is_empty()
     }
 
     pub(super) fn max_attempts(&self, reg: Option<&HandlerRegistration>) -> u32 {
@@ -220,5 +260,6 @@ pub(super) fn inbox_row<'a>(
         aggregate_version: envelope.aggregate_version,
         schema_version: envelope.schema_version,
         payload: body,
+        ..NewInboxRow::default()
     }
 }

@@ -184,7 +184,7 @@ impl Consumer {
             None => {
                 // A redelivery of a body recorded under the earlier digest is that message.
                 let legacy = format!("undecodable-{:016x}", legacy_digest(&delivery.body));
-                if store::inbox::recorded(&self.db, self.name, &legacy)
+                if store::inbox::recorded(&self.db, self.name, "", &legacy)
                     .await?
                     .is_some()
                 {
@@ -217,7 +217,8 @@ impl Consumer {
     /// conflict and logged; a redelivery of the same conflicting bytes finds that row and is a
     /// duplicate.
     pub(super) async fn recorded_already(&self, row: &NewInboxRow<'_>) -> Result<(), DbErr> {
-        let first = store::inbox::recorded(&self.db, row.consumer, row.message_id).await?;
+        let first =
+            store::inbox::recorded(&self.db, row.consumer, row.origin, row.message_id).await?;
         let first_status = match first {
             // Gone meanwhile (purged): nothing to compare with.
             None => None,
@@ -230,7 +231,7 @@ impl Consumer {
             return Ok(());
         };
         let legacy = conflict_id(row.message_id, legacy_digest(row.payload));
-        if store::inbox::recorded(&self.db, row.consumer, &legacy)
+        if store::inbox::recorded(&self.db, row.consumer, row.origin, &legacy)
             .await?
             .is_some()
         {
@@ -269,7 +270,7 @@ impl Consumer {
 
 /// The message id a conflicting delivery is kept under: `{message_id}#conflict-{digest}`, the
 /// id cut so that the digest always fits the column.
-fn conflict_id(message_id: &str, digest: u64) -> String {
+pub(super) fn conflict_id(message_id: &str, digest: u64) -> String {
     const SUFFIX_CHARS: usize = "#conflict-".len() + 16;
     let prefix = truncate(message_id, MAX_MESSAGE_ID_CHARS - SUFFIX_CHARS);
     format!("{prefix}#conflict-{digest:016x}")

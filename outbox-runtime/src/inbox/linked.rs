@@ -35,16 +35,29 @@ fn handlers_from(
     let mut by_consumer: BTreeMap<&'static str, Vec<&'static HandlerRegistration>> =
         BTreeMap::new();
     let mut all: Vec<&'static HandlerRegistration> = registrations.collect();
-    all.sort_by_key(|r| (r.consumer, r.event_type, r.schema_version, r.file, r.line));
+    all.sort_by_key(|r| {
+        (
+            r.consumer,
+            r.source,
+            r.event_type,
+            r.schema_version,
+            r.file,
+            r.line,
+        )
+    });
     for reg in all {
         let list = by_consumer.entry(reg.consumer).or_default();
-        if let Some(first) = list
-            .iter()
-            .find(|r| r.event_type == reg.event_type && r.schema_version == reg.schema_version)
-        {
+        if let Some(first) = list.iter().find(|r| {
+            r.source == reg.source
+                && r.event_type == reg.event_type
+                && r.schema_version == reg.schema_version
+        }) {
             return Err(DuplicateHandler {
                 consumer: reg.consumer.to_owned(),
-                event_type: reg.event_type.to_owned(),
+                event_type: match reg.source {
+                    Some(source) => format!("{} from {source}", reg.event_type),
+                    None => reg.event_type.to_owned(),
+                },
                 schema_version: reg.schema_version,
                 first: first.location(),
                 second: reg.location(),

@@ -16,15 +16,21 @@ mod deliver;
 mod digest;
 mod dispatch;
 mod linked;
+mod receive;
 mod settle;
 mod stats;
 mod worker;
 
-use std::{fmt, future::Future, ops::Deref, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap, fmt, future::Future, ops::Deref, pin::Pin, sync::Arc, time::Duration,
+};
 
 pub use config::InboxConfig;
 pub use linked::DuplicateHandler;
 pub(crate) use linked::linked_handlers;
+pub use receive::{
+    ExternalInbox, IncomingMessage, MAX_HEADER_VALUE_BYTES, MAX_HEADERS, Receipt, ReceiveError,
+};
 pub use stats::{ConsumerStats, ConsumerStatsSnapshot};
 
 use chrono::{DateTime, Utc};
@@ -67,7 +73,16 @@ pub struct EventMeta {
     pub tracestate: Option<String>,
     /// 1 for the first attempt, 2 for the first retry, …
     pub attempt: u32,
+    /// The business key of an external message.
+    pub business_key: Option<String>,
+    /// The headers kept with an external message (names lower-cased).
+    pub headers: BTreeMap<String, String>,
 }
+
+/// Where the worker puts an external message's business key and kept headers in the envelope it
+/// hands a handler: names no CloudEvents extension can have, so they never meet a producer's.
+pub(crate) const BUSINESS_KEY_EXTENSION: &str = "outbox:bizkey";
+pub(crate) const HEADERS_EXTENSION: &str = "outbox:headers";
 
 impl EventMeta {
     /// The attributes of `envelope`, at attempt `attempt`.
@@ -84,6 +99,16 @@ impl EventMeta {
             traceparent: envelope.traceparent.clone(),
             tracestate: envelope.tracestate.clone(),
             attempt,
+            business_key: envelope
+                .extensions
+                .get(BUSINESS_KEY_EXTENSION)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
+            headers: envelope
+                .extensions
+                .get(HEADERS_EXTENSION)
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .unwrap_or_default(),
         }
     }
 }
@@ -121,6 +146,24 @@ impl<E: DomainEvent + serde::de::DeserializeOwned> Event<E> {
                 "payload of `{}` (schema version {}) does not match `{}`: {e}",
                 envelope.event_type,
                 envelope.schema_version.unwrap_or(1),
+                std::any::type_name::<E>()
+            ))
+        })?;
+        Ok(Event::new(
+            payload,
+            EventMeta::from_envelope(envelope, attempt),
+        ))
+    }
+}
+
+impl<E: serde::de::DeserializeOwned> Event<E> {
+    /// Decode the payload of an external message (kept as `envelope`'s data) as `E`.
+    pub fn decode_external(envelope: &Envelope, attempt: u32) -> Result<Self, HandlerError> {
+        let payload = envelope.data_as::<E>().map_err(|e| {
+            HandlerError::permanent(format!(
+                "payload of `{}` from `{}` does not match `{}`: {e}",
+                envelope.event_type,
+                envelope.source,
                 std::any::type_name::<E>()
             ))
         })?;
@@ -411,8 +454,12 @@ pub struct HandlerRegistration {
     pub backoff_cap_ms: Option<u64>,
     /// Per-aggregate order for this consumer; `None` for the runtime's default (on).
     pub ordering: Option<bool>,
-    /// Inline or stored.
+    /// Inline or stored (always stored for external messages).
     pub mode: HandlerMode,
+    /// For a handler of external messages (`#[inbox_handler(source = "…", message_type =
+    /// "…")]`), the source it takes them from; `event_type` is then their message type and
+    /// `schema_version` 0. `None` for a handler of this SDK's events.
+    pub source: Option<&'static str>,
     /// The handler function's name.
     pub function: &'static str,
     /// Its module.

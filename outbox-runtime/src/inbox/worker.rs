@@ -120,16 +120,8 @@ impl Consumer {
 
     async fn handle_claimed(&self, message: &ClaimedMessage, token: uuid::Uuid) -> Outcome {
         let attempt = message.attempts + 1;
-        let envelope = match Envelope::from_json(&message.payload) {
-            Ok(e) => e,
-            Err(e) => {
-                let error = HandlerError::permanent(format!("undecodable message: {e}"));
-                self.fail_claimed(message, token, None, error).await;
-                return Outcome::Failed;
-            }
-        };
-        let reg = match self.handler(&envelope) {
-            Ok(reg) => reg,
+        let (envelope, reg) = match self.claimed_handler(message) {
+            Ok(found) => found,
             Err(error) => {
                 self.fail_claimed(message, token, None, HandlerError::permanent(error))
                     .await;
@@ -171,6 +163,23 @@ impl Consumer {
         }
     }
 
+    /// The envelope of a claimed message and the handler that takes it, or why it cannot be
+    /// handled (its DEAD reason).
+    fn claimed_handler(
+        &self,
+        message: &ClaimedMessage,
+    ) -> Result<(Envelope, &'static super::HandlerRegistration), String> {
+        if !message.origin.is_empty() {
+            let envelope = external_envelope(message)?;
+            let reg = self.external_handler(&message.origin, &envelope.event_type)?;
+            return Ok((envelope, reg));
+        }
+        let envelope = Envelope::from_json(&message.payload)
+            .map_err(|e| format!("undecodable message: {e}"))?;
+        let reg = self.handler(&envelope)?;
+        Ok((envelope, reg))
+    }
+
     async fn fail_claimed(
         &self,
         message: &ClaimedMessage,
@@ -194,4 +203,61 @@ impl Consumer {
             tracing::warn!(consumer = self.name, error = %e, "could not record a handler failure; the lease will expire and the message be retried");
         }
     }
+}
+
+/// The envelope a handler of external messages gets: the stored body as its data, the message's
+/// source, id and type, its ordering key as the subject, and its business key and kept headers
+/// where [`EventMeta`](super::EventMeta) finds them. A body that is not JSON cannot be handed to
+/// a handler: that is its DEAD reason, and the bytes stay for an operator.
+fn external_envelope(message: &ClaimedMessage) -> Result<Envelope, String> {
+    let message_type = message.event_type.clone().unwrap_or_default();
+    let data = std::str::from_utf8(&message.payload)
+        .map_err(|e| e.to_string())
+        .and_then(|text| {
+            serde_json::value::RawValue::from_string(text.to_owned()).map_err(|e| e.to_string())
+        })
+        .map_err(|e| {
+            format!(
+                "payload of `{message_type}` from `{}` is not JSON ({e}); kept with its bytes \
+                 for an operator",
+                message.origin
+            )
+        })?;
+    let headers: std::collections::BTreeMap<String, String> = message
+        .headers
+        .as_deref()
+        .and_then(|h| serde_json::from_str(h).ok())
+        .unwrap_or_default();
+    let mut extensions = std::collections::BTreeMap::new();
+    if let Some(key) = &message.biz_key {
+        extensions.insert(
+            super::BUSINESS_KEY_EXTENSION.to_owned(),
+            serde_json::Value::from(key.clone()),
+        );
+    }
+    if !headers.is_empty() {
+        extensions.insert(
+            super::HEADERS_EXTENSION.to_owned(),
+            serde_json::to_value(&headers).unwrap_or_default(),
+        );
+    }
+    Ok(Envelope {
+        id: message.message_id.clone(),
+        source: message
+            .source
+            .clone()
+            .unwrap_or_else(|| message.origin.clone()),
+        event_type: message_type,
+        subject: message.aggregate_id.clone(),
+        time: None,
+        data_content_type: headers.get("content-type").cloned(),
+        data_schema: None,
+        data: Some(data),
+        aggregate_type: None,
+        aggregate_version: None,
+        schema_version: None,
+        traceparent: headers.get("traceparent").cloned(),
+        tracestate: headers.get("tracestate").cloned(),
+        extensions,
+    })
 }

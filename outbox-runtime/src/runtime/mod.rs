@@ -34,7 +34,8 @@ pub use crate::health::{Health, LoopReport};
 use crate::{
     health::LoopHealth,
     inbox::{
-        ConsumerStats, ConsumerStatsSnapshot, HandlerRegistration, InboxConfig, consumer::Consumer,
+        ConsumerStats, ConsumerStatsSnapshot, ExternalInbox, HandlerRegistration, InboxConfig,
+        consumer::Consumer,
     },
     outbox::Outbox,
     registry::{EventCatalogue, RegistryError},
@@ -338,7 +339,7 @@ impl RuntimeBuilder {
             for reg in regs {
                 tracing::info!(
                     consumer, event_type = reg.event_type, version = reg.schema_version,
-                    handler = %reg.location(), "inbox handler"
+                    source = reg.source.unwrap_or(""), handler = %reg.location(), "inbox handler"
                 );
             }
         }
@@ -373,7 +374,7 @@ impl RuntimeBuilder {
                 format!("{worker_id}/{name}"),
             ));
             consumers.insert(name, consumer.stats.clone());
-            if let Some(transport) = &self.transport {
+            if let Some(transport) = self.transport.as_ref().filter(|_| consumer.takes_events()) {
                 let health = Arc::new(LoopHealth::new(format!("dispatch:{name}")));
                 let task = tokio::spawn({
                     let consumer = consumer.clone();
@@ -405,10 +406,13 @@ impl RuntimeBuilder {
             let relay = match &self.transport {
                 Some(transport) => Relay::new(self.db.clone(), transport.clone()),
                 None => {
-                    let delivery =
-                        LocalDelivery::for_subscriptions(by_consumer.iter().flat_map(
-                            |(name, regs)| regs.iter().map(|reg| (*name, reg.event_type)),
-                        ));
+                    let delivery = LocalDelivery::for_subscriptions(by_consumer.iter().flat_map(
+                        |(name, regs)| {
+                            regs.iter()
+                                .filter(|reg| reg.source.is_none())
+                                .map(|reg| (*name, reg.event_type))
+                        },
+                    ));
                     tasks.push(
                         delivery.spawn_fan_out(wakes.values().cloned().collect(), shutdown.clone()),
                     );
@@ -484,6 +488,7 @@ impl RuntimeBuilder {
             "outbox runtime started"
         );
         Ok(Runtime {
+            external: ExternalInbox::with_wakes(self.db.clone(), wakes),
             outbox,
             shutdown,
             tasks,
@@ -500,6 +505,7 @@ pub struct Runtime {
     tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)>,
     consumers: BTreeMap<&'static str, Arc<ConsumerStats>>,
     relay_stats: Option<Arc<RelayStats>>,
+    external: ExternalInbox,
 }
 
 impl fmt::Debug for Runtime {
@@ -532,6 +538,12 @@ impl Runtime {
     /// The outbox handle to produce through.
     pub fn outbox(&self) -> &Outbox {
         &self.outbox
+    }
+
+    /// Records messages from outside (webhooks, other systems' messages) for the consumers'
+    /// workers, waking the worker of a consumer that runs here.
+    pub fn external_inbox(&self) -> ExternalInbox {
+        self.external.clone()
     }
 
     /// The consumers running here.

@@ -104,6 +104,12 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         )
     }
 
+    /// An INSERT that skips a row conflicting on any unique key: the statement's head and,
+    /// where the backend needs one, its tail.
+    fn insert_skipping_any(&self) -> (&'static str, Option<&'static str>) {
+        ("INSERT INTO ", Some(" ON CONFLICT DO NOTHING"))
+    }
+
     /// Whether an INSERT can return the rows it inserted (`RETURNING`).
     fn insert_returning(&self) -> bool {
         true

@@ -1,5 +1,5 @@
-//! The inbox's SQL: record a delivery once per `(consumer, message_id)`, and the worker's claims
-//! and fenced write-backs.
+//! The inbox's SQL: record a delivery once per `(consumer, origin, message_id)` (and an external
+//! message once per business key), and the worker's claims and fenced write-backs.
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 use uuid::Uuid;
@@ -16,8 +16,14 @@ use crate::util::text::truncate;
 /// Longest message id the table holds; a longer one is stored cut to this many characters.
 pub const MAX_MESSAGE_ID_CHARS: usize = 255;
 
-const COLUMNS: &str = "id, consumer, message_id, aggregate_type, aggregate_id, payload, status, \
-     attempts, locked_until";
+/// Longest source, message type and business key of an external message.
+pub const MAX_KEY_CHARS: usize = 255;
+
+/// The physical key of an inbox row: what a redelivery is recognised by.
+pub const MESSAGE_KEY: &str = "consumer, origin, message_id";
+
+const COLUMNS: &str = "id, consumer, message_id, origin, event_type, source, biz_key, headers, \
+     aggregate_type, aggregate_id, payload, status, attempts, locked_until";
 
 /// A delivery to record.
 #[derive(Debug, Clone, Default)]
@@ -26,6 +32,13 @@ pub struct NewInboxRow<'a> {
     pub consumer: &'a str,
     /// Message id (the CloudEvents `id`, or a digest of an undecodable body).
     pub message_id: &'a str,
+    /// Who assigned `message_id`: empty for messages of this SDK's producers, the sender's
+    /// source for an external message.
+    pub origin: &'a str,
+    /// The business key of an external message, unique per consumer and event type.
+    pub biz_key: Option<&'a str>,
+    /// Headers kept with an external message, as a JSON object.
+    pub headers: Option<&'a str>,
     /// Event type, when known.
     pub event_type: Option<&'a str>,
     /// CloudEvents source, when known.
@@ -89,14 +102,17 @@ fn state_columns(state: &InboxState) -> StateColumns<'_> {
 }
 
 /// The columns that say what a row's message is.
-const ROW_COLUMNS: &str = "consumer, message_id, event_type, source, aggregate_type, aggregate_id, \
-                           aggregate_version, schema_version, payload";
+const ROW_COLUMNS: &str = "consumer, message_id, origin, biz_key, headers, event_type, source, \
+                           aggregate_type, aggregate_id, aggregate_version, schema_version, payload";
 
 /// A row's values for [`ROW_COLUMNS`].
-fn row_values(row: &NewInboxRow<'_>) -> [Value; 9] {
+fn row_values(row: &NewInboxRow<'_>) -> [Value; 12] {
     [
         row.consumer.to_owned().into(),
         truncate(row.message_id, MAX_MESSAGE_ID_CHARS).into(),
+        truncate(row.origin, MAX_KEY_CHARS).into(),
+        row.biz_key.map(|s| truncate(s, MAX_KEY_CHARS)).into(),
+        row.headers.map(str::to_owned).into(),
         row.event_type.map(|s| truncate(s, 255)).into(),
         row.source.map(|s| truncate(s, 255)).into(),
         row.aggregate_type.map(|s| truncate(s, 128)).into(),
@@ -107,14 +123,14 @@ fn row_values(row: &NewInboxRow<'_>) -> [Value; 9] {
     ]
 }
 
-/// `INSERT` of `rows` that skips the `(consumer, message_id)` already recorded, optionally
+/// `INSERT` of `rows` that skips the `(consumer, origin, message_id)` already recorded, optionally
 /// `RETURNING` the message ids it inserted (where the dialect can).
 fn insert_statement(
     dialect: Dialect,
     rows: &[(&NewInboxRow<'_>, &InboxState)],
     returning: bool,
 ) -> sea_orm::Statement {
-    let (insert, on_conflict) = dialect.insert_skipping("consumer, message_id");
+    let (insert, on_conflict) = dialect.insert_skipping(MESSAGE_KEY);
     let mut sql = Sql::new(dialect);
     sql.push(insert).push(INBOX_TABLE).push(&format!(
         " ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, received_at, \
@@ -144,7 +160,7 @@ fn insert_statement(
     sql.build()
 }
 
-/// Record a delivery unless `(consumer, message_id)` is already there. Returns whether it was
+/// Record a delivery unless `(consumer, origin, message_id)` is already there. Returns whether it was
 /// inserted (`false`: a duplicate).
 pub async fn insert<C: ConnectionTrait>(
     conn: &C,
@@ -155,7 +171,7 @@ pub async fn insert<C: ConnectionTrait>(
     Ok(conn.execute_raw(statement).await?.rows_affected() == 1)
 }
 
-/// Rows one multi-row insert takes at most (15 parameters each).
+/// Rows one multi-row insert takes at most (18 parameters each).
 const INSERT_CHUNK: usize = 64;
 
 /// Record several deliveries: for each row, whether it was inserted (`false`: a duplicate); of
@@ -324,9 +340,72 @@ fn record_ordered_statement(dialect: Dialect, rows: &[NewInboxRow<'_>]) -> sea_o
         ") AS v ({ROW_COLUMNS}, received_at, n) \
          LEFT JOIN blocked b ON b.aggregate_type = v.aggregate_type \
          AND b.aggregate_id = v.aggregate_id ORDER BY v.n \
-         ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id, status"
+         ON CONFLICT ({MESSAGE_KEY}) DO NOTHING RETURNING message_id, status"
     ));
     sql.build()
+}
+
+/// Record an external message as PENDING unless one of its unique keys is taken: its
+/// `(consumer, origin, message_id)`, its `(consumer, event_type, biz_key)`, or (before
+/// migration `outbox_0007`) the old `(consumer, message_id)`. Returns whether it was inserted;
+/// when not, [`recorded`] and [`recorded_business_fact`] tell which key it met.
+pub async fn insert_external<C: ConnectionTrait>(
+    conn: &C,
+    row: &NewInboxRow<'_>,
+) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(conn);
+    let (insert, on_conflict) = dialect.insert_skipping_any();
+    let state = state_columns(&InboxState::Pending);
+    let mut sql = Sql::new(dialect);
+    sql.push(insert).push(INBOX_TABLE).push(&format!(
+        " ({ROW_COLUMNS}, status, attempts, received_at) VALUES "
+    ));
+    sql.bind_list(row_values(row).into_iter().map(Arg::from).chain([
+        Value::from(state.status.as_str().to_owned()).into(),
+        Value::from(i64::from(state.attempts)).into(),
+        DbTime::NOW.into(),
+    ]));
+    if let Some(on_conflict) = on_conflict {
+        sql.push(on_conflict);
+    }
+    Ok(conn.execute_raw(sql.build()).await?.rows_affected() == 1)
+}
+
+/// The message recorded first for a business fact: its origin and message id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusinessFact {
+    /// Who assigned its message id.
+    pub origin: String,
+    /// Its message id.
+    pub message_id: String,
+    /// Its status.
+    pub status: String,
+}
+
+/// The message recorded for `(consumer, event_type, biz_key)`, if any.
+pub async fn recorded_business_fact<C: ConnectionTrait>(
+    conn: &C,
+    consumer: &str,
+    event_type: &str,
+    biz_key: &str,
+) -> Result<Option<BusinessFact>, DbErr> {
+    let mut sql = Sql::new(Dialect::of(conn));
+    sql.push(&format!(
+        "SELECT origin, message_id, status FROM {INBOX_TABLE} WHERE consumer = "
+    ))
+    .bind(consumer.to_owned().into())
+    .push(" AND event_type = ")
+    .bind(truncate(event_type, MAX_KEY_CHARS).into())
+    .push(" AND biz_key = ")
+    .bind(truncate(biz_key, MAX_KEY_CHARS).into());
+    match conn.query_one_raw(sql.build()).await? {
+        Some(row) => Ok(Some(BusinessFact {
+            origin: row.try_get("", "origin")?,
+            message_id: row.try_get("", "message_id")?,
+            status: row.try_get("", "status")?,
+        })),
+        None => Ok(None),
+    }
 }
 
 /// Put a message recorded in this transaction (by [`insert`] or [`insert_many`]) into `state`:
@@ -353,7 +432,7 @@ pub async fn restate<C: ConnectionTrait>(
         .arg(Arg::time_or_null(dialect, state.processed_at))
         .push(" WHERE consumer = ")
         .bind(consumer.to_owned().into())
-        .push(" AND message_id = ")
+        .push(" AND origin = '' AND message_id = ")
         .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
     conn.execute_raw(sql.build()).await?;
     Ok(())
@@ -368,11 +447,12 @@ pub struct RecordedMessage {
     pub payload: Vec<u8>,
 }
 
-/// What is recorded for `(consumer, message_id)`, if anything: what a delivery that [`insert`]
-/// reported as a duplicate is compared with.
+/// What is recorded for `(consumer, origin, message_id)`, if anything: what a delivery that
+/// [`insert`] reported as a duplicate is compared with.
 pub async fn recorded<C: ConnectionTrait>(
     conn: &C,
     consumer: &str,
+    origin: &str,
     message_id: &str,
 ) -> Result<Option<RecordedMessage>, DbErr> {
     let mut sql = Sql::new(Dialect::of(conn));
@@ -380,6 +460,8 @@ pub async fn recorded<C: ConnectionTrait>(
         "SELECT status, payload FROM {INBOX_TABLE} WHERE consumer = "
     ))
     .bind(consumer.to_owned().into())
+    .push(" AND origin = ")
+    .bind(truncate(origin, MAX_KEY_CHARS).into())
     .push(" AND message_id = ")
     .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
     match conn.query_one_raw(sql.build()).await? {
@@ -485,6 +567,17 @@ pub struct ClaimedMessage {
     pub id: i64,
     /// Message id.
     pub message_id: String,
+    /// Who assigned the message id: empty for messages of this SDK's producers, the sender's
+    /// source for an external message.
+    pub origin: String,
+    /// Event (or external message) type, when known.
+    pub event_type: Option<String>,
+    /// Source, when known.
+    pub source: Option<String>,
+    /// Business key of an external message.
+    pub biz_key: Option<String>,
+    /// Headers kept with an external message (a JSON object).
+    pub headers: Option<String>,
     /// Aggregate type, when known.
     pub aggregate_type: Option<String>,
     /// Aggregate id, when known.
@@ -549,6 +642,11 @@ pub async fn claim(
         let mut message = ClaimedMessage {
             id: candidate.id,
             message_id: row.try_get("", "message_id")?,
+            origin: row.try_get("", "origin")?,
+            event_type: row.try_get("", "event_type")?,
+            source: row.try_get("", "source")?,
+            biz_key: row.try_get("", "biz_key")?,
+            headers: row.try_get("", "headers")?,
             aggregate_type: row.try_get("", "aggregate_type")?,
             aggregate_id: row.try_get("", "aggregate_id")?,
             payload: row.try_get("", "payload")?,

@@ -85,6 +85,7 @@ pub async fn move_to_inbox(
                 aggregate_version: event.aggregate_version,
                 schema_version: Some(event.schema_version),
                 payload: &body,
+                ..NewInboxRow::default()
             };
             if super::inbox::insert(&txn, &row, &InboxState::Pending).await? {
                 moved.inbox_rows += 1;

@@ -44,6 +44,10 @@ impl Backend for MySql {
         ("INSERT IGNORE INTO ", None)
     }
 
+    fn insert_skipping_any(&self) -> (&'static str, Option<&'static str>) {
+        ("INSERT IGNORE INTO ", None)
+    }
+
     fn insert_returning(&self) -> bool {
         false
     }
