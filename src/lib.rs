@@ -14,6 +14,8 @@ pub use outbox_runtime::transport::rabbitmq::RabbitMqTransport;
 #[cfg(feature = "redis")]
 pub use outbox_runtime::transport::redis::RedisTransport;
 pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
+#[cfg(feature = "webhook")]
+pub use outbox_runtime::webhook;
 pub use outbox_runtime::{
     CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, Event, EventId, EventMeta,
     EventRegistration, HandlerContext, HandlerError, HandlerMode, HandlerRegistration, Headers,

@@ -30,16 +30,19 @@ pub const INBOX_AFTER_HANDLER: &str = "outbox::inbox::after_handler";
 pub const INBOX_AFTER_COMMIT: &str = "outbox::inbox::after_commit";
 /// A handler failed and its transaction rolled back; the RETRY (or DEAD) state is not stored.
 pub const INBOX_STORE_RETRY: &str = "outbox::inbox::store_retry";
+/// A webhook's message is recorded and committed; the sender has not been answered.
+pub const WEBHOOK_AFTER_COMMIT: &str = "outbox::webhook::after_commit";
 /// The retention janitor deleted a batch and has not deleted the next one.
 pub const JANITOR_BETWEEN_BATCHES: &str = "outbox::janitor::between_batches";
 
 /// Every failpoint, for harnesses that arm them in turn.
-pub const ALL: [&str; 6] = [
+pub const ALL: [&str; 7] = [
     RELAY_AFTER_CLAIM,
     RELAY_AFTER_PUBLISH,
     INBOX_AFTER_HANDLER,
     INBOX_AFTER_COMMIT,
     INBOX_STORE_RETRY,
+    WEBHOOK_AFTER_COMMIT,
     JANITOR_BETWEEN_BATCHES,
 ];
 

@@ -62,6 +62,8 @@ pub mod trace;
 pub mod transaction;
 pub mod transport;
 pub(crate) mod util;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 pub use envelope::{Envelope, EnvelopeError};
 pub use error::{EnqueueError, OutboxError, TransactionError};

@@ -105,6 +105,7 @@ async fn inbox_row(
         aggregate_version: None,
         schema_version: Some(1),
         payload,
+        ..NewInboxRow::default()
     };
     assert!(insert(&t.db, &row, &state).await.unwrap());
     backdate_inbox(&t.db, consumer, Some(message_id), at).await;

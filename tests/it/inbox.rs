@@ -756,6 +756,7 @@ async fn batch_waits_behind_an_earlier_unfinished_message(t: TestDb) {
         aggregate_version: None,
         schema_version: Some(1),
         payload: &first.body,
+        ..NewInboxRow::default()
     };
     let retry_later = |delay| {
         InboxState::Failed(Failure::Retry {

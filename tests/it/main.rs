@@ -49,3 +49,4 @@ mod transport;
 mod ui;
 #[cfg(feature = "postgres")]
 mod wakeup;
+mod webhooks;

@@ -54,7 +54,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 5);
+    assert_eq!(applied, 7);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -96,7 +96,7 @@ async fn up_down_up(t: TestDb) {
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        5
+        7
     );
 }
 
@@ -166,7 +166,9 @@ async fn composed_into_an_app_migrator(t: TestDb) {
             "outbox_0002_create_inbox_event",
             "outbox_0003_create_inbox_aggregate_version",
             "outbox_0004_create_admin_action",
-            "outbox_0005_create_relay"
+            "outbox_0005_create_relay",
+            "outbox_0006_inbox_external_keys",
+            "outbox_0007_inbox_drop_message_id_key"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();
@@ -174,7 +176,175 @@ async fn composed_into_an_app_migrator(t: TestDb) {
     assert!(!table_exists(&t.db, "invoice").await);
 }
 
+/// How the release before `outbox_0006` recorded a delivery: the old key in its conflict clause
+/// (`INSERT IGNORE` on MySQL), no `origin`, `biz_key` or `headers`.
+async fn old_release_insert(
+    db: &DatabaseConnection,
+    consumer: &str,
+    message_id: &str,
+    payload: &[u8],
+) -> Result<u64, DbErr> {
+    let backend = db.get_database_backend();
+    let (head, values, tail) = match backend {
+        DbBackend::Postgres => (
+            "INSERT INTO",
+            "($1, $2, 'order.placed', 'svc', $3, 'PENDING', 0, now())",
+            " ON CONFLICT (consumer, message_id) DO NOTHING",
+        ),
+        DbBackend::MySql => (
+            "INSERT IGNORE INTO",
+            "(?, ?, 'order.placed', 'svc', ?, 'PENDING', 0, UTC_TIMESTAMP(6))",
+            "",
+        ),
+        _ => (
+            "INSERT INTO",
+            "(?, ?, 'order.placed', 'svc', ?, 'PENDING', 0, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'))",
+            " ON CONFLICT (consumer, message_id) DO NOTHING",
+        ),
+    };
+    let sql = format!(
+        "{head} inbox_event (consumer, message_id, event_type, source, payload, status, attempts, \
+         received_at) VALUES {values}{tail}"
+    );
+    let result = db
+        .execute_raw(Statement::from_sql_and_values(
+            backend,
+            sql,
+            [consumer.into(), message_id.into(), payload.to_vec().into()],
+        ))
+        .await?;
+    Ok(result.rows_affected())
+}
+
+/// Upgrading a database that holds inbox rows, with processes of the previous release still
+/// writing: `outbox_0006` keeps every row and the old statements working, the new release can
+/// receive external messages beside them, and `outbox_0007` (applied once the old release is
+/// gone) lets two sources use the same message id, still keeping every row, id and the id
+/// sequence.
+async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
+    use outbox::inbox::{ExternalInbox, IncomingMessage, Receipt, ReceiveError};
+    let db = &t.db;
+    // Back to the schema of the release before `outbox_0006`.
+    Migrator::down(db, Some(2)).await.unwrap();
+    assert_eq!(
+        scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
+        5
+    );
+    for n in 0..5 {
+        let id = format!("0190a0b0-0000-7000-8000-00000000000{n}");
+        assert_eq!(
+            old_release_insert(db, "billing", &id, b"{}").await.unwrap(),
+            1
+        );
+    }
+    // The newest row is gone (retention), so the id sequence is ahead of the rows.
+    let last = scalar_i64(db, "SELECT MAX(id) AS n FROM inbox_event").await;
+    db.execute_unprepared(&format!("DELETE FROM inbox_event WHERE id = {last}"))
+        .await
+        .unwrap();
+
+    // Expand: the old release goes on writing, and is still deduplicated.
+    Migrator::up(db, Some(1)).await.unwrap();
+    let id0 = "0190a0b0-0000-7000-8000-000000000000";
+    assert_eq!(
+        old_release_insert(db, "billing", id0, b"{}").await.unwrap(),
+        0
+    );
+    let id9 = "0190a0b0-0000-7000-8000-000000000009";
+    assert_eq!(
+        old_release_insert(db, "billing", id9, b"{}").await.unwrap(),
+        1
+    );
+    // The new release receives external messages beside the old rows...
+    let inbox = ExternalInbox::new(db.clone());
+    let message = |source: &str, id: &str| {
+        IncomingMessage::new("billing", source, id, "payment.succeeded", b"{}".to_vec())
+    };
+    assert_eq!(
+        inbox.receive(&message("psp-a", "evt_1")).await.unwrap(),
+        Receipt::New
+    );
+    assert!(matches!(
+        inbox.receive(&message("psp-a", "evt_1")).await.unwrap(),
+        Receipt::Duplicate { .. }
+    ));
+    // ...but while the old key is in place, another source's `evt_1` is refused, saying what
+    // to do, and nothing is stored.
+    let refused = inbox.receive(&message("psp-b", "evt_1")).await.unwrap_err();
+    assert!(matches!(refused, ReceiveError::OldKey { .. }), "{refused}");
+    assert!(refused.to_string().contains("outbox_0007"), "{refused}");
+
+    // Contract, once the old release is gone.
+    Migrator::up(db, None).await.unwrap();
+    assert_eq!(
+        scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
+        7
+    );
+    assert_eq!(
+        inbox.receive(&message("psp-b", "evt_1")).await.unwrap(),
+        Receipt::New
+    );
+    let rows = inbox_rows(db, "billing").await;
+    let ids: Vec<&str> = rows.iter().map(|r| r.message_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "0190a0b0-0000-7000-8000-000000000000",
+            "0190a0b0-0000-7000-8000-000000000001",
+            "0190a0b0-0000-7000-8000-000000000002",
+            "0190a0b0-0000-7000-8000-000000000003",
+            "0190a0b0-0000-7000-8000-000000000009",
+            "evt_1",
+            "evt_1"
+        ]
+    );
+    assert_eq!(
+        scalar_i64(
+            db,
+            "SELECT COUNT(*) AS n FROM inbox_event WHERE origin = ''"
+        )
+        .await,
+        5
+    );
+    // No id handed out before is handed out again.
+    assert!(
+        scalar_i64(
+            db,
+            "SELECT MIN(id) AS n FROM inbox_event WHERE origin <> ''"
+        )
+        .await
+            > last
+    );
+    // This release's own deliveries are still deduplicated by their id.
+    let row = outbox::store::inbox::NewInboxRow {
+        consumer: "billing",
+        message_id: id9,
+        payload: b"{}",
+        ..Default::default()
+    };
+    let pending = outbox::store::inbox::InboxState::Pending;
+    assert!(
+        !outbox::store::inbox::insert(db, &row, &pending)
+            .await
+            .unwrap()
+    );
+
+    // Down and up again keep the rows (the old key comes back while ids are unique per consumer,
+    // so the second `evt_1` goes first).
+    db.execute_unprepared("DELETE FROM inbox_event WHERE origin = 'psp-b'")
+        .await
+        .unwrap();
+    Migrator::down(db, Some(2)).await.unwrap();
+    assert_eq!(
+        old_release_insert(db, "billing", id9, b"{}").await.unwrap(),
+        0
+    );
+    Migrator::up(db, None).await.unwrap();
+    assert_eq!(inbox_rows(db, "billing").await.len(), 6);
+}
+
 backend_tests! {
     up_down => up_down_up;
     composed => composed_into_an_app_migrator;
+    upgrade => upgrade_keeps_rows_and_a_rolling_upgrade_working;
 }

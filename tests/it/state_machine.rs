@@ -1679,6 +1679,7 @@ impl InboxModel {
             aggregate_version: None,
             schema_version: Some(1),
             payload: b"{}",
+            ..NewInboxRow::default()
         };
         let behind = inbox_store::has_unfinished(&self.db, consumer, AGGREGATE_TYPE, aggregate)
             .await

@@ -135,7 +135,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0005` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0007` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -184,6 +184,9 @@ const TABLES: &[TableSpec] = &[
             "received_at",
             "processed_at",
             "last_error",
+            "origin",
+            "biz_key",
+            "headers",
         ],
     },
     TableSpec {

@@ -36,10 +36,11 @@ async fn items(db: &DatabaseConnection, sql: &'static str) -> Result<Vec<TableIt
         .collect()
 }
 
-/// The named indexes of `inbox_event` where the backend names its unique key's index too
-/// (PostgreSQL, MySQL).
-pub(crate) const INBOX_EVENT_INDEXES: [&str; 4] = [
-    "inbox_event_consumer_message_key",
+/// The named indexes of `inbox_event` once every migration ran (`outbox_0007` dropped the old
+/// `inbox_event_consumer_message_key`).
+pub(crate) const INBOX_EVENT_INDEXES: [&str; 5] = [
+    "inbox_event_message_key",
+    "inbox_event_business_key",
     "inbox_event_unfinished_idx",
     "inbox_event_aggregate_idx",
     "inbox_event_processed_at_idx",

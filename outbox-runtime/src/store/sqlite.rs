@@ -126,11 +126,7 @@ impl Backend for Sqlite {
                 "outbox_event_aggregate_unsent_idx",
                 "outbox_event_sent_at_idx",
             ],
-            "inbox_event" => &[
-                "inbox_event_unfinished_idx",
-                "inbox_event_aggregate_idx",
-                "inbox_event_processed_at_idx",
-            ],
+            "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
             _ => &[],
         }
     }

@@ -15,6 +15,7 @@ use sea_orm::{
 pub use outbox::store::Dialect;
 
 pub mod carts;
+pub mod http;
 #[cfg(all(feature = "postgres", feature = "nats", feature = "redis"))]
 pub mod netns;
 pub mod own_server;

@@ -1,0 +1,543 @@
+//! Webhooks received through the axum handler, on a real HTTP server with a real HTTP client,
+//! on PostgreSQL, MariaDB and SQLite: stored and committed before the `200`, each business
+//! effect once through duplicates, concurrent copies and the same business fact under a new id,
+//! retries to DEAD and an operator's replay, refused requests that store nothing, and a database
+//! outage answered `503` with nothing lost.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{LazyLock, Mutex},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use crate::common::http::{self as web, Answer, HttpClient};
+use crate::common::*;
+use futures::StreamExt;
+use outbox::admin::{self, Actor, Selector};
+use outbox::inbox::{ExternalInbox, InboxConfig};
+use outbox::prelude::*;
+use outbox::webhook::{Field, HmacSha256, Webhook};
+use serde::Deserialize;
+
+const SOURCE: &str = "psp-test";
+const CONSUMER: &str = "wh-payments";
+const SECRET: &[u8] = b"whsec_2f9c1e7a_test_only";
+
+/// A payment provider's event: not one of our `DomainEvent`s, just JSON.
+#[derive(Debug, Deserialize)]
+struct PaymentEvent {
+    data: Payment,
+}
+
+#[derive(Debug, Deserialize)]
+struct Payment {
+    payment_id: String,
+    customer: String,
+    amount: i64,
+}
+
+/// Injected handler failures, by customer (unique per test): how many attempts fail.
+static FAILURES: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
+
+fn fail_times(customer: &str, n: u32) {
+    FAILURES.lock().unwrap().insert(customer.to_owned(), n);
+}
+
+fn should_fail(customer: &str) -> bool {
+    match FAILURES.lock().unwrap().get_mut(customer) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// One effect row per handled payment, in the handler's transaction.
+#[inbox_handler(
+    consumer = "wh-payments",
+    source = "psp-test",
+    message_type = "payment.succeeded",
+    max_attempts = 3,
+    backoff = "10ms",
+    backoff_cap = "30ms"
+)]
+async fn payment_succeeded(
+    tx: &InboxTransaction,
+    message: Event<PaymentEvent>,
+) -> Result<(), HandlerError> {
+    if should_fail(&message.data.customer) {
+        return Err(HandlerError::retry("ledger unavailable (injected)"));
+    }
+    assert_eq!(message.meta().source, SOURCE);
+    assert_eq!(
+        message.meta().business_key.as_deref(),
+        Some(message.data.payment_id.as_str())
+    );
+    insert_effect(
+        tx,
+        message.id(),
+        &message.data.payment_id,
+        message.data.amount,
+    )
+    .await
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+fn event(id: &str, payment: &str, customer: &str, amount: i64) -> Vec<u8> {
+    serde_json::json!({
+        "id": id,
+        "type": "payment.succeeded",
+        "data": { "payment_id": payment, "customer": customer, "amount": amount }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The receiver under test: the runtime's worker, and the webhook served over HTTP.
+struct Receiver {
+    runtime: Runtime,
+    url: String,
+    server: tokio::task::JoinHandle<()>,
+    client: HttpClient,
+    signer: HmacSha256,
+}
+
+fn webhook(inbox: ExternalInbox) -> Webhook {
+    Webhook::new(inbox, CONSUMER, SOURCE, HmacSha256::new(SECRET))
+        .business_key(Field::json("/data/payment_id"))
+        .ordering_key(Field::json("/data/customer"))
+        .max_body_bytes(4096)
+}
+
+impl Receiver {
+    async fn start(t: &TestDb) -> Self {
+        Self::start_with(t, webhook).await
+    }
+
+    async fn start_with(t: &TestDb, configure: impl FnOnce(ExternalInbox) -> Webhook) -> Self {
+        let runtime = Runtime::builder(t.db.clone())
+            .consumers([CONSUMER])
+            .without_relay()
+            .inbox_config(InboxConfig {
+                poll_interval: Duration::from_millis(50),
+                ..InboxConfig::default()
+            })
+            .start()
+            .await
+            .unwrap();
+        let app = axum::Router::new().route(
+            "/hooks/payments",
+            outbox::webhook::axum::handler(configure(runtime.external_inbox())),
+        );
+        let (addr, server) = web::serve(app).await;
+        Receiver {
+            runtime,
+            url: format!("http://{addr}/hooks/payments"),
+            server,
+            client: web::client(),
+            signer: HmacSha256::new(SECRET),
+        }
+    }
+
+    /// Send `body` signed now, as the provider does.
+    async fn send(&self, body: Vec<u8>) -> Answer {
+        let headers = self.signer.sign(now(), &body);
+        web::post(&self.client, &self.url, &headers, body)
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        self.server.abort();
+        self.runtime.shutdown().await;
+    }
+}
+
+async fn effects_by_payment(t: &TestDb) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for effect in effects(&t.db).await {
+        *counts.entry(effect.cart).or_insert(0) += 1;
+    }
+    counts
+}
+
+async fn wait_for_effects(t: &TestDb, n: usize) {
+    let done = eventually(Duration::from_secs(90), || async {
+        effects(&t.db).await.len() >= n
+    })
+    .await;
+    assert!(
+        done,
+        "{} of {n} effects after 90 s",
+        effects(&t.db).await.len()
+    );
+}
+
+/// 1,000 deliveries, 30% of them copies of earlier ones, from 16 concurrent senders, and 50
+/// concurrent copies of one more message: every answer is a 200, each payment takes effect
+/// exactly once, and the inbox holds one DONE row per message.
+async fn each_effect_once_through_duplicates_and_concurrent_copies(t: TestDb) {
+    let receiver = Receiver::start(&t).await;
+    let tag = &t.name;
+    let unique = 700;
+    let mut deliveries: Vec<usize> = (0..unique).collect();
+    deliveries.extend((0..300).map(|i| (i * 7) % unique));
+    fastrand::shuffle(&mut deliveries);
+    let bodies: Vec<Vec<u8>> = deliveries
+        .iter()
+        .map(|i| {
+            event(
+                &format!("evt_{i}"),
+                &format!("pay-{tag}-{i}"),
+                &format!("cus-{tag}-{}", i % 20),
+                100 + *i as i64,
+            )
+        })
+        .collect();
+    let answers: Vec<Answer> = futures::stream::iter(bodies)
+        .map(|body| receiver.send(body))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let hot = event("evt_hot", &format!("pay-{tag}-hot"), "cus-hot", 1);
+    let copies: Vec<Answer> =
+        futures::future::join_all((0..50).map(|_| receiver.send(hot.clone()))).await;
+
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for answer in answers.iter().chain(&copies) {
+        assert_eq!(answer.status, 200, "{answer:?}");
+        *outcomes.entry(answer.outcome()).or_default() += 1;
+    }
+    assert_eq!(
+        outcomes,
+        BTreeMap::from([("duplicate".into(), 300 + 49), ("received".into(), 701)])
+    );
+    wait_for_effects(&t, unique + 1).await;
+    // Nothing more comes: give the worker a moment to show a second effect if it would.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counts = effects_by_payment(&t).await;
+    assert_eq!(counts.len(), unique + 1);
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    let rows = inbox_rows(&t.db, CONSUMER).await;
+    assert_eq!(rows.len(), unique + 1);
+    assert!(rows.iter().all(|r| r.status == "DONE"), "{rows:?}");
+    assert!(rows.iter().all(|r| r.source.as_deref() == Some(SOURCE)));
+    let stats = receiver.runtime.consumer_stats(CONSUMER).unwrap();
+    assert_eq!(stats.handled, (unique + 1) as u64);
+    receiver.stop().await;
+}
+
+/// A handler that keeps failing: RETRY with backoff, DEAD after `max_attempts`, then an
+/// operator's replay after the fix handles it once.
+async fn a_failing_handler_retries_dies_and_is_replayed(t: TestDb) {
+    let receiver = Receiver::start(&t).await;
+    let customer = format!("cus-{}-failing", t.name);
+    fail_times(&customer, 1_000);
+    let answer = receiver
+        .send(event("evt_f", &format!("pay-{}-f", t.name), &customer, 5))
+        .await;
+    assert_eq!(
+        (answer.status.as_u16(), answer.outcome()),
+        (200, "received".into())
+    );
+    let dead = eventually(Duration::from_secs(30), || async {
+        inbox_rows(&t.db, CONSUMER).await[0].status == "DEAD"
+    })
+    .await;
+    let row = inbox_rows(&t.db, CONSUMER).await.remove(0);
+    assert!(dead, "{row:?}");
+    assert_eq!(row.attempts, 3);
+    assert!(
+        row.last_error
+            .as_deref()
+            .unwrap()
+            .contains("ledger unavailable"),
+        "{row:?}"
+    );
+    assert!(effects(&t.db).await.is_empty());
+    let stats = receiver.runtime.consumer_stats(CONSUMER).unwrap();
+    assert_eq!((stats.retried, stats.dead), (2, 1));
+
+    // The operator sees it with the other dead letters, fixes the cause and replays it.
+    let letters = admin::dead_letters(&t.db, &Default::default(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].message_id, "evt_f");
+    fail_times(&customer, 0);
+    let report = admin::replay(
+        &t.db,
+        &Selector::Ids(vec![letters[0].target.clone()]),
+        &Actor::new("ops").reason("ledger is back"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.inbox, 1);
+    wait_for_effects(&t, 1).await;
+    let row = inbox_rows(&t.db, CONSUMER).await.remove(0);
+    assert_eq!(row.status, "DONE");
+    assert_eq!(effects(&t.db).await.len(), 1);
+    receiver.stop().await;
+}
+
+/// The two dedup layers: the same business fact under a new message id is recognised (answered
+/// `200 duplicate`, recorded and handled once); the same message id from another source is
+/// another message; the same id from the same source with other bytes is a conflict kept DEAD.
+async fn business_key_and_source_scoped_ids(t: TestDb) {
+    let receiver = Receiver::start(&t).await;
+    let payment = format!("pay-{}-1", t.name);
+    let first = receiver.send(event("evt_a", &payment, "cus-a", 10)).await;
+    assert_eq!(first.outcome(), "received");
+    let again = receiver.send(event("evt_b", &payment, "cus-a", 10)).await;
+    assert_eq!(
+        (again.status.as_u16(), again.outcome()),
+        (200, "duplicate".into())
+    );
+    let conflict = receiver.send(event("evt_a", &payment, "cus-a", 99)).await;
+    assert_eq!(
+        (conflict.status.as_u16(), conflict.outcome()),
+        (200, "conflict".into())
+    );
+
+    // Another source's `evt_a`, through its own endpoint.
+    let other = Webhook::new(
+        receiver.runtime.external_inbox(),
+        CONSUMER,
+        "psp-other",
+        HmacSha256::new(SECRET),
+    );
+    let app = axum::Router::new().route("/hooks/other", outbox::webhook::axum::handler(other));
+    let (addr, server) = web::serve(app).await;
+    let body = event("evt_a", "x-1", "cus-x", 1);
+    let answer = web::post(
+        &receiver.client,
+        &format!("http://{addr}/hooks/other"),
+        &receiver.signer.sign(now(), &body),
+        body,
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.outcome(), "received");
+
+    wait_for_effects(&t, 1).await;
+    let settled = eventually(Duration::from_secs(20), || async {
+        inbox_rows(&t.db, CONSUMER)
+            .await
+            .iter()
+            .all(|r| r.status == "DONE" || r.status == "DEAD")
+    })
+    .await;
+    assert!(settled);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rows = inbox_rows(&t.db, CONSUMER).await;
+    let summary: Vec<(String, Option<String>, String)> = rows
+        .iter()
+        .map(|r| {
+            let id = match r.message_id.split_once("#conflict-") {
+                Some((id, _)) => format!("{id}#conflict"),
+                None => r.message_id.clone(),
+            };
+            (id, r.source.clone(), r.status.clone())
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("evt_a".into(), Some(SOURCE.into()), "DONE".into()),
+            ("evt_a#conflict".into(), Some(SOURCE.into()), "DEAD".into()),
+            ("evt_a".into(), Some("psp-other".into()), "DEAD".into()),
+        ]
+    );
+    assert!(
+        rows[1]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("different payload")
+    );
+    assert!(
+        rows[2]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("no handler for external messages from `psp-other`"),
+        "{:?}",
+        rows[2]
+    );
+    assert_eq!(effects_by_payment(&t).await, BTreeMap::from([(payment, 1)]));
+    server.abort();
+    receiver.stop().await;
+}
+
+/// Requests that are not what they claim or cannot be read: the right status, a clear body,
+/// and nothing stored. A readable body that the handler cannot take is stored and ends DEAD
+/// with its bytes.
+async fn refused_requests_store_nothing(t: TestDb) {
+    let receiver = Receiver::start(&t).await;
+    let body = event("evt_r", "pay-r", "cus-r", 1);
+    let post = |headers: hyper::HeaderMap, body: Vec<u8>| {
+        let client = receiver.client.clone();
+        let url = receiver.url.clone();
+        async move { web::post(&client, &url, &headers, body).await.unwrap() }
+    };
+
+    let forged = HmacSha256::new(b"not-the-secret".to_vec()).sign(now(), &body);
+    let answer = post(forged, body.clone()).await;
+    assert_eq!(answer.status, 401, "{answer:?}");
+    assert!(answer.body.contains("no signature matches"), "{answer:?}");
+    assert!(!answer.body.contains("whsec"), "{answer:?}");
+
+    let stale = receiver.signer.sign(now() - 3600, &body);
+    let answer = post(stale, body.clone()).await;
+    assert_eq!(answer.status, 401);
+    assert!(
+        answer.body.contains("away from this server's clock"),
+        "{answer:?}"
+    );
+
+    let answer = post(hyper::HeaderMap::new(), body.clone()).await;
+    assert_eq!(answer.status, 401);
+    assert!(
+        answer.body.contains("`webhook-timestamp` is missing"),
+        "{answer:?}"
+    );
+
+    let big = event("evt_big", &"p".repeat(5000), "cus", 1);
+    let answer = post(receiver.signer.sign(now(), &big), big).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert!(answer.body.contains("at most 4096 bytes"), "{answer:?}");
+
+    let text = b"payment_id=pay-r&amount=1".to_vec();
+    let answer = post(receiver.signer.sign(now(), &text), text).await;
+    assert_eq!(answer.status, 400);
+    assert!(answer.body.contains("not JSON"), "{answer:?}");
+
+    let no_id =
+        br#"{"type":"payment.succeeded","data":{"payment_id":"p","customer":"c"}}"#.to_vec();
+    let answer = post(receiver.signer.sign(now(), &no_id), no_id).await;
+    assert_eq!(answer.status, 400);
+    assert!(answer.body.contains("no message id"), "{answer:?}");
+    assert!(inbox_rows(&t.db, CONSUMER).await.is_empty());
+
+    // JSON the handler's type cannot take (`amount` is text): stored, then DEAD with its bytes.
+    let odd = br#"{"id":"evt_odd","type":"payment.succeeded","data":{"payment_id":"pay-odd","customer":"c","amount":"ten"}}"#.to_vec();
+    let answer = receiver.send(odd.clone()).await;
+    assert_eq!(answer.outcome(), "received");
+    let dead = eventually(Duration::from_secs(20), || async {
+        inbox_rows(&t.db, CONSUMER).await[0].status == "DEAD"
+    })
+    .await;
+    let row = inbox_rows(&t.db, CONSUMER).await.remove(0);
+    assert!(dead, "{row:?}");
+    assert_eq!(row.payload, odd);
+    assert!(
+        row.last_error
+            .as_deref()
+            .unwrap()
+            .contains("does not match"),
+        "{row:?}"
+    );
+    assert!(effects(&t.db).await.is_empty());
+    receiver.stop().await;
+}
+
+backend_tests! {
+    effects_once => each_effect_once_through_duplicates_and_concurrent_copies;
+    retry_dead_replay => a_failing_handler_retries_dies_and_is_replayed;
+    dedup_layers => business_key_and_source_scoped_ids;
+    refused => refused_requests_store_nothing;
+}
+
+/// The database goes away under the receiver: requests are answered `503` with `Retry-After`
+/// (never a 200, never a 500) within the webhook's database timeout, nothing is stored, and
+/// once it is back the sender's retry is recorded and handled once.
+async fn database_down_answers_503_and_loses_nothing(t: TestDb) {
+    let customer = format!("cus-{}-down", t.name);
+    let body = event("evt_down", &format!("pay-{}-down", t.name), &customer, 7);
+    enum Outage {
+        /// The server's connections are cut.
+        Proxy(web::Proxy),
+        /// Another connection holds the file's write lock, as another process can.
+        Lock(sea_orm::DatabaseConnection),
+    }
+    let (receiver_db, outage) = match t.backend {
+        Backend::Postgres | Backend::MySql => {
+            let proxy = web::Proxy::start(web::server_of(&t.url)).await;
+            let db = connect(&web::through(&t.url, proxy.addr), 4).await.unwrap();
+            proxy.down();
+            (db, Outage::Proxy(proxy))
+        }
+        _ => {
+            // One connection, so that the COMMIT ends the transaction the BEGIN started.
+            let holder = connect(&t.url, 1).await.unwrap();
+            holder.execute_unprepared("BEGIN EXCLUSIVE").await.unwrap();
+            (t.connect_again().await, Outage::Lock(holder))
+        }
+    };
+    let receiver = Receiver::start_with(&t, |_| {
+        webhook(ExternalInbox::new(receiver_db.clone())).database_timeout(Duration::from_secs(2))
+    })
+    .await;
+    let answer = receiver.send(body.clone()).await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.retry_after.as_deref(), Some("5"));
+    assert!(answer.body.contains("try again later"), "{answer:?}");
+
+    // Back: the sender retries until it gets its 200.
+    match &outage {
+        Outage::Proxy(proxy) => proxy.up(),
+        Outage::Lock(holder) => {
+            holder.execute_unprepared("COMMIT").await.unwrap();
+        }
+    }
+    assert!(
+        inbox_rows(&t.db, CONSUMER).await.is_empty(),
+        "nothing stored while down"
+    );
+    let mut answer = receiver.send(body.clone()).await;
+    for _ in 0..20 {
+        if answer.status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        answer = receiver.send(body.clone()).await;
+    }
+    assert_eq!(answer.outcome(), "received", "{answer:?}");
+    wait_for_effects(&t, 1).await;
+    assert_eq!(inbox_rows(&t.db, CONSUMER).await[0].status, "DONE");
+    receiver.stop().await;
+    drop(outage);
+}
+
+mod database_down {
+    use super::*;
+
+    async fn run(backend: Backend, tag: &str) {
+        let test = backend_test_name(module_path!(), tag);
+        if let Some(t) = test_db(backend, &test).await {
+            database_down_answers_503_and_loses_nothing(t).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        run(Backend::Postgres, "pg").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        run(Backend::MySql, "my").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_file() {
+        run(Backend::SqliteFile, "lf").await;
+    }
+}
