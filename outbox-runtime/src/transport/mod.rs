@@ -53,6 +53,7 @@ pub const CONTENT_TYPE: &str = "application/cloudevents+json";
 
 /// The check every transport makes of its timeouts and intervals: none may be zero (a zero
 /// timeout fails every call, a zero interval spins).
+#[cfg(any(feature = "nats", feature = "rabbitmq", feature = "kafka"))]
 pub(crate) fn check_nonzero(
     transport: &'static str,
     settings: &[(&str, std::time::Duration)],
