@@ -209,10 +209,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     // The provider: 200 payments, 40 of them sent twice, one sent five times at once, one paid
     // again under a new event id, a forged signature and a body that is not JSON.
-    let client: Client = hyper_util::client::legacy::Client::builder(
-        hyper_util::rt::TokioExecutor::new(),
-    )
-    .build_http();
+    let client: Client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
     let signer = HmacSha256::new(SECRET);
     let mut bodies: Vec<Vec<u8>> = (1..=200)
         .map(|n| {
@@ -243,7 +242,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         results.push(answer?);
     }
     let forged = HmacSha256::new(b"a guess".to_vec());
-    results.push(send(&client, &endpoint, &forged, payment_event("evt_x", 1, "cus_1")).await?);
+    results.push(
+        send(
+            &client,
+            &endpoint,
+            &forged,
+            payment_event("evt_x", 1, "cus_1"),
+        )
+        .await?,
+    );
     results.push(send(&client, &endpoint, &signer, b"amount=10".to_vec()).await?);
     for (status, outcome) in &results {
         let key = match *status {
@@ -284,7 +291,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     let settled_payments = ledger::Entity::find().count(&db).await?;
     println!("\nledger: {settled_payments} payments settled, each once");
-    assert_eq!(settled_payments, 200, "every payment but the blocked one, once");
+    assert_eq!(
+        settled_payments, 200,
+        "every payment but the blocked one, once"
+    );
 
     server.abort();
     runtime.shutdown().await;

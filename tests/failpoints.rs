@@ -279,3 +279,121 @@ async fn janitor_dies_between_batches() {
     assert_eq!(second.outbox_deleted, 15);
     assert_eq!(count_events(&t.db).await, 0);
 }
+
+/// A payment provider's webhook body: JSON of its own.
+#[derive(Debug, serde::Deserialize)]
+struct Payment {
+    payment_id: String,
+}
+
+/// Webhook payments handled: one effect each.
+#[inbox_handler(
+    consumer = "fp-hooks",
+    source = "psp-fp",
+    message_type = "payment.succeeded"
+)]
+async fn record_payment(
+    tx: &InboxTransaction,
+    message: Event<Payment>,
+) -> Result<(), HandlerError> {
+    insert_effect(tx, message.id(), &message.payment_id, 1).await
+}
+
+/// The webhook receiver stops after the commit and before its answer (a `500` with `return`,
+/// a dropped connection with `panic`): the sender, seeing no 200, sends again, and the copy is
+/// answered `200 duplicate`. Each payment takes effect once. On PostgreSQL, and MariaDB and
+/// SQLite with their features.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_dies_after_commit_before_answer() {
+    use common::http as web;
+    use outbox::webhook::{HmacSha256, SignatureVerifier as _, Webhook};
+    let _turn = TURN.lock().await;
+    let mut backends = vec![(Backend::Postgres, "pg")];
+    #[cfg(feature = "mysql")]
+    backends.push((Backend::MySql, "my"));
+    #[cfg(feature = "sqlite")]
+    backends.push((Backend::SqliteFile, "lf"));
+    for (backend, tag) in backends {
+        let Some(t) = test_db(backend, &format!("fp_webhook_{tag}")).await else {
+            continue;
+        };
+        let runtime = Runtime::builder(t.db.clone())
+            .consumers(["fp-hooks"])
+            .without_relay()
+            .inbox_config(InboxConfig {
+                poll_interval: Duration::from_millis(50),
+                ..InboxConfig::default()
+            })
+            .start()
+            .await
+            .unwrap();
+        let secret = b"fp-secret".to_vec();
+        let webhook = Webhook::new(
+            runtime.external_inbox(),
+            "fp-hooks",
+            "psp-fp",
+            HmacSha256::new(secret.clone()),
+        );
+        let app = axum::Router::new().route("/hooks", outbox::webhook::axum::handler(webhook));
+        let (addr, server) = web::serve(app).await;
+        let url = format!("http://{addr}/hooks");
+        let client = web::client();
+        let signer = HmacSha256::new(secret);
+        let send = |id: &'static str| {
+            let body =
+                format!(r#"{{"id":"{id}","type":"payment.succeeded","payment_id":"pay-{id}"}}"#)
+                    .into_bytes();
+            let headers = signer.sign(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64,
+                &body,
+            );
+            assert!(
+                signer
+                    .verify(&headers, &body, std::time::SystemTime::now())
+                    .is_ok()
+            );
+            let (client, url) = (client.clone(), url.clone());
+            async move { web::post(&client, &url, &headers, body).await }
+        };
+
+        let scenario = FailScenario::setup();
+        for (id, action) in [("evt_return", "1*return"), ("evt_panic", "1*panic")] {
+            failpoints::cfg(failpoints::WEBHOOK_AFTER_COMMIT, action).unwrap();
+            let first = send(id).await;
+            match action {
+                "1*return" => {
+                    let answer = first.unwrap();
+                    assert_eq!(answer.status, 500, "{tag}: {answer:?}");
+                    assert!(answer.body.contains("after the commit"), "{answer:?}");
+                }
+                _ => assert!(first.is_err(), "{tag}: the connection dropped: {first:?}"),
+            }
+            // Committed already: the sender's retry is recognised.
+            let retry = send(id).await.unwrap();
+            assert_eq!(
+                (retry.status.as_u16(), retry.outcome()),
+                (200, "duplicate".to_owned()),
+                "{tag}: {retry:?}"
+            );
+        }
+        scenario.teardown();
+        let handled = eventually(Duration::from_secs(20), || async {
+            effects(&t.db).await.len() >= 2
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(handled, "{tag}: both payments handled");
+        let effects = effects(&t.db).await;
+        let mut payments: Vec<&str> = effects.iter().map(|e| e.cart.as_str()).collect();
+        payments.sort_unstable();
+        assert_eq!(payments, ["pay-evt_panic", "pay-evt_return"], "{tag}");
+        let rows = inbox_rows(&t.db, "fp-hooks").await;
+        assert_eq!(rows.len(), 2, "{tag}: {rows:?}");
+        assert!(rows.iter().all(|r| r.status == "DONE"), "{tag}: {rows:?}");
+        server.abort();
+        runtime.shutdown().await;
+    }
+}
