@@ -23,6 +23,8 @@
 //! - P5 claim latency and relay throughput with 10k and 10M SENT rows in the table, and the
 //!   runtime's memory with a 1M-event backlog.
 //! - P6 peer: sqlxmq spawning and completing trivial jobs on the same database.
+//! - P7 webhooks accepted per second (HTTP 200s, 16 concurrent senders) through the SDK's
+//!   webhook endpoint, against a bare axum handler inserting one row per request.
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`1000,5000`)
 //! narrow P3 down to some modes and offered loads.
@@ -39,6 +41,7 @@ mod p3;
 mod p4;
 mod p5;
 mod p6;
+mod p7;
 mod report;
 mod support;
 
@@ -47,7 +50,7 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 6] = ["p1", "p2", "p3", "p4", "p5", "p6"];
+const SCENARIOS: [&str; 7] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7"];
 
 #[derive(Debug)]
 struct Args {
@@ -123,6 +126,7 @@ async fn main() -> Result<(), BoxError> {
                 "p5" if run == 1 => p5::run(&ctx, args.runs).await,
                 "p5" => continue,
                 "p6" => p6::run(&ctx).await,
+                "p7" => p7::run(&ctx).await,
                 _ => unreachable!("checked when parsing"),
             };
             let got = got.map_err(|e| format!("{scenario} failed: {e}"))?;

@@ -175,6 +175,7 @@ pub(crate) fn build(
             "p4" => crate::p4::specs(),
             "p5" => crate::p5::specs(),
             "p6" => crate::p6::specs(),
+            "p7" => crate::p7::specs(),
             _ => Vec::new(),
         });
     }
