@@ -1,8 +1,9 @@
 //! Messages from outside: webhooks and other systems' messages, recorded first and handled by the
 //! consumer's worker.
 //!
-//! [`ExternalInbox::receive`] records an [`IncomingMessage`] as PENDING in one short transaction
-//! and says what it did ([`Receipt`]); only then may the caller answer the sender (HTTP 200, an
+//! [`ExternalInbox::receive`] records an [`IncomingMessage`] as PENDING in one statement, committed
+//! durably before it returns, and says what it did ([`Receipt`]); only then may the caller answer
+//! the sender (HTTP 200, an
 //! ack). It never runs a handler: the consumer's worker claims the row and runs the handler that
 //! `#[inbox_handler(consumer = "…", source = "…", message_type = "…")]` registered for it, with
 //! the same retries, DEAD and admin tooling as every other message. A crash after the commit and
@@ -28,7 +29,6 @@ use crate::{
     store::{
         self, Failure,
         inbox::{InboxState, MAX_KEY_CHARS, MAX_MESSAGE_ID_CHARS, NewInboxRow},
-        tx::begin_work,
     },
     util::text::truncate,
 };
@@ -318,21 +318,17 @@ impl ExternalInbox {
         &self.db
     }
 
-    /// Record `message` in its own short transaction, committed before this returns. A deadlock
-    /// or a busy database is tried again a few times.
+    /// Record `message`, committed before this returns: one `INSERT` that skips a taken key, on
+    /// its own (an atomic statement needs no transaction around it, and its commit waits for
+    /// the database's durable write, as the answer to the sender will rely on it), then, only if
+    /// a key was taken, the reads that say which. A deadlock or a busy database is tried again a
+    /// few times.
     pub async fn receive(&self, message: &IncomingMessage) -> Result<Receipt, ReceiveError> {
         message.validate()?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = async {
-                let txn = begin_work(&self.db).await?;
-                let receipt = record(&txn, message).await?;
-                txn.commit().await?;
-                Ok::<_, RecordError>(receipt)
-            }
-            .await;
-            match result {
+            match record(&self.db, message).await {
                 Ok(receipt) => {
                     self.after(message, &receipt);
                     return Ok(receipt);

@@ -18,17 +18,23 @@ use axum::{
     routing::{MethodRouter, post},
 };
 
+use std::sync::Arc;
+
 use super::{Webhook, WebhookResponse};
 
 /// A `POST` route for `webhook`, to mount at any path of any router.
 pub fn handler<S: Clone + Send + Sync + 'static>(webhook: Webhook) -> MethodRouter<S> {
-    post(receive).with_state(webhook)
+    post(receive).with_state(Arc::new(webhook))
 }
 
-/// The handler itself, for routers whose state is a [`Webhook`]: reads the body up to the
+/// The handler itself, for routers whose state is an `Arc<Webhook>`: reads the body up to the
 /// webhook's limit (refusing a larger one from its `Content-Length` before reading it), then
 /// answers what [`Webhook::handle`] says, only after the message is committed.
-pub async fn receive(State(webhook): State<Webhook>, headers: HeaderMap, body: Body) -> Response {
+pub async fn receive(
+    State(webhook): State<Arc<Webhook>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let limit = webhook.body_limit();
     let declared = headers
         .get(header::CONTENT_LENGTH)
