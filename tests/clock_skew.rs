@@ -482,6 +482,7 @@ async fn record(db: &DatabaseConnection, message_id: &str, clock: &str, state: I
         aggregate_version: None,
         schema_version: Some(1),
         payload: &payload,
+        ..NewInboxRow::default()
     };
     assert!(inbox_store::insert(db, &row, &state).await.unwrap());
 }

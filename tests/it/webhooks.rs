@@ -274,7 +274,7 @@ async fn a_failing_handler_retries_dies_and_is_replayed(t: TestDb) {
     fail_times(&customer, 0);
     let report = admin::replay(
         &t.db,
-        &Selector::Ids(vec![letters[0].target.clone()]),
+        &Selector::Ids(vec![letters[0].target]),
         &Actor::new("ops").reason("ledger is back"),
     )
     .await

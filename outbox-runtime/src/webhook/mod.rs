@@ -1,5 +1,5 @@
 //! Receiving webhooks: turn an HTTP request into an [`ExternalInbox::receive`] call and an
-//! answer, independent of any web framework (feature `webhook`; [`axum`](self::axum) has the
+//! answer, independent of any web framework (feature `webhook`; [`axum`] has the
 //! ready handler, feature `axum`).
 //!
 //! A [`Webhook`] checks a request in this order and answers:
