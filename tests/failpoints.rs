@@ -317,16 +317,7 @@ async fn webhook_dies_after_commit_before_answer() {
         let Some(t) = test_db(backend, &format!("fp_webhook_{tag}")).await else {
             continue;
         };
-        let runtime = Runtime::builder(t.db.clone())
-            .consumers(["fp-hooks"])
-            .without_relay()
-            .inbox_config(InboxConfig {
-                poll_interval: Duration::from_millis(50),
-                ..InboxConfig::default()
-            })
-            .start()
-            .await
-            .unwrap();
+        let runtime = worker_runtime(&t.db, ["fp-hooks"]).await;
         let secret = b"fp-secret".to_vec();
         let webhook = Webhook::new(
             runtime.external_inbox(),

@@ -27,6 +27,8 @@ const POSTGRES_UP: &[&str] =
 
 const MYSQL_UP: &[&str] = &["ALTER TABLE inbox_event DROP INDEX inbox_event_consumer_message_key"];
 
+// The table as `outbox_0002` and `outbox_0006` left it, without the old key: written out, since a
+// released migration never changes and must not depend on code that may.
 const SQLITE_UP: &[&str] = &[
     r#"CREATE TABLE inbox_event_rebuilt (
         id                INTEGER PRIMARY KEY AUTOINCREMENT,

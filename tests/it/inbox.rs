@@ -22,24 +22,6 @@ use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow};
 use outbox::transport::{OutgoingMessage, Transport, memory::MemoryTransport};
 use serde::{Deserialize, Serialize};
 
-/// Injected handler failures, keyed by cart (unique per test): how many attempts fail.
-static FAILURES: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
-
-fn fail_times(cart: &str, n: u32) {
-    FAILURES.lock().unwrap().insert(cart.to_owned(), n);
-}
-
-fn should_fail(cart: &str) -> bool {
-    let mut failures = FAILURES.lock().unwrap();
-    match failures.get_mut(cart) {
-        Some(n) if *n > 0 => {
-            *n -= 1;
-            true
-        }
-        _ => false,
-    }
-}
-
 async fn record(tx: &InboxTransaction, event: &Event<LineAdded>) -> Result<(), HandlerError> {
     record_line(tx, event).await
 }

@@ -5,8 +5,7 @@
 //! outage answered `503` with nothing lost.
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{LazyLock, Mutex},
+    collections::BTreeMap,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -14,7 +13,7 @@ use crate::common::http::{self as web, Answer, HttpClient};
 use crate::common::*;
 use futures::StreamExt;
 use outbox::admin::{self, Actor, Selector};
-use outbox::inbox::{ExternalInbox, InboxConfig};
+use outbox::inbox::ExternalInbox;
 use outbox::prelude::*;
 use outbox::webhook::{Field, HmacSha256, Webhook};
 use serde::Deserialize;
@@ -34,23 +33,6 @@ struct Payment {
     payment_id: String,
     customer: String,
     amount: i64,
-}
-
-/// Injected handler failures, by customer (unique per test): how many attempts fail.
-static FAILURES: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
-
-fn fail_times(customer: &str, n: u32) {
-    FAILURES.lock().unwrap().insert(customer.to_owned(), n);
-}
-
-fn should_fail(customer: &str) -> bool {
-    match FAILURES.lock().unwrap().get_mut(customer) {
-        Some(n) if *n > 0 => {
-            *n -= 1;
-            true
-        }
-        _ => false,
-    }
 }
 
 /// One effect row per handled payment, in the handler's transaction.
@@ -122,16 +104,7 @@ impl Receiver {
     }
 
     async fn start_with(t: &TestDb, configure: impl FnOnce(ExternalInbox) -> Webhook) -> Self {
-        let runtime = Runtime::builder(t.db.clone())
-            .consumers([CONSUMER])
-            .without_relay()
-            .inbox_config(InboxConfig {
-                poll_interval: Duration::from_millis(50),
-                ..InboxConfig::default()
-            })
-            .start()
-            .await
-            .unwrap();
+        let runtime = worker_runtime(&t.db, [CONSUMER]).await;
         let app = axum::Router::new().route(
             "/hooks/payments",
             outbox::webhook::axum::handler(configure(runtime.external_inbox())),

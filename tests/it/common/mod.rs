@@ -674,3 +674,42 @@ pub fn harness_selects(name: &str) -> bool {
     }
     true
 }
+
+/// Handler failures injected by the tests, keyed by a name unique to the test (a cart, a
+/// customer): how many of the next attempts fail.
+static FAILURES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, u32>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Make the next `n` attempts for `key` fail.
+pub fn fail_times(key: &str, n: u32) {
+    FAILURES.lock().unwrap().insert(key.to_owned(), n);
+}
+
+/// Whether this attempt for `key` fails (counting it down).
+pub fn should_fail(key: &str) -> bool {
+    match FAILURES.lock().unwrap().get_mut(key) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A runtime over `db` that runs only the workers of `consumers` (no relay, no transport),
+/// polling every 50 ms: what stores messages for them is the test's.
+pub async fn worker_runtime<const N: usize>(
+    db: &DatabaseConnection,
+    consumers: [&str; N],
+) -> outbox::Runtime {
+    outbox::Runtime::builder(db.clone())
+        .consumers(consumers)
+        .without_relay()
+        .inbox_config(outbox::InboxConfig {
+            poll_interval: Duration::from_millis(50),
+            ..outbox::InboxConfig::default()
+        })
+        .start()
+        .await
+        .unwrap()
+}
