@@ -9,7 +9,9 @@
 //! - unique `(consumer, origin, message_id)`: the physical redelivery key, so two senders that
 //!   both use `evt_1` do not collide;
 //! - unique `(consumer, event_type, biz_key)`: the same business fact under two message ids is
-//!   recorded once (rows without a business key are never equal: `NULL`s are distinct).
+//!   recorded once. Rows without a business key (every message of this SDK's producers) are
+//!   never equal; on PostgreSQL and SQLite the index leaves them out (a partial index), so they
+//!   cost it nothing.
 //!
 //! The old unique `(consumer, message_id)` stays until `outbox_0007`: processes of the previous
 //! release, which name it in their `ON CONFLICT`, keep working while this one rolls out.
@@ -29,7 +31,7 @@ const POSTGRES_UP: &[&str] = &[
     "ALTER TABLE inbox_event ADD COLUMN biz_key VARCHAR(255) NULL",
     "ALTER TABLE inbox_event ADD COLUMN headers TEXT NULL",
     "CREATE UNIQUE INDEX inbox_event_message_key ON inbox_event (consumer, origin, message_id)",
-    "CREATE UNIQUE INDEX inbox_event_business_key ON inbox_event (consumer, event_type, biz_key)",
+    "CREATE UNIQUE INDEX inbox_event_business_key ON inbox_event (consumer, event_type, biz_key) WHERE biz_key IS NOT NULL",
 ];
 
 const MYSQL_UP: &[&str] = &["ALTER TABLE inbox_event \
@@ -44,7 +46,7 @@ const SQLITE_UP: &[&str] = &[
     "ALTER TABLE inbox_event ADD COLUMN biz_key TEXT NULL",
     "ALTER TABLE inbox_event ADD COLUMN headers TEXT NULL",
     "CREATE UNIQUE INDEX inbox_event_message_key ON inbox_event (consumer, origin, message_id)",
-    "CREATE UNIQUE INDEX inbox_event_business_key ON inbox_event (consumer, event_type, biz_key)",
+    "CREATE UNIQUE INDEX inbox_event_business_key ON inbox_event (consumer, event_type, biz_key) WHERE biz_key IS NOT NULL",
 ];
 
 // Undone only while every message id is unique per consumer again (`outbox_0007` undone first).

@@ -74,7 +74,7 @@ const SQLITE_UP: &[&str] = &[
     "CREATE INDEX inbox_event_aggregate_idx ON inbox_event (consumer, aggregate_type, aggregate_id, id) WHERE status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')",
     "CREATE INDEX inbox_event_processed_at_idx ON inbox_event (processed_at) WHERE status IN ('DONE', 'IGNORED')",
     "CREATE UNIQUE INDEX inbox_event_message_key ON inbox_event (consumer, origin, message_id)",
-    "CREATE UNIQUE INDEX inbox_event_business_key ON inbox_event (consumer, event_type, biz_key)",
+    "CREATE UNIQUE INDEX inbox_event_business_key ON inbox_event (consumer, event_type, biz_key) WHERE biz_key IS NOT NULL",
 ];
 
 // Undone only while every message id is unique per consumer.
