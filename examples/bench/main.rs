@@ -13,7 +13,7 @@
 //! - P2 relay throughput PostgreSQL → JetStream with 1, 2 and 4 relays, against a raw claim+mark
 //!   loop, raw pipelined publishing and a hand-written relay; and what a running relay (the SDK's
 //!   or the hand-written one) costs 16 producing clients.
-//! - P3 end-to-end latency, commit → handler committed, at 1k/s and 5k/s, wake-ups on and
+//! - P3 end-to-end latency, commit → handler committed, at 200/s, 1k/s and 5k/s, wake-ups on and
 //!   polling only, against a hand-written pipeline (commit, publish, consume, commit), and the
 //!   relay's share against a hand-written relay.
 //! - P4 inbox throughput against raw commits of the same effect row at the same concurrency.
@@ -26,7 +26,7 @@
 //! - P7 webhooks accepted per second (HTTP 200s, 16 concurrent senders) through the SDK's
 //!   webhook endpoint, against a bare axum handler inserting one row per request.
 //!
-//! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`1000,5000`)
+//! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
 //! narrow P3 down to some modes and offered loads.
 //!
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/outbox_bench`, created if

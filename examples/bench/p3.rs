@@ -1,4 +1,4 @@
-//! P3 end-to-end latency, commit → handler committed, at two offered loads, with wake-ups on
+//! P3 end-to-end latency, commit → handler committed, at three offered loads, with wake-ups on
 //! (the cross-process `NOTIFY` path) and with polling only, against a hand-written pipeline
 //! (commit an order, publish it to JetStream, consume it, commit the effect).
 
@@ -109,8 +109,12 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     };
     for rate in rates {
         for &mode in &modes {
-            let latencies = measure(ctx, mode, rate).await?;
+            let (latencies, stages) = measure(ctx, mode, rate).await?;
             let key = format!("p3.{}.r{rate}", mode.key());
+            for (stage, p50, p99) in stages {
+                out.push(m(format!("{key}.{stage}.p50"), p50, "ms"));
+                out.push(m(format!("{key}.{stage}.p99"), p99, "ms"));
+            }
             out.push(m(format!("{key}.p50"), ms(quantile(&latencies, 0.5)), "ms"));
             out.push(m(
                 format!("{key}.p99"),
@@ -134,9 +138,58 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
+/// The stages of the SDK's pipeline, from its own timestamps (the database's clock): the event's
+/// `created_at` (its INSERT, right before the producer's COMMIT) to its `sent_at` (the relay's
+/// mark, after the broker's confirmation), and to the consumer's `received_at` (its inbox row,
+/// written in the handler's transaction). p50 and p99 in milliseconds, over every event of the
+/// run.
+async fn stages(ctx: &Ctx) -> Result<Vec<(&'static str, f64, f64)>, BoxError> {
+    let row = ctx
+        .db
+        .query_one_raw(outbox::sea_orm::Statement::from_string(
+            outbox::sea_orm::DbBackend::Postgres,
+            format!(
+                "SELECT {sent}, {received} FROM outbox_event o JOIN inbox_event i \
+                 ON i.consumer = '{CONSUMER}' AND i.message_id = o.event_id::text",
+                sent = quantiles("o.sent_at - o.created_at", "sent"),
+                received = quantiles("i.received_at - o.created_at", "received"),
+            ),
+        ))
+        .await?
+        .ok_or("no stage timestamps")?;
+    let get = |column: &str| -> Result<f64, BoxError> {
+        Ok(row.try_get::<Option<f64>>("", column)?.unwrap_or(f64::NAN))
+    };
+    Ok(vec![
+        ("insert_to_sent", get("sent_p50")?, get("sent_p99")?),
+        (
+            "insert_to_received",
+            get("received_p50")?,
+            get("received_p99")?,
+        ),
+    ])
+}
+
+/// `percentile_cont` p50 and p99 of an interval, in milliseconds, as `{name}_p50`, `{name}_p99`.
+fn quantiles(interval: &str, name: &str) -> String {
+    let q = |p: f64| {
+        format!(
+            "percentile_cont({p}) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})) * 1000 \
+             AS {name}_p{}",
+            (p * 100.0) as u32
+        )
+    };
+    format!("{}, {}", q(0.5), q(0.99))
+}
+
 /// Offer `rate` orders per second for the warm-up and the window; the sorted latencies, in
-/// microseconds, of the orders committed after the warm-up.
-async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError> {
+/// microseconds, of the orders committed after the warm-up, and for the whole SDK pipeline its
+/// stages.
+async fn measure(
+    ctx: &Ctx,
+    mode: Mode,
+    rate: u64,
+) -> Result<(Vec<u64>, Vec<(&'static str, f64, f64)>), BoxError> {
     ctx.reset().await?;
     HANDLED.lock().unwrap_or_else(|p| p.into_inner()).clear();
     let transport = Arc::new(ctx.transport("bench_p3").await?);
@@ -148,6 +201,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
 
     let committed: Vec<(i64, Instant)>;
     let handled: HashMap<i64, Instant>;
+    let mut stage_times = Vec::new();
     match mode {
         Mode::ConsumerOnly => {
             let runtime = Runtime::builder(ctx.db.clone())
@@ -228,6 +282,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
             if stats.dead > 0 || stats.handled as usize != committed.len() {
                 return Err(format!("the consumer ended with {stats:?}").into());
             }
+            stage_times = stages(ctx).await?;
         }
         Mode::Raw => {
             let seen: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
@@ -257,7 +312,7 @@ async fn measure(ctx: &Ctx, mode: Mode, rate: u64) -> Result<Vec<u64>, BoxError>
         .map(|(id, at)| handled[id].saturating_duration_since(*at).as_micros() as u64)
         .collect();
     latencies.sort_unstable();
-    Ok(latencies)
+    Ok((latencies, stage_times))
 }
 
 /// The hand-written producer: commit the order, then publish it and wait for JetStream's ack,
@@ -460,14 +515,14 @@ async fn raw_consumer(
 }
 
 pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
-    let [low, high] = ctx.sizes.p3_rates;
+    let [lowest, low, high] = ctx.sizes.p3_rates;
     let mut specs = Vec::new();
-    for rate in [low, high] {
+    for rate in [lowest, low, high] {
         for (q, label) in [("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")] {
-            let target = match (rate == low, q) {
-                (true, "p50") => Some(3.0),
-                (true, "p99") => Some(15.0),
-                (false, "p99") => Some(30.0),
+            let target = match (rate, q) {
+                (r, "p50") if r == low => Some(3.0),
+                (r, "p99") if r == low => Some(15.0),
+                (r, "p99") if r == high => Some(30.0),
                 _ => None,
             };
             let mut row = spec(
@@ -529,6 +584,18 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
                 )
                 .against(format!("wake-ups {label}"), format!("p3.wake.r{rate}.{q}")),
             );
+        }
+        for (stage, what) in [
+            ("insert_to_sent", "event INSERT → SENT mark"),
+            ("insert_to_received", "event INSERT → consumer's inbox row"),
+        ] {
+            for q in ["p50", "p99"] {
+                specs.push(spec(
+                    "P3",
+                    format!("… stage {what} {q}, {rate}/s, wake-ups"),
+                    format!("p3.wake.r{rate}.{stage}.{q}"),
+                ));
+            }
         }
     }
     specs

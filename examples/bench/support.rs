@@ -30,7 +30,7 @@ pub(crate) struct Sizes {
     /// How long each P3 load runs, after a warm-up.
     pub(crate) p3_window: Duration,
     /// Offered loads of P3, events per second.
-    pub(crate) p3_rates: [u64; 2],
+    pub(crate) p3_rates: [u64; 3],
     /// Messages handled in P4.
     pub(crate) p4_messages: u64,
     /// SENT rows in the small and large P5 tables.
@@ -50,7 +50,7 @@ impl Sizes {
             p2_events: 200_000,
             p2_window: Duration::from_secs(5),
             p3_window: Duration::from_secs(10),
-            p3_rates: [1_000, 5_000],
+            p3_rates: [200, 1_000, 5_000],
             p4_messages: 50_000,
             p5_sent: [10_000, 10_000_000],
             p5_events: 50_000,
@@ -65,7 +65,7 @@ impl Sizes {
             p2_events: 2_000,
             p2_window: Duration::from_millis(500),
             p3_window: Duration::from_secs(1),
-            p3_rates: [100, 300],
+            p3_rates: [50, 100, 300],
             p4_messages: 1_000,
             p5_sent: [1_000, 20_000],
             p5_events: 1_000,
