@@ -359,7 +359,15 @@ async fn survives_a_20s_broker_outage(
         .recovered_at
         .map(|at| at - killed_at)
         .expect("a publish was confirmed after the restart");
-    assert_eq!(attempts, 0, "the outage spent attempts on the events");
+    let errors: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r.attempts > 0)
+        .filter_map(|r| r.last_error.as_deref())
+        .collect();
+    assert_eq!(
+        attempts, 0,
+        "the outage spent attempts on the events: {errors:?}"
+    );
     assert_eq!(watched.max_attempts, 0, "an unsent row counted an attempt");
     assert!(
         OUTAGE > retry_budget(),
