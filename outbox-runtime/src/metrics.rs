@@ -192,16 +192,9 @@ pub(crate) fn inbox(consumer: &'static str, outcome: &'static str) {
     counter!(INBOX_MESSAGES, "consumer" => consumer, "outcome" => outcome).increment(1);
 }
 
-/// An external message received for `consumer`: `new`, `duplicate`, `same_business_fact` or
-/// `conflict` (counted under the same metric as every inbox message, with `received_` before
-/// the outcome).
+/// An external message received for `consumer`, counted under the same metric as every inbox
+/// message (`outcome`: `received_new`, `received_duplicate`, …).
 pub(crate) fn inbox_received(consumer: &str, outcome: &'static str) {
-    let outcome = match outcome {
-        "new" => "received_new",
-        "duplicate" => "received_duplicate",
-        "same_business_fact" => "received_same_business_fact",
-        _ => "received_conflict",
-    };
     counter!(INBOX_MESSAGES, "consumer" => consumer.to_owned(), "outcome" => outcome).increment(1);
 }
 

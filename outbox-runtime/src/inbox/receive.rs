@@ -231,6 +231,16 @@ impl Receipt {
             Receipt::Conflict { .. } => "conflict",
         }
     }
+
+    /// The `outcome` label of `inbox_messages_total` for this receipt.
+    fn metric_outcome(&self) -> &'static str {
+        match self {
+            Receipt::New => "received_new",
+            Receipt::Duplicate { .. } => "received_duplicate",
+            Receipt::SameBusinessFact { .. } => "received_same_business_fact",
+            Receipt::Conflict { .. } => "received_conflict",
+        }
+    }
 }
 
 /// Why a message was not recorded. Nothing was stored; the sender should be told to try again
@@ -359,7 +369,7 @@ impl ExternalInbox {
     }
 
     fn after(&self, message: &IncomingMessage, receipt: &Receipt) {
-        crate::metrics::inbox_received(&message.consumer, receipt.as_str());
+        crate::metrics::inbox_received(&message.consumer, receipt.metric_outcome());
         match receipt {
             Receipt::New => {
                 if let Some(wake) = self.wakes.get(message.consumer.as_str()) {

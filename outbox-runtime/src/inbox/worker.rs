@@ -223,11 +223,22 @@ fn external_envelope(message: &ClaimedMessage) -> Result<Envelope, String> {
                 message.origin
             )
         })?;
-    let headers: std::collections::BTreeMap<String, String> = message
+    let headers: serde_json::Map<String, serde_json::Value> = message
         .headers
         .as_deref()
         .and_then(|h| serde_json::from_str(h).ok())
         .unwrap_or_default();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    };
+    let (data_content_type, traceparent, tracestate) = (
+        header("content-type"),
+        header("traceparent"),
+        header("tracestate"),
+    );
     let mut extensions = std::collections::BTreeMap::new();
     if let Some(key) = &message.biz_key {
         extensions.insert(
@@ -238,7 +249,7 @@ fn external_envelope(message: &ClaimedMessage) -> Result<Envelope, String> {
     if !headers.is_empty() {
         extensions.insert(
             super::HEADERS_EXTENSION.to_owned(),
-            serde_json::to_value(&headers).unwrap_or_default(),
+            serde_json::Value::Object(headers),
         );
     }
     Ok(Envelope {
@@ -250,14 +261,14 @@ fn external_envelope(message: &ClaimedMessage) -> Result<Envelope, String> {
         event_type: message_type,
         subject: message.aggregate_id.clone(),
         time: None,
-        data_content_type: headers.get("content-type").cloned(),
+        data_content_type,
         data_schema: None,
         data: Some(data),
         aggregate_type: None,
         aggregate_version: None,
         schema_version: None,
-        traceparent: headers.get("traceparent").cloned(),
-        tracestate: headers.get("tracestate").cloned(),
+        traceparent,
+        tracestate,
         extensions,
     })
 }

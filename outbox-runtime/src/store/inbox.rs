@@ -113,8 +113,8 @@ fn row_values(row: &NewInboxRow<'_>) -> [Value; 12] {
         truncate(row.origin, MAX_KEY_CHARS).into(),
         row.biz_key.map(|s| truncate(s, MAX_KEY_CHARS)).into(),
         row.headers.map(str::to_owned).into(),
-        row.event_type.map(|s| truncate(s, 255)).into(),
-        row.source.map(|s| truncate(s, 255)).into(),
+        row.event_type.map(|s| truncate(s, MAX_KEY_CHARS)).into(),
+        row.source.map(|s| truncate(s, MAX_KEY_CHARS)).into(),
         row.aggregate_type.map(|s| truncate(s, 128)).into(),
         row.aggregate_id.map(|s| truncate(s, 255)).into(),
         row.aggregate_version.into(),
@@ -123,14 +123,30 @@ fn row_values(row: &NewInboxRow<'_>) -> [Value; 12] {
     ]
 }
 
-/// `INSERT` of `rows` that skips the `(consumer, origin, message_id)` already recorded, optionally
-/// `RETURNING` the message ids it inserted (where the dialect can).
+/// Which conflicts an `INSERT` of inbox rows skips.
+#[derive(Clone, Copy)]
+enum Skip {
+    /// A row whose `(consumer, origin, message_id)` is recorded.
+    MessageKey,
+    /// A row that meets any unique key (an external message: its business key too).
+    AnyKey,
+}
+
+/// `INSERT` of `rows` that skips the rows `skip` names, optionally `RETURNING` the message ids
+/// it inserted (where the dialect can).
 fn insert_statement(
     dialect: Dialect,
     rows: &[(&NewInboxRow<'_>, &InboxState)],
+    skip: Skip,
     returning: bool,
 ) -> sea_orm::Statement {
-    let (insert, on_conflict) = dialect.insert_skipping(MESSAGE_KEY);
+    let (insert, on_conflict) = match skip {
+        Skip::MessageKey => dialect.insert_skipping(MESSAGE_KEY),
+        Skip::AnyKey => {
+            let (insert, tail) = dialect.insert_skipping_any();
+            (insert, tail.map(str::to_owned))
+        }
+    };
     let mut sql = Sql::new(dialect);
     sql.push(insert).push(INBOX_TABLE).push(&format!(
         " ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, received_at, \
@@ -167,7 +183,7 @@ pub async fn insert<C: ConnectionTrait>(
     row: &NewInboxRow<'_>,
     state: &InboxState,
 ) -> Result<bool, DbErr> {
-    let statement = insert_statement(Dialect::of(conn), &[(row, state)], false);
+    let statement = insert_statement(Dialect::of(conn), &[(row, state)], Skip::MessageKey, false);
     Ok(conn.execute_raw(statement).await?.rows_affected() == 1)
 }
 
@@ -194,7 +210,7 @@ pub async fn insert_many<C: ConnectionTrait>(
             chunk.iter().map(|(row, state)| (row, state)).collect();
         let mut returned: std::collections::HashSet<String> = std::collections::HashSet::new();
         for row in conn
-            .query_all_raw(insert_statement(dialect, &pairs, true))
+            .query_all_raw(insert_statement(dialect, &pairs, Skip::MessageKey, true))
             .await?
         {
             returned.insert(row.try_get("", "message_id")?);
@@ -353,22 +369,13 @@ pub async fn insert_external<C: ConnectionTrait>(
     conn: &C,
     row: &NewInboxRow<'_>,
 ) -> Result<bool, DbErr> {
-    let dialect = Dialect::of(conn);
-    let (insert, on_conflict) = dialect.insert_skipping_any();
-    let state = state_columns(&InboxState::Pending);
-    let mut sql = Sql::new(dialect);
-    sql.push(insert).push(INBOX_TABLE).push(&format!(
-        " ({ROW_COLUMNS}, status, attempts, received_at) VALUES "
-    ));
-    sql.bind_list(row_values(row).into_iter().map(Arg::from).chain([
-        Value::from(state.status.as_str().to_owned()).into(),
-        Value::from(i64::from(state.attempts)).into(),
-        DbTime::NOW.into(),
-    ]));
-    if let Some(on_conflict) = on_conflict {
-        sql.push(on_conflict);
-    }
-    Ok(conn.execute_raw(sql.build()).await?.rows_affected() == 1)
+    let statement = insert_statement(
+        Dialect::of(conn),
+        &[(row, &InboxState::Pending)],
+        Skip::AnyKey,
+        false,
+    );
+    Ok(conn.execute_raw(statement).await?.rows_affected() == 1)
 }
 
 /// The message recorded first for a business fact: its origin and message id.

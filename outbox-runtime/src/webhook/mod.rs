@@ -236,7 +236,13 @@ impl Webhook {
     /// Keep this header with each message (handlers see it in `EventMeta::headers`).
     /// Credentials (`authorization`, cookies) and the signature's headers are never kept.
     pub fn keep_header(mut self, name: HeaderName) -> Self {
-        self.keep_headers.push(name);
+        let signature_header = self
+            .verifier
+            .as_ref()
+            .is_some_and(|v| v.header_names().contains(&name));
+        if !NEVER_KEPT.contains(&name.as_str()) && !signature_header {
+            self.keep_headers.push(name);
+        }
         self
     }
 
@@ -345,15 +351,7 @@ impl Webhook {
         if let Some(field) = &self.ordering_key {
             message.ordering_key = Some(read("ordering key", field)?);
         }
-        let secret_headers = self
-            .verifier
-            .as_ref()
-            .map(|v| v.header_names())
-            .unwrap_or_default();
         for name in &self.keep_headers {
-            if NEVER_KEPT.contains(&name.as_str()) || secret_headers.contains(name) {
-                continue;
-            }
             if let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) {
                 message = message.header(name.as_str(), value);
             }
