@@ -23,6 +23,11 @@ pub use fail::{FailScenario, cfg, list, remove};
 pub const RELAY_AFTER_CLAIM: &str = "outbox::relay::after_claim";
 /// The broker confirmed the events; the relay has not marked them SENT.
 pub const RELAY_AFTER_PUBLISH: &str = "outbox::relay::after_publish";
+/// A transaction committed events the relay's fast path owns (PROCESSING, leased to it); the
+/// fast path has not published them.
+pub const FAST_PATH_AFTER_COMMIT: &str = "outbox::fast_path::after_commit";
+/// The broker confirmed the fast path's events; they are not marked SENT.
+pub const FAST_PATH_AFTER_PUBLISH: &str = "outbox::fast_path::after_publish";
 /// A handler returned `Ok`; its transaction (effects, inbox row, follow-up events) is not
 /// committed.
 pub const INBOX_AFTER_HANDLER: &str = "outbox::inbox::after_handler";
@@ -36,9 +41,11 @@ pub const WEBHOOK_AFTER_COMMIT: &str = "outbox::webhook::after_commit";
 pub const JANITOR_BETWEEN_BATCHES: &str = "outbox::janitor::between_batches";
 
 /// Every failpoint, for harnesses that arm them in turn.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 9] = [
     RELAY_AFTER_CLAIM,
     RELAY_AFTER_PUBLISH,
+    FAST_PATH_AFTER_COMMIT,
+    FAST_PATH_AFTER_PUBLISH,
     INBOX_AFTER_HANDLER,
     INBOX_AFTER_COMMIT,
     INBOX_STORE_RETRY,

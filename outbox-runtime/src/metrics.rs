@@ -6,6 +6,7 @@
 //! |---|---|---|---|
 //! | `outbox_events_written_total` | counter | | event rows written at commit |
 //! | `outbox_events_published_total` | counter | `transport` | events the broker confirmed (marked SENT) |
+//! | `outbox_fast_path_events_total` | counter | `transport` | events a commit handed to the relay's fast path (published right after commit; the rest go through the claim loop) |
 //! | `outbox_publish_failures_total` | counter | `transport` | failed publishes (RETRY or DEAD) |
 //! | `outbox_events_dead_total` | counter | | outbox events that went DEAD |
 //! | `outbox_stale_claims_total` | counter | | relay writes fenced off (lease taken over) |
@@ -31,6 +32,8 @@ use metrics::{
 pub const EVENTS_WRITTEN: &str = "outbox_events_written_total";
 /// Events confirmed by the broker.
 pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
+/// Events handed to the fast path at commit.
+pub const FAST_PATH_EVENTS: &str = "outbox_fast_path_events_total";
 /// Failed publishes.
 pub const PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
 /// Outbox events that went DEAD.
@@ -71,6 +74,11 @@ pub fn describe() {
         EVENTS_WRITTEN,
         Unit::Count,
         "Outbox event rows written at commit"
+    );
+    describe_counter!(
+        FAST_PATH_EVENTS,
+        Unit::Count,
+        "Events a commit handed to the relay's fast path"
     );
     describe_counter!(
         EVENTS_PUBLISHED,
@@ -135,6 +143,10 @@ pub fn describe() {
 
 pub(crate) fn events_written(n: usize) {
     counter!(EVENTS_WRITTEN).increment(n as u64);
+}
+
+pub(crate) fn fast_path_events(transport: &'static str, events: usize) {
+    counter!(FAST_PATH_EVENTS, "transport" => transport).increment(events as u64);
 }
 
 pub(crate) fn relay_round(

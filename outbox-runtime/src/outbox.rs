@@ -2,12 +2,18 @@
 
 use std::{
     fmt,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use sea_orm::{ConnectionTrait, DatabaseConnection};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use uuid::Uuid;
+
+use crate::store::{outbox::FastClaim, relay::ClaimedEvent};
 
 /// Default PostgreSQL channel relays `LISTEN` on.
 pub const DEFAULT_NOTIFY_CHANNEL: &str = "outbox_event";
@@ -38,6 +44,8 @@ pub(crate) struct Inner {
     pub(crate) sqlite_immediate: bool,
     wake: watch::Sender<u64>,
     notify: Option<CrossProcessHint>,
+    /// The fast path of the relay running on this handle, if one does.
+    fast: RwLock<Option<Arc<FastPath>>>,
 }
 
 impl fmt::Debug for Outbox {
@@ -121,6 +129,7 @@ impl OutboxBuilder {
                 sqlite_immediate: self.sqlite_immediate,
                 wake,
                 notify,
+                fast: RwLock::new(None),
             }),
         }
     }
@@ -175,6 +184,40 @@ impl Outbox {
     pub fn subscribe(&self) -> WakeReceiver {
         WakeReceiver {
             rx: self.inner.wake.subscribe(),
+        }
+    }
+
+    /// Whether a relay's fast path runs on this handle: its commits are then published right
+    /// after COMMIT by that relay (see [`RelayConfig::fast_path`]).
+    ///
+    /// [`RelayConfig::fast_path`]: crate::relay::RelayConfig::fast_path
+    pub fn fast_path_running(&self) -> bool {
+        let slot = self.inner.fast.read().unwrap_or_else(|p| p.into_inner());
+        slot.is_some()
+    }
+
+    /// The relay's fast path, when one runs on this handle and takes events now.
+    pub(crate) fn fast_path(&self) -> Option<Arc<FastPath>> {
+        let slot = self.inner.fast.read().unwrap_or_else(|p| p.into_inner());
+        slot.as_ref().filter(|f| f.available()).cloned()
+    }
+
+    /// Let commits hand their events to `fast`; `false` when another relay's fast path already
+    /// runs on this handle.
+    pub(crate) fn install_fast_path(&self, fast: Arc<FastPath>) -> bool {
+        let mut slot = self.inner.fast.write().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(fast);
+        true
+    }
+
+    /// Commits stop handing events to the fast path with `token`.
+    pub(crate) fn remove_fast_path(&self, token: Uuid) {
+        let mut slot = self.inner.fast.write().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|f| f.token == token) {
+            *slot = None;
         }
     }
 
@@ -249,5 +292,85 @@ async fn send_hint(db: DatabaseConnection, sql: String, delay: Duration) {
     }
     if let Err(e) = db.execute_unprepared(&sql).await {
         tracing::debug!(error = %e, "outbox wake-up hint (NOTIFY) failed; relays fall back to polling");
+    }
+}
+
+/// A relay's fast path as commits see it: they write their events already claimed by it (see
+/// `store::outbox::FastClaim`) and, after COMMIT, hand the rows they own over to it.
+#[derive(Debug)]
+pub(crate) struct FastPath {
+    /// Stored in `locked_by`.
+    pub(crate) owner: String,
+    /// The fencing token of every row the fast path owns.
+    pub(crate) token: Uuid,
+    /// How long a commit's rows stay leased to it.
+    pub(crate) lease: Duration,
+    handoff: mpsc::UnboundedSender<Handoff>,
+    /// The relay's breaker is open: commits write their events PENDING.
+    broker_down: Arc<AtomicBool>,
+    /// Events handed over and not yet taken up.
+    queued: AtomicUsize,
+    /// Above this many queued events, commits write PENDING and leave them to the relay.
+    max_queued: usize,
+}
+
+/// Events a commit owns, handed to the fast path.
+#[derive(Debug)]
+pub(crate) struct Handoff {
+    /// In id order.
+    pub(crate) events: Vec<ClaimedEvent>,
+    /// When the transaction committed, by this process's monotonic clock.
+    pub(crate) committed: Instant,
+}
+
+impl FastPath {
+    /// A fast path and the receiving end of its handoffs.
+    pub(crate) fn new(
+        owner: String,
+        lease: Duration,
+        broker_down: Arc<AtomicBool>,
+        max_queued: usize,
+    ) -> (Arc<FastPath>, mpsc::UnboundedReceiver<Handoff>) {
+        let (handoff, receiver) = mpsc::unbounded_channel();
+        let fast = FastPath {
+            owner,
+            token: Uuid::new_v4(),
+            lease,
+            handoff,
+            broker_down,
+            queued: AtomicUsize::new(0),
+            max_queued,
+        };
+        (Arc::new(fast), receiver)
+    }
+
+    fn available(&self) -> bool {
+        !self.broker_down.load(Ordering::Relaxed)
+            && self.queued.load(Ordering::Relaxed) < self.max_queued
+            && !self.handoff.is_closed()
+    }
+
+    /// The claim a commit's INSERT writes.
+    pub(crate) fn claim(&self) -> FastClaim<'_> {
+        FastClaim {
+            owner: &self.owner,
+            token: self.token,
+            lease: self.lease,
+        }
+    }
+
+    /// Hand committed events over; gives them back when the fast path has stopped.
+    pub(crate) fn hand_over(&self, handoff: Handoff) -> Result<(), Handoff> {
+        let n = handoff.events.len();
+        self.queued.fetch_add(n, Ordering::Relaxed);
+        self.handoff.send(handoff).map_err(|e| {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            e.0
+        })
+    }
+
+    /// The fast path took `n` handed-over events up.
+    pub(crate) fn taken(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::Relaxed);
     }
 }

@@ -21,7 +21,7 @@ use crate::{
     envelope::{RESERVED_ATTRIBUTES, is_valid_extension_name},
     error::{EnqueueError, OutboxError, TransactionError},
     event::{DomainEvent, EventId},
-    outbox::Outbox,
+    outbox::{Handoff, Outbox},
     store,
     trace::TraceContext,
 };
@@ -387,6 +387,13 @@ impl OutboxTransaction {
             });
         }
 
+        // The relay's fast path, when one runs on this handle: the INSERT writes the events
+        // already claimed by it, and they are handed over after COMMIT.
+        let fast = if events.is_empty() {
+            None
+        } else {
+            self.outbox.fast_path()
+        };
         let outcome = if events.is_empty() {
             if !after_commit.is_empty() && store::Dialect::of(&self.txn).commit_hides_abort() {
                 // PostgreSQL answers COMMIT of a transaction aborted by a failed statement with
@@ -396,19 +403,48 @@ impl OutboxTransaction {
             }
             store::InsertOutcome::default()
         } else {
-            store::insert_events(&self.txn, &events, self.outbox.inner.insert_batch_rows).await?
+            store::insert_events(
+                &self.txn,
+                &events,
+                self.outbox.inner.insert_batch_rows,
+                fast.as_ref().map(|f| f.claim()),
+            )
+            .await?
         };
         self.txn.commit().await?;
         if outcome.written > 0 {
             crate::metrics::events_written(outcome.written);
-            self.outbox.committed(&self.db);
+            // Rows the fast path owns need no relay.
+            if outcome.pending() > 0 {
+                self.outbox.committed(&self.db);
+            }
+        }
+        let written = outcome.written;
+        let skipped = outcome.skipped;
+        if let Some(fast) = fast
+            && !outcome.owned.is_empty()
+        {
+            let mut events: Vec<Option<PendingEvent>> = events.into_iter().map(Some).collect();
+            let handoff = Handoff {
+                events: outcome
+                    .owned
+                    .iter()
+                    .filter_map(|row| events[row.index].take().map(|e| e.into_claimed(row)))
+                    .collect(),
+                committed: std::time::Instant::now(),
+            };
+            if let Err(handoff) = fast.hand_over(handoff) {
+                // The relay stopped meanwhile: the rows go back to PENDING for the next one.
+                release_owned(self.db.clone(), fast.token, handoff);
+                self.outbox.committed(&self.db);
+            }
         }
         for f in after_commit {
             f();
         }
         Ok(CommitReport {
-            written: outcome.written,
-            skipped: outcome.skipped,
+            written,
+            skipped,
             carried_to_parent: 0,
         })
     }
@@ -424,6 +460,23 @@ impl OutboxTransaction {
         self.txn.rollback().await?;
         Ok(())
     }
+}
+
+/// Hand rows a stopped fast path owns back as PENDING (fenced by its token), on a task of their
+/// own. If this fails too, the relay takes them over when their lease ends.
+fn release_owned(db: DatabaseConnection, token: Uuid, handoff: Handoff) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let settlement = store::relay::Settlement {
+        released: handoff.events.iter().map(|e| e.id).collect(),
+        ..Default::default()
+    };
+    runtime.spawn(async move {
+        if let Err(e) = store::relay::settle(&db, token, &settlement).await {
+            tracing::debug!(error = %e, "handing fast-path events back failed; the relay takes them over after their lease");
+        }
+    });
 }
 
 fn check_key(value: &str) -> Result<(), String> {

@@ -21,6 +21,7 @@ mod claim_window;
 #[cfg(feature = "cli")]
 mod cli;
 mod conformance;
+mod fast_path;
 mod inbox;
 #[cfg(feature = "nats")]
 mod inbox_nats;

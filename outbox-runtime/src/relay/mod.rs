@@ -62,6 +62,7 @@ use crate::{
 
 pub use crate::util::backoff::Backoff;
 
+mod fast;
 mod watch;
 
 use watch::BrokerWatch;
@@ -103,6 +104,15 @@ pub struct RelayConfig {
     /// when it published nothing since the last time, asks the broker's health check. Its row
     /// counts as current for three of these. Default 10 s.
     pub heartbeat: Duration,
+    /// Publish right after commit (see the module docs): while this relay runs with an
+    /// [`Outbox`] handle ([`Relay::with_outbox`], as in a runtime) and a broker, commits through
+    /// the handle write their events already claimed by it and it publishes them at once; the
+    /// claim loop only picks up what the fast path did not finish. Default on.
+    pub fast_path: bool,
+    /// How long the rows a commit hands to the fast path stay leased to it: if the process dies
+    /// after the commit, another relay publishes them once this has passed. Longer than a
+    /// publish can take (the transports' confirmation timeouts are 10 s). Default 15 s.
+    pub fast_path_lease: Duration,
 }
 
 impl Default for RelayConfig {
@@ -124,6 +134,8 @@ impl Default for RelayConfig {
                 jitter: 0.2,
             },
             heartbeat: Duration::from_secs(10),
+            fast_path: true,
+            fast_path_lease: Duration::from_secs(15),
         }
     }
 }
@@ -389,11 +401,13 @@ impl Relay {
         health: &LoopHealth,
     ) -> Result<(), RelayError> {
         let mut heartbeat = None;
+        let mut fast_path = None;
         if let Sink::Broker(transport) = &self.sink {
             transport.setup().await?;
             crate::metrics::broker_available(transport.name(), true);
             self.broker.seen();
             heartbeat = Some(self.spawn_heartbeat(transport.clone(), &shutdown));
+            fast_path = self.spawn_fast_path(transport.clone(), &shutdown);
         }
         let mut wake: Option<WakeReceiver> = self.outbox.as_ref().map(Outbox::subscribe);
         let hint = Arc::new(Notify::new());
@@ -481,9 +495,14 @@ impl Relay {
                 }) => {
                     look_now |= report.claimed + report.dead >= self.config.batch_size;
                     lingering = true;
-                    in_flight = Some(Box::pin(
-                        self.publish_step(transport, claim, report, claimed, &shutdown),
-                    ));
+                    in_flight = Some(Box::pin(self.publish_step(
+                        transport,
+                        claim,
+                        report,
+                        claimed,
+                        &shutdown,
+                        Publisher::Relay,
+                    )));
                 }
                 Err(e) => failed |= !self.account(Err(e), health, &mut publishing_failed),
             }
@@ -495,6 +514,10 @@ impl Relay {
         if let Some(round) = in_flight.take() {
             // Shutting down: what was not published yet is handed back.
             self.account(round.await, health, &mut publishing_failed);
+        }
+        if let Some(fast_path) = fast_path {
+            // It hands back what it was given and not yet published.
+            let _ = fast_path.await;
         }
         if let Some(listener) = listener {
             listener.abort();
@@ -691,8 +714,15 @@ impl Relay {
                 report,
                 claimed,
             } => {
-                self.publish_step(transport, claim, report, claimed, shutdown)
-                    .await
+                self.publish_step(
+                    transport,
+                    claim,
+                    report,
+                    claimed,
+                    shutdown,
+                    Publisher::Relay,
+                )
+                .await
             }
         }
     }
@@ -750,7 +780,8 @@ impl Relay {
         })
     }
 
-    /// Publish a claimed batch and write the outcome back.
+    /// Publish a claimed batch (the relay's, or the rows a commit handed to the fast path) and
+    /// write the outcome back.
     async fn publish_step(
         &self,
         transport: &dyn Transport,
@@ -758,14 +789,29 @@ impl Relay {
         mut report: RoundReport,
         claimed: Instant,
         shutdown: &CancellationToken,
+        by: Publisher,
     ) -> Result<Round, RelayError> {
-        failpoint!(error crate::failpoints::RELAY_AFTER_CLAIM);
+        match by {
+            Publisher::Relay => {
+                failpoint!(error crate::failpoints::RELAY_AFTER_CLAIM);
+            }
+            Publisher::FastPath => {
+                failpoint!(error crate::failpoints::FAST_PATH_AFTER_COMMIT);
+            }
+        }
         let Published {
             settlement,
             transient_error,
             outage,
         } = self.publish(transport, &claim, shutdown).await;
-        failpoint!(error crate::failpoints::RELAY_AFTER_PUBLISH);
+        match by {
+            Publisher::Relay => {
+                failpoint!(error crate::failpoints::RELAY_AFTER_PUBLISH);
+            }
+            Publisher::FastPath => {
+                failpoint!(error crate::failpoints::FAST_PATH_AFTER_PUBLISH);
+            }
+        }
         if !settlement.sent.is_empty() {
             self.broker.seen();
         }
@@ -1043,6 +1089,13 @@ impl Relay {
             outage,
         }
     }
+}
+
+/// Who publishes a claim: the relay, or the fast path (the rows a commit wrote claimed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publisher {
+    Relay,
+    FastPath,
 }
 
 /// What publishing a claim decided.

@@ -25,7 +25,7 @@ pub(super) struct BrokerWatch {
     /// The relay's counters: outages are counted there.
     stats: Arc<RelayStats>,
     /// The broker is unavailable (the breaker is open): publish nothing, hand claims back.
-    down: AtomicBool,
+    down: Arc<AtomicBool>,
     state: Mutex<State>,
     /// The last write to `outbox_relay` failed (warned once until one succeeds).
     write_failed: AtomicBool,
@@ -52,6 +52,12 @@ impl BrokerWatch {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The breaker's state, shared with the fast path (commits leave events to the relay while
+    /// it is open).
+    pub(super) fn down_flag(&self) -> Arc<AtomicBool> {
+        self.down.clone()
     }
 
     /// The breaker is open.

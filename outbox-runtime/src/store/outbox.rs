@@ -1,12 +1,21 @@
 //! The commit-time INSERT of a transaction's buffered events into `outbox_event`, and the
 //! events it carries and skips.
 
-use std::{borrow::Cow, collections::HashSet};
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
-use sea_orm::{ConnectionTrait, DbErr};
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult};
 use uuid::Uuid;
 
-use super::{DbTime, Dialect, OUTBOX_TABLE};
+use super::{
+    DbTime, Dialect, OUTBOX_TABLE, OutboxStatus,
+    relay::ClaimedEvent,
+    sql::{Arg, Sql},
+};
 use crate::event::EventId;
 
 /// An event serialized at `enqueue`, waiting for commit.
@@ -25,6 +34,25 @@ pub(crate) struct PendingEvent {
 }
 
 impl PendingEvent {
+    /// The event as the fast path publishes it, from the row its INSERT wrote.
+    pub(crate) fn into_claimed(self, row: &OwnedRow) -> ClaimedEvent {
+        ClaimedEvent {
+            id: row.id,
+            event_id: self.event_id,
+            source: self.source,
+            event_type: self.event_type.into_owned(),
+            schema_version: self.schema_version,
+            aggregate_type: self.aggregate_type.into_owned(),
+            aggregate_id: self.aggregate_id,
+            aggregate_version: self.aggregate_version,
+            payload: self.payload,
+            headers: self.headers,
+            created_at: row.created_at,
+            attempts: 0,
+            reclaimed: false,
+        }
+    }
+
     pub(crate) fn skipped(&self) -> SkippedEvent {
         SkippedEvent {
             event_id: self.event_id,
@@ -59,12 +87,54 @@ const INSERT_COLUMNS: [&str; 10] = [
     "headers",
 ];
 
+/// The fast path's claim on the rows a commit writes: each row is written PROCESSING, leased to
+/// `owner` under `token`, unless an earlier event of its aggregate is still unsent (then it is
+/// written PENDING for the relay, which keeps the aggregate's order). The decision is part of the
+/// INSERT statement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FastClaim<'a> {
+    /// Stored in `locked_by`.
+    pub(crate) owner: &'a str,
+    /// The fencing token the fast path settles with.
+    pub(crate) token: Uuid,
+    /// The lease: after it, the relay takes the rows over.
+    pub(crate) lease: Duration,
+}
+
+/// A row the commit-time INSERT wrote PROCESSING for the fast path.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnedRow {
+    /// Index of its event in the buffer given to [`insert_events`].
+    pub(crate) index: usize,
+    /// Row id.
+    pub(crate) id: i64,
+    /// `created_at`, by the database's clock.
+    pub(crate) created_at: DateTime<Utc>,
+}
+
 /// What the commit-time INSERT did.
 #[derive(Debug, Default)]
 pub(crate) struct InsertOutcome {
     pub(crate) written: usize,
     pub(crate) skipped: Vec<SkippedEvent>,
+    /// Rows written PROCESSING for the fast path, in id order.
+    pub(crate) owned: Vec<OwnedRow>,
 }
+
+impl InsertOutcome {
+    /// Rows written PENDING: the relay has work.
+    pub(crate) fn pending(&self) -> usize {
+        self.written - self.owned.len()
+    }
+}
+
+/// The rows an INSERT wrote, by event id: row id, whether the fast path owns it, `created_at`.
+type Written = HashMap<Uuid, (i64, bool, DateTime<Utc>)>;
+
+/// With the fast path, the earlier events of an aggregate in the same buffer that an event's
+/// "earlier unsent event" check leaves out (they are written by the same statement or
+/// transaction, and owned together with it); beyond this many, the event is written PENDING.
+const MAX_SAME_AGGREGATE: usize = 8;
 
 /// Write buffered events with multi-row INSERTs of at most `batch_rows` rows.
 ///
@@ -74,98 +144,243 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
     conn: &C,
     events: &[PendingEvent],
     batch_rows: usize,
+    fast: Option<FastClaim<'_>>,
 ) -> Result<InsertOutcome, DbErr> {
     let dialect = Dialect::of(conn);
     let mut outcome = InsertOutcome::default();
 
     // Duplicates inside this transaction's own buffer never reach the database.
     let mut seen: HashSet<(&str, &str)> = HashSet::new();
-    let mut to_write: Vec<&PendingEvent> = Vec::with_capacity(events.len());
-    for event in events {
+    let mut to_write: Vec<(usize, &PendingEvent)> = Vec::with_capacity(events.len());
+    for (index, event) in events.iter().enumerate() {
         if let Some(key) = &event.dedup_key
             && !seen.insert((&event.event_type, key))
         {
             outcome.skipped.push(event.skipped());
             continue;
         }
-        to_write.push(event);
+        to_write.push((index, event));
     }
 
-    for chunk in to_write.chunks(batch_rows.max(1)) {
-        let mut sql = String::with_capacity(128 + chunk.len() * 80);
-        sql.push_str("INSERT INTO ");
-        sql.push_str(OUTBOX_TABLE);
-        sql.push_str(" (");
-        sql.push_str(&INSERT_COLUMNS.join(", "));
-        sql.push_str(", created_at) VALUES ");
-        let mut values = Vec::with_capacity(chunk.len() * INSERT_COLUMNS.len());
-        let mut n = 0;
-        for (i, event) in chunk.iter().enumerate() {
+    // With the fast path, each event's earlier events of the same aggregate in this buffer.
+    let mut earlier: HashMap<(&str, &str), Vec<Uuid>> = HashMap::new();
+    // Rows as returned (PostgreSQL, SQLite) or read back (MySQL): event id → (id, status, time).
+    // Wanted for the fast path, and where it saves the query for skipped keys.
+    let any_keyed = to_write.iter().any(|(_, e)| e.dedup_key.is_some());
+    let mut returned: Option<Written> =
+        (fast.is_some() || (any_keyed && dialect.insert_returning())).then(HashMap::new);
+    let rows = match fast {
+        // Bound parameters per row stay within every backend's limit.
+        Some(_) => batch_rows.clamp(1, 500),
+        None => batch_rows.max(1),
+    };
+    for chunk in to_write.chunks(rows) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "INSERT INTO {OUTBOX_TABLE} ({}, created_at",
+            INSERT_COLUMNS.join(", ")
+        ));
+        if fast.is_some() {
+            sql.push(", status, locked_by, locked_until, claim_token");
+        }
+        sql.push(") VALUES ");
+        for (i, (_, event)) in chunk.iter().enumerate() {
             if i > 0 {
-                sql.push_str(", ");
+                sql.push(", ");
             }
-            sql.push('(');
-            for col in 0..INSERT_COLUMNS.len() {
-                n += 1;
-                if col > 0 {
-                    sql.push_str(", ");
-                }
-                if col == 8 || col == 9 {
-                    sql.push_str(&dialect.json_placeholder(n));
-                } else {
-                    sql.push_str(&dialect.placeholder(n));
-                }
+            sql.push("(")
+                .bind(dialect.uuid(event.event_id))
+                .push(", ")
+                .bind(event.source.clone().into())
+                .push(", ")
+                .bind(event.event_type.to_string().into())
+                .push(", ")
+                .bind(i64::from(event.schema_version).into())
+                .push(", ")
+                .bind(event.aggregate_type.to_string().into())
+                .push(", ")
+                .bind(event.aggregate_id.clone().into())
+                .push(", ")
+                .bind(event.aggregate_version.into())
+                .push(", ")
+                .bind(event.dedup_key.clone().into())
+                .push(", ")
+                .bind_json(event.payload.clone())
+                .push(", ")
+                .bind_json(event.headers.clone())
+                // Written by the database's clock, like every instant the SDK stores.
+                .push(", ")
+                .time(DbTime::NOW);
+            if let Some(fast) = fast {
+                let key = (event.aggregate_type.as_ref(), event.aggregate_id.as_str());
+                let before = earlier.entry(key).or_default();
+                // status, locked_by, locked_until: the fast path's claim, or PENDING unleased.
+                let pending = OutboxStatus::Pending.literal();
+                let processing = OutboxStatus::Processing.literal();
+                sql.push(", ");
+                push_fast_claim(
+                    &mut sql,
+                    event,
+                    before,
+                    Claimed::Literal(processing),
+                    pending,
+                );
+                sql.push(", ");
+                let owner = Arg::Value(fast.owner.to_owned().into());
+                push_fast_claim(&mut sql, event, before, Claimed::Arg(owner), "NULL");
+                sql.push(", ");
+                let until = Arg::Time(DbTime::after(fast.lease));
+                push_fast_claim(&mut sql, event, before, Claimed::Arg(until), "NULL");
+                before.push(event.event_id);
+                sql.push(", ").bind(dialect.uuid(fast.token));
             }
-            // Written by the database's clock, like every instant the SDK stores.
-            sql.push_str(", ");
-            sql.push_str(&dialect.time_literal(DbTime::NOW));
-            sql.push(')');
-            values.push(dialect.uuid(event.event_id));
-            values.push(event.source.clone().into());
-            values.push(event.event_type.to_string().into());
-            values.push(i64::from(event.schema_version).into());
-            values.push(event.aggregate_type.to_string().into());
-            values.push(event.aggregate_id.clone().into());
-            values.push(event.aggregate_version.into());
-            values.push(event.dedup_key.clone().into());
-            values.push(event.payload.clone().into());
-            values.push(event.headers.clone().into());
+            sql.push(")");
         }
         if let Some(clause) =
-            dialect.outbox_insert_conflict(chunk.iter().any(|e| e.dedup_key.is_some()))
+            dialect.outbox_insert_conflict(chunk.iter().any(|(_, e)| e.dedup_key.is_some()))
         {
-            sql.push(' ');
-            sql.push_str(clause);
+            sql.push(" ").push(clause);
         }
-        conn.execute_raw(dialect.statement(sql, values)).await?;
-    }
-
-    // Which events with a dedup key were skipped because the table already had their key?
-    let keyed: Vec<&PendingEvent> = to_write
-        .iter()
-        .copied()
-        .filter(|e| e.dedup_key.is_some())
-        .collect();
-    if !keyed.is_empty() {
-        let mut present: HashSet<Uuid> = HashSet::with_capacity(keyed.len());
-        for chunk in keyed.chunks(batch_rows.max(1)) {
-            let placeholders: Vec<String> =
-                (1..=chunk.len()).map(|n| dialect.placeholder(n)).collect();
-            let sql = format!(
-                "SELECT event_id FROM {OUTBOX_TABLE} WHERE event_id IN ({})",
-                placeholders.join(", ")
-            );
-            let values = chunk.iter().map(|e| dialect.uuid(e.event_id)).collect();
-            for row in conn.query_all_raw(dialect.statement(sql, values)).await? {
-                present.insert(dialect.get_uuid(&row, "event_id")?);
+        match returned.as_mut() {
+            Some(returned) if dialect.insert_returning() => {
+                sql.push(" RETURNING id, event_id, status, created_at");
+                for row in conn.query_all_raw(sql.build()).await? {
+                    read_returned(&dialect, &row, returned)?;
+                }
+            }
+            _ => {
+                conn.execute_raw(sql.build()).await?;
             }
         }
-        for event in keyed {
-            if !present.contains(&event.event_id) {
-                outcome.skipped.push(event.skipped());
+    }
+
+    // MySQL returns no rows from an INSERT: the fast path reads its rows back by event id.
+    if let Some(returned) = returned.as_mut()
+        && !dialect.insert_returning()
+    {
+        for chunk in to_write.chunks(batch_rows.clamp(1, 1000)) {
+            let mut sql = Sql::new(dialect);
+            sql.push(&format!(
+                "SELECT id, event_id, status, created_at FROM {OUTBOX_TABLE} WHERE event_id IN "
+            ))
+            .bind_list(chunk.iter().map(|(_, e)| dialect.uuid(e.event_id)));
+            for row in conn.query_all_raw(sql.build()).await? {
+                read_returned(&dialect, &row, returned)?;
+            }
+        }
+    }
+
+    match &returned {
+        Some(returned) => {
+            for (index, event) in &to_write {
+                match returned.get(&event.event_id) {
+                    // Read back on MySQL: a row of another transaction's event with the same
+                    // id cannot exist (ids are v7 UUIDs made here), so present means written.
+                    Some(&(id, owned, created_at)) => {
+                        if owned && fast.is_some() {
+                            outcome.owned.push(OwnedRow {
+                                index: *index,
+                                id,
+                                created_at,
+                            });
+                        }
+                    }
+                    None => outcome.skipped.push(event.skipped()),
+                }
+            }
+            outcome.owned.sort_by_key(|r| r.id);
+        }
+        None => {
+            // Which events with a dedup key were skipped because the table already had their
+            // key?
+            let keyed: Vec<&PendingEvent> = to_write
+                .iter()
+                .map(|(_, e)| *e)
+                .filter(|e| e.dedup_key.is_some())
+                .collect();
+            if !keyed.is_empty() {
+                let mut present: HashSet<Uuid> = HashSet::with_capacity(keyed.len());
+                for chunk in keyed.chunks(batch_rows.max(1)) {
+                    let mut sql = Sql::new(dialect);
+                    sql.push(&format!(
+                        "SELECT event_id FROM {OUTBOX_TABLE} WHERE event_id IN "
+                    ))
+                    .bind_list(chunk.iter().map(|e| dialect.uuid(e.event_id)));
+                    for row in conn.query_all_raw(sql.build()).await? {
+                        present.insert(dialect.get_uuid(&row, "event_id")?);
+                    }
+                }
+                for event in keyed {
+                    if !present.contains(&event.event_id) {
+                        outcome.skipped.push(event.skipped());
+                    }
+                }
             }
         }
     }
     outcome.written = events.len() - outcome.skipped.len();
     Ok(outcome)
+}
+
+/// What the fast path writes into a column of a row it claims.
+enum Claimed<'a> {
+    Literal(&'a str),
+    Arg(Arg),
+}
+
+/// `CASE WHEN EXISTS (an unsent event of this aggregate, other than its earlier events in this
+/// buffer) THEN <unclaimed> ELSE <claimed> END`: the fast path takes an event only when nothing
+/// committed before it in its aggregate is still on its way.
+///
+/// On PostgreSQL the subquery sees the statement's snapshot (with READ COMMITTED, everything
+/// committed before the INSERT began: transactions that change an aggregate serialize on its
+/// row, so an earlier one has committed); MySQL reads the current rows, as an INSERT's
+/// subquery on its own table does; SQLite has one writer.
+fn push_fast_claim(
+    sql: &mut Sql,
+    event: &PendingEvent,
+    earlier: &[Uuid],
+    claimed: Claimed<'_>,
+    unclaimed: &str,
+) {
+    let dialect = sql.dialect();
+    if earlier.len() >= MAX_SAME_AGGREGATE {
+        sql.push(unclaimed);
+        return;
+    }
+    sql.push(&format!(
+        "CASE WHEN EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e WHERE e.aggregate_type = "
+    ))
+    .bind(event.aggregate_type.to_string().into())
+    .push(" AND e.aggregate_id = ")
+    .bind(event.aggregate_id.clone().into())
+    .push(" AND ")
+    .push(&dialect.unsent("e."));
+    if !earlier.is_empty() {
+        sql.push(" AND e.event_id NOT IN ")
+            .bind_list(earlier.iter().map(|id| dialect.uuid(*id)));
+    }
+    sql.push(&format!(") THEN {unclaimed} ELSE "));
+    match claimed {
+        Claimed::Literal(text) => sql.push(text),
+        Claimed::Arg(arg) => sql.arg(arg),
+    };
+    sql.push(" END");
+}
+
+fn read_returned(
+    dialect: &Dialect,
+    row: &QueryResult,
+    returned: &mut Written,
+) -> Result<(), DbErr> {
+    let status = OutboxStatus::parse(&row.try_get::<String>("", "status")?);
+    returned.insert(
+        dialect.get_uuid(row, "event_id")?,
+        (
+            row.try_get("", "id")?,
+            status == Some(OutboxStatus::Processing),
+            dialect.get_timestamp(row, "created_at")?,
+        ),
+    );
+    Ok(())
 }

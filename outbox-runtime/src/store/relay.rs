@@ -461,3 +461,26 @@ pub async fn retries_due_now(db: &DatabaseConnection, patterns: &[&str]) -> Resu
     sql.push(")");
     Ok(db.execute_raw(sql.build()).await?.rows_affected())
 }
+
+/// Whether an unsent event follows one of `ids` in its aggregate. After the fast path marked
+/// `ids` SENT: such an event was written PENDING behind them, and the relay can claim it now.
+pub async fn followed(db: &DatabaseConnection, ids: &[i64]) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(db);
+    for chunk in ids.chunks(SETTLE_CHUNK) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "SELECT 1 AS f FROM {OUTBOX_TABLE} o WHERE o.id IN "
+        ))
+        .bind_list(chunk.iter().map(|id| Value::from(*id)))
+        .push(&format!(
+            " AND EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e WHERE e.aggregate_type = \
+                 o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id > o.id AND {}) \
+                 LIMIT 1",
+            dialect.unsent("e.")
+        ));
+        if db.query_one_raw(sql.build()).await?.is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

@@ -63,6 +63,19 @@ impl Sql {
         self
     }
 
+    /// Append a placeholder bound to JSON text written into a JSON column.
+    pub fn bind_json(&mut self, json: String) -> &mut Self {
+        self.values.push(json.into());
+        let placeholder = self.dialect.json_placeholder(self.values.len());
+        self.text.push_str(&placeholder);
+        self
+    }
+
+    /// The statement's dialect.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
     /// Append one [`Arg`]: a placeholder bound to a value, or an instant.
     pub fn arg(&mut self, arg: Arg) -> &mut Self {
         match arg {

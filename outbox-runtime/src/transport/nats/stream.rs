@@ -10,16 +10,49 @@ use async_nats::jetstream::{
 use super::{NatsTransport, TRANSPORT};
 use crate::transport::TransportError;
 
+/// Why setting the stream up failed.
+enum StreamSetup {
+    /// The server could not create the stream's store: worth asking again.
+    StoreFailed(TransportError),
+    Failed(TransportError),
+}
+
+impl From<TransportError> for StreamSetup {
+    fn from(error: TransportError) -> Self {
+        StreamSetup::Failed(error)
+    }
+}
+
+/// Times setup asks again after the server failed to create the stream's store (a server-side
+/// error, code 500, that the next request usually does not hit).
+const STORE_FAILURE_RETRIES: u32 = 3;
+
 impl NatsTransport {
     /// [`Transport::setup`](crate::transport::Transport::setup): gets or creates the stream.
     pub(super) async fn ensure_stream(&self) -> Result<(), TransportError> {
+        let mut tries = 0;
+        loop {
+            match self.get_or_create_stream().await {
+                Err(StreamSetup::StoreFailed(e)) if tries < STORE_FAILURE_RETRIES => {
+                    tries += 1;
+                    tracing::warn!(stream = %self.inner.stream_name, error = %e, "the server could not create the stream's store; asking again");
+                    tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(tries)))
+                        .await;
+                }
+                Err(StreamSetup::StoreFailed(e) | StreamSetup::Failed(e)) => return Err(e),
+                Ok(()) => return Ok(()),
+            }
+        }
+    }
+
+    async fn get_or_create_stream(&self) -> Result<(), StreamSetup> {
         let js = &self.inner.jetstream;
         let name = &self.inner.stream_name;
         match js.get_stream(name).await {
             Ok(stream) => {
-                return self
+                return Ok(self
                     .reconcile_stream(stream.cached_info().config.clone())
-                    .await;
+                    .await?);
             }
             Err(err) => match err.kind() {
                 GetStreamErrorKind::JetStream(api)
@@ -28,7 +61,8 @@ impl NatsTransport {
                     return Err(TransportError::new(
                         TRANSPORT,
                         format!("cannot look up stream `{name}`: {err}"),
-                    ));
+                    )
+                    .into());
                 }
             },
         }
@@ -48,8 +82,9 @@ impl NatsTransport {
                             format!("cannot look up stream `{name}`: {err}"),
                         )
                     })?;
-                    self.reconcile_stream(stream.cached_info().config.clone())
-                        .await
+                    Ok(self
+                        .reconcile_stream(stream.cached_info().config.clone())
+                        .await?)
                 }
                 CreateStreamErrorKind::JetStream(api)
                     if api.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP =>
@@ -62,12 +97,20 @@ impl NatsTransport {
                              another namespace",
                             self.stream_subject()
                         ),
-                    ))
+                    )
+                    .into())
+                }
+                CreateStreamErrorKind::JetStream(api) if api.code() == 500 => {
+                    Err(StreamSetup::StoreFailed(TransportError::new(
+                        TRANSPORT,
+                        format!("cannot create stream `{name}`: {err}"),
+                    )))
                 }
                 _ => Err(TransportError::new(
                     TRANSPORT,
                     format!("cannot create stream `{name}`: {err}"),
-                )),
+                )
+                .into()),
             },
         }
     }

@@ -1,0 +1,193 @@
+//! The fast path: publish a commit's events right after it, with the relay's claim loop as the
+//! safety net.
+//!
+//! While a relay runs with an [`Outbox`] handle and a broker, it installs its fast path in the
+//! handle. A commit through the handle then writes each event already claimed by the fast path
+//! (PROCESSING, leased to the relay for [`RelayConfig::fast_path_lease`], under the fast path's
+//! fencing token) unless an earlier event of its aggregate is still unsent, which the INSERT
+//! itself checks; such an event is written PENDING and waits for the claim loop, so the
+//! aggregate's order holds. After COMMIT the commit hands the rows it owns over, and the fast
+//! path publishes them as a claim of its own: wave by wave per aggregate, SENT only on the
+//! broker's confirmation, fenced by the token, failures to RETRY or DEAD exactly as the claim
+//! loop decides them.
+//!
+//! What the fast path does not finish is the claim loop's: a process that dies after COMMIT
+//! leaves its rows leased until the lease ends, then the loop reclaims them like any expired
+//! claim; rows released at shutdown or during a broker outage are PENDING again. While the
+//! breaker is open, or when more events wait to be published than a few batches, commits write
+//! PENDING. When the fast path marks events SENT that later events of their aggregates wait
+//! behind, it wakes the relays.
+//!
+//! [`RelayConfig::fast_path_lease`]: super::RelayConfig::fast_path_lease
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Publisher, Relay, RoundReport};
+use crate::{
+    outbox::{FastPath, Handoff, Outbox},
+    store::{self, relay::Claim},
+    transport::Transport,
+};
+
+/// Events that may wait for the fast path, in batches: beyond, commits leave theirs to the
+/// claim loop.
+const QUEUED_BATCHES: usize = 8;
+
+impl Relay {
+    /// Install the fast path on the relay's outbox handle and run it until `shutdown`; `None`
+    /// when it is off or there is no handle.
+    pub(super) fn spawn_fast_path(
+        &self,
+        transport: Arc<dyn Transport>,
+        shutdown: &CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        if !self.config.fast_path {
+            return None;
+        }
+        let outbox = self.outbox.clone()?;
+        let (fast, receiver) = FastPath::new(
+            self.config.relay_id.clone(),
+            self.config.fast_path_lease,
+            self.broker.down_flag(),
+            self.config.batch_size.max(1) * QUEUED_BATCHES,
+        );
+        if !outbox.install_fast_path(fast.clone()) {
+            tracing::info!(
+                relay = %self.config.relay_id,
+                "another relay's fast path runs on this outbox handle; this relay only claims"
+            );
+            return None;
+        }
+        let relay = self.clone();
+        let shutdown = shutdown.clone();
+        Some(tokio::spawn(async move {
+            relay
+                .run_fast_path(&outbox, transport.as_ref(), &fast, receiver, &shutdown)
+                .await;
+        }))
+    }
+
+    async fn run_fast_path(
+        &self,
+        outbox: &Outbox,
+        transport: &dyn Transport,
+        fast: &FastPath,
+        mut receiver: mpsc::UnboundedReceiver<Handoff>,
+        shutdown: &CancellationToken,
+    ) {
+        loop {
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                handoff = receiver.recv() => match handoff {
+                    Some(handoff) => handoff,
+                    None => break,
+                },
+            };
+            let batch = gather(first, &mut receiver, self.config.batch_size);
+            fast.taken(batch.events.len());
+            self.publish_owned(outbox, transport, fast, batch, shutdown)
+                .await;
+        }
+        // Commits write PENDING again; what was handed over is handed back (the token is
+        // cancelled: nothing more is published).
+        outbox.remove_fast_path(fast.token);
+        receiver.close();
+        while let Some(first) = receiver.recv().await {
+            let batch = gather(first, &mut receiver, self.config.batch_size);
+            fast.taken(batch.events.len());
+            self.publish_owned(outbox, transport, fast, batch, shutdown)
+                .await;
+        }
+    }
+
+    /// Publish and settle the rows commits handed over, as one claim under the fast path's
+    /// token; then wake the relays if events wait behind the ones marked SENT, or if some were
+    /// handed back.
+    async fn publish_owned(
+        &self,
+        outbox: &Outbox,
+        transport: &dyn Transport,
+        fast: &FastPath,
+        batch: Handoff,
+        shutdown: &CancellationToken,
+    ) {
+        let ids: Vec<i64> = batch.events.iter().map(|e| e.id).collect();
+        let claim = Claim {
+            token: fast.token,
+            claimed_at: batch.events.iter().map(|e| e.created_at).max(),
+            events: batch.events,
+            dead: Vec::new(),
+            unreadable: 0,
+        };
+        let report = RoundReport {
+            claimed: ids.len(),
+            ..RoundReport::default()
+        };
+        crate::metrics::fast_path_events(transport.name(), ids.len());
+        match self
+            .publish_step(
+                transport,
+                claim,
+                report,
+                batch.committed,
+                shutdown,
+                Publisher::FastPath,
+            )
+            .await
+        {
+            Ok(round) => {
+                let report = round.report;
+                let wake = report.released + report.retried + report.dead > 0
+                    || (report.sent > 0 && self.followed(&ids).await);
+                if wake {
+                    outbox.committed(&self.db);
+                }
+            }
+            Err(e) if is_injected(&e) => {}
+            Err(e) => {
+                tracing::warn!(
+                    relay = %self.config.relay_id, error = %e, events = ids.len(),
+                    "the fast path could not settle its events; the relay takes them over after their lease"
+                );
+            }
+        }
+    }
+
+    /// Whether events wait behind `ids` in their aggregates (on error: assume so).
+    async fn followed(&self, ids: &[i64]) -> bool {
+        store::relay::followed(&self.db, ids).await.unwrap_or(true)
+    }
+}
+
+/// `first` and whatever else is waiting, up to `limit` events, as one batch in id order.
+fn gather(
+    first: Handoff,
+    receiver: &mut mpsc::UnboundedReceiver<Handoff>,
+    limit: usize,
+) -> Handoff {
+    let mut batch = first;
+    while batch.events.len() < limit {
+        match receiver.try_recv() {
+            Ok(more) => {
+                batch.committed = batch.committed.min(more.committed);
+                batch.events.extend(more.events);
+            }
+            Err(_) => break,
+        }
+    }
+    batch.events.sort_by_key(|e| e.id);
+    batch
+}
+
+/// Whether a round "died" at a failpoint: nothing more is written, as after a crash.
+fn is_injected(error: &super::RelayError) -> bool {
+    #[cfg(feature = "failpoints")]
+    if let super::RelayError::Database(e) = error {
+        return crate::failpoints::is_injected(e);
+    }
+    let _ = error;
+    false
+}

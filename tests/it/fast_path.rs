@@ -1,0 +1,312 @@
+//! The relay's fast path on PostgreSQL, MariaDB and SQLite, publishing to the in-memory
+//! transport: a commit's events are written already claimed by the running relay and published
+//! right after COMMIT, unless an earlier event of their aggregate is still unsent (decided by
+//! the INSERT itself); what the fast path does not finish is left to the claim loop.
+//!
+//! The relays here poll once an hour and do not listen for notifications, so an event that
+//! reaches the broker within seconds was published by the fast path, or by a claim the fast path
+//! asked for.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use crate::common::carts::*;
+use crate::common::*;
+use outbox::prelude::*;
+use outbox::relay::{Backoff, Relay, RelayConfig, RelayHandle};
+use outbox::transport::memory::MemoryTransport;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[event(name = "fast.keyed", aggregate = "cart")]
+struct Keyed {
+    #[event(aggregate_id)]
+    cart: String,
+    #[event(dedup_key)]
+    key: String,
+}
+
+const RELAY_ID: &str = "fast-relay";
+
+fn config() -> RelayConfig {
+    RelayConfig {
+        relay_id: RELAY_ID.to_owned(),
+        poll_interval: Duration::from_secs(3_600),
+        linger: None,
+        listen: false,
+        backoff: Backoff {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(200),
+            jitter: 0.2,
+        },
+        probe: Backoff {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(100),
+            jitter: 0.2,
+        },
+        ..RelayConfig::default()
+    }
+}
+
+/// A relay with the fast path on `outbox`, once the fast path takes commits.
+async fn start(t: &TestDb, outbox: &Outbox, transport: &MemoryTransport) -> RelayHandle {
+    start_with(t, outbox, transport, config()).await
+}
+
+async fn start_with(
+    t: &TestDb,
+    outbox: &Outbox,
+    transport: &MemoryTransport,
+    config: RelayConfig,
+) -> RelayHandle {
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(config)
+        .with_outbox(outbox)
+        .spawn();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            outbox.fast_path_running()
+        })
+        .await,
+        "the relay installs its fast path"
+    );
+    relay
+}
+
+async fn commit(t: &TestDb, outbox: &Outbox, lines: &[(&str, u32)]) {
+    let tx = outbox.begin(&t.db).await.unwrap();
+    for (cart, seq) in lines {
+        tx.enqueue(&LineAdded {
+            cart: (*cart).to_owned(),
+            seq: *seq,
+        })
+        .unwrap();
+    }
+    let report = tx.commit().await.unwrap();
+    assert_eq!(report.written, lines.len());
+}
+
+async fn published_right_after_commit(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start(&t, &outbox, &transport).await;
+    // Two events of one cart and one of another in one transaction, one more in a second.
+    commit(&t, &outbox, &[("a", 0), ("b", 0), ("a", 1)]).await;
+    commit(&t, &outbox, &[("c", 0)]).await;
+    wait_all_sent(&t, 4, Duration::from_secs(20)).await;
+    let stats = relay.shutdown().await.unwrap();
+    assert_eq!(stats.sent, 4);
+
+    let rows = outbox_rows(&t.db).await;
+    // Both transactions' rows were written under the fast path's one token: no claim took them.
+    let tokens: BTreeSet<_> = rows.iter().map(|r| r.claim_token).collect();
+    assert_eq!(tokens.len(), 1, "one fencing token: {rows:?}");
+    assert!(tokens.iter().all(Option::is_some));
+    assert!(rows.iter().all(|r| r.status == "SENT"
+        && r.attempts == 0
+        && r.locked_by.as_deref() == Some(RELAY_ID)
+        && r.sent_at.is_some_and(|s| s >= r.created_at)));
+    let messages = transport.messages();
+    assert_eq!(messages.len(), 4, "each event published once");
+    let order = per_aggregate_order(
+        messages
+            .iter()
+            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
+    );
+    assert_eq!(order["a"], vec![0, 1], "one aggregate's events in order");
+}
+
+async fn an_event_behind_an_unsent_one_waits(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start(&t, &outbox, &transport).await;
+    // The broker confirms slowly: the first event of cart `a` is still PROCESSING when the
+    // next commits come.
+    transport.delay_confirms(Duration::from_millis(1_500));
+    commit(&t, &outbox, &[("a", 0)]).await;
+    commit(&t, &outbox, &[("a", 1), ("b", 0)]).await;
+    let rows = outbox_rows(&t.db).await;
+    let status: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.aggregate_id.as_str(), r.status.as_str()))
+        .collect();
+    assert_eq!(
+        status,
+        vec![("a", "PROCESSING"), ("a", "PENDING"), ("b", "PROCESSING")],
+        "the INSERT leaves an event behind an unsent one of its aggregate to the claim loop"
+    );
+    assert_eq!(rows[1].locked_by, None);
+    // Once the first is SENT, the fast path wakes the claim loop for the second (the loop
+    // would otherwise sleep for an hour).
+    wait_all_sent(&t, 3, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+    let messages = transport.messages();
+    assert_eq!(messages.len(), 3);
+    let order = per_aggregate_order(
+        messages
+            .iter()
+            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
+    );
+    assert_eq!(order["a"], vec![0, 1]);
+    let rows = outbox_rows(&t.db).await;
+    assert_ne!(
+        rows[1].claim_token, rows[0].claim_token,
+        "the waiting event was claimed by the loop"
+    );
+}
+
+async fn an_unavailable_broker_leaves_events_to_the_loop(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start(&t, &outbox, &transport).await;
+    transport.set_unavailable(true);
+    commit(&t, &outbox, &[("a", 0)]).await;
+    // The fast path finds the broker gone: the event goes back to PENDING, no attempt counted,
+    // and the breaker opens.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            outbox_rows(&t.db).await[0].status == "PENDING"
+        })
+        .await,
+        "{:?}",
+        outbox_rows(&t.db).await
+    );
+    // While the breaker is open, commits write PENDING.
+    commit(&t, &outbox, &[("b", 0)]).await;
+    let rows = outbox_rows(&t.db).await;
+    assert_eq!(rows[1].status, "PENDING");
+    assert_eq!(rows[1].locked_by, None);
+    transport.set_unavailable(false);
+    wait_all_sent(&t, 2, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+    let rows = outbox_rows(&t.db).await;
+    assert!(
+        rows.iter().all(|r| r.attempts == 0),
+        "an outage costs no attempt: {rows:?}"
+    );
+    assert_eq!(transport.messages().len(), 2);
+}
+
+async fn a_failed_publish_is_retried_by_the_loop(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    // The retry is due after its backoff, which the loop finds by polling.
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(100),
+        ..config()
+    };
+    let relay = start_with(&t, &outbox, &transport, config).await;
+    transport.fail_next_publishes(1);
+    commit(&t, &outbox, &[("a", 0), ("a", 1)]).await;
+    wait_all_sent(&t, 2, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+    let rows = outbox_rows(&t.db).await;
+    assert_eq!(rows[0].attempts, 1, "the failure counted: {rows:?}");
+    assert_eq!(
+        rows[1].attempts, 0,
+        "the event behind it was released, not failed"
+    );
+    let order = per_aggregate_order(
+        transport
+            .messages()
+            .iter()
+            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
+    );
+    assert_eq!(order["a"], vec![0, 1]);
+}
+
+async fn dedup_keys_skip_with_the_fast_path(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start(&t, &outbox, &transport).await;
+    let keyed = |key: &str| Keyed {
+        cart: "k".to_owned(),
+        key: key.to_owned(),
+    };
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.enqueue(&keyed("one")).unwrap();
+    tx.enqueue(&keyed("two")).unwrap();
+    let report = tx.commit().await.unwrap();
+    assert_eq!((report.written, report.skipped.len()), (2, 0));
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.enqueue(&keyed("two")).unwrap();
+    tx.enqueue(&keyed("three")).unwrap();
+    let report = tx.commit().await.unwrap();
+    assert_eq!(report.written, 1);
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].dedup_key, "two");
+    wait_all_sent(&t, 3, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+    let keys: Vec<String> = outbox_rows(&t.db)
+        .await
+        .into_iter()
+        .filter_map(|r| r.dedup_key)
+        .collect();
+    assert_eq!(keys, ["one", "two", "three"]);
+    assert_eq!(transport.messages().len(), 3);
+}
+
+async fn shutdown_leaves_nothing_leased(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start(&t, &outbox, &transport).await;
+    transport.delay_confirms(Duration::from_millis(300));
+    for seq in 0..20 {
+        commit(&t, &outbox, &[("a", seq), ("b", seq)]).await;
+    }
+    relay.shutdown().await.unwrap();
+    assert!(!outbox.fast_path_running());
+    let counts = status_counts(&t.db).await;
+    assert_eq!(
+        counts.get("PROCESSING"),
+        None,
+        "what the fast path held is SENT or handed back: {counts:?}"
+    );
+    // Commits after the relay stopped are written for the next one.
+    commit(&t, &outbox, &[("c", 0)]).await;
+    assert_eq!(outbox_rows(&t.db).await.last().unwrap().status, "PENDING");
+    // A relay started again publishes the rest, in order.
+    transport.delay_confirms(Duration::ZERO);
+    let relay = start(&t, &outbox, &transport).await;
+    wait_all_sent(&t, 41, Duration::from_secs(30)).await;
+    relay.shutdown().await.unwrap();
+    let order = per_aggregate_order(
+        transport
+            .messages()
+            .iter()
+            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
+    );
+    assert_strictly_increasing(
+        &order
+            .into_iter()
+            .filter(|(a, _)| a != "c")
+            .collect::<std::collections::HashMap<_, _>>(),
+        20,
+    );
+}
+
+async fn off_by_switch(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(RelayConfig {
+            fast_path: false,
+            ..config()
+        })
+        .with_outbox(&outbox)
+        .spawn();
+    commit(&t, &outbox, &[("a", 0)]).await;
+    assert!(!outbox.fast_path_running());
+    // The commit wakes the claim loop.
+    wait_all_sent(&t, 1, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+}
+
+crate::backend_tests! {
+    published => published_right_after_commit;
+    waits_behind_unsent => an_event_behind_an_unsent_one_waits;
+    broker_unavailable => an_unavailable_broker_leaves_events_to_the_loop;
+    failed_publish => a_failed_publish_is_retried_by_the_loop;
+    dedup_keys => dedup_keys_skip_with_the_fast_path;
+    shutdown => shutdown_leaves_nothing_leased;
+    switched_off => off_by_switch;
+}
