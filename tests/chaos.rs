@@ -6,7 +6,8 @@
 //! its own and starts, as copies of itself:
 //!
 //! - one **producer** committing orders, each with its `chaos.order_placed` event, in
-//!   transactions of 1 to 10 orders over 200 customers (the aggregates), at a set rate;
+//!   transactions of 1 to 10 orders over 200 customers (the aggregates), at a set rate, through
+//!   the handle of a relay of its own, whose fast path publishes each commit right after it;
 //! - **relays** (default 2) publishing to JetStream and running the retention janitor, which
 //!   deletes SENT rows after one second so that it works all the time;
 //! - **consumers** (default 3 processes of the same service), each running the handlers of two
@@ -327,7 +328,10 @@ impl Role {
     /// make (the range of the random skip count).
     fn failpoints(self) -> &'static [(&'static str, u64)] {
         match self {
-            Role::Producer => &[],
+            Role::Producer => &[
+                (failpoints::FAST_PATH_AFTER_COMMIT, 150),
+                (failpoints::FAST_PATH_AFTER_PUBLISH, 150),
+            ],
             Role::Relay => &[
                 (failpoints::RELAY_AFTER_CLAIM, 60),
                 (failpoints::RELAY_AFTER_PUBLISH, 60),
@@ -521,15 +525,36 @@ async fn terminated() {
 }
 
 async fn produce(dir: &Path) -> Result<(), BoxError> {
-    let db = child_db(2).await?;
-    let outbox = Outbox::new("chaos-orders");
+    let db = child_db(4).await?;
+    // The producer runs a relay of its own and commits through its handle: the relay's fast
+    // path publishes each commit right after it (killed between the two, or between publishing
+    // and marking SENT, the other relays take the events over when the lease ends).
+    let runtime = Runtime::builder(db.clone())
+        .source("chaos-orders")
+        .transport(counting_transport(dir).await?)
+        .relay_config(relay_config())
+        .consumers(Vec::<String>::new())
+        .retention(None, Duration::from_secs(60))
+        .start()
+        .await?;
+    let outbox = runtime.outbox().clone();
+    let produced = produce_orders(dir, &db, &outbox).await;
+    runtime.shutdown().await;
+    produced
+}
+
+async fn produce_orders(
+    dir: &Path,
+    db: &DatabaseConnection,
+    outbox: &Outbox,
+) -> Result<(), BoxError> {
     let target = env_u64("OUTBOX_CHAOS_EVENTS", 3_000) as i64;
     let rate = env_u64("OUTBOX_CHAOS_RATE", 400).max(1) as f64;
     let stop = dir.join("stop-producing");
     let started = Instant::now();
     let mut produced = 0u64;
     // Counted once per life; a commit this process makes is counted as it returns.
-    let mut committed = scalar(&db, "SELECT COUNT(*) FROM chaos_order").await;
+    let mut committed = scalar(db, "SELECT COUNT(*) FROM chaos_order").await;
     loop {
         if committed >= target && stop.exists() {
             return Ok(());
@@ -541,7 +566,7 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
         }
         for _ in 0..20 {
             let orders = fastrand::u64(1..=10);
-            let tx = outbox.begin(&db).await?;
+            let tx = outbox.begin(db).await?;
             for _ in 0..orders {
                 let customer = customer_id(fastrand::usize(0..customers()));
                 let seq = tx
@@ -638,19 +663,24 @@ fn confirmed_publications(dir: &Path) -> u64 {
         .sum()
 }
 
-async fn relay(dir: &Path) -> Result<(), BoxError> {
-    let db = child_db(6).await?;
+/// The transport of a process that publishes, counting its confirmations.
+async fn counting_transport(dir: &Path) -> Result<CountingConfirms, BoxError> {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(
         dir.join("confirms")
             .join(format!("relay-{}.log", std::process::id())),
     )?;
-    let transport = CountingConfirms {
+    Ok(CountingConfirms {
         inner: child_transport().await?,
         log: std::sync::Mutex::new(log),
-    };
-    let config = RelayConfig {
+    })
+}
+
+/// The relays' settings (the producer's relay runs with them too).
+fn relay_config() -> RelayConfig {
+    RelayConfig {
         relay_id: format!("relay-{}", std::process::id()),
         lease: Duration::from_secs(2),
+        fast_path_lease: Duration::from_secs(2),
         max_attempts: 50,
         backoff: Backoff {
             base: Duration::from_millis(50),
@@ -660,7 +690,13 @@ async fn relay(dir: &Path) -> Result<(), BoxError> {
         error_delay: Duration::from_millis(200),
         poll_interval: Duration::from_millis(500),
         ..RelayConfig::default()
-    };
+    }
+}
+
+async fn relay(dir: &Path) -> Result<(), BoxError> {
+    let db = child_db(6).await?;
+    let transport = counting_transport(dir).await?;
+    let config = relay_config();
     let retention = RetentionPolicy {
         sent_after: Duration::from_secs(1),
         batch_size: env_u64("OUTBOX_CHAOS_JANITOR_BATCH", 100) as usize,
@@ -789,9 +825,10 @@ struct Harness {
 
 impl Harness {
     fn failpoint_kills(&self) -> BTreeMap<String, u64> {
-        let mut counts: BTreeMap<String, u64> = Role::Relay
+        let mut counts: BTreeMap<String, u64> = Role::Producer
             .failpoints()
             .iter()
+            .chain(Role::Relay.failpoints())
             .chain(Role::Consumer.failpoints())
             .map(|(name, _)| ((*name).to_owned(), 0))
             .collect();

@@ -51,6 +51,7 @@ async fn start(t: &TestDb, transport: &MemoryTransport) -> Runtime {
         .consumers(["fp"])
         .relay_config(RelayConfig {
             lease: Duration::from_millis(500),
+            fast_path_lease: Duration::from_millis(500),
             poll_interval: Duration::from_millis(50),
             error_delay: Duration::from_millis(50),
             backoff: Backoff {
@@ -95,6 +96,14 @@ async fn survives_with(
     RUNS.store(0, Ordering::SeqCst);
     let transport = MemoryTransport::new();
     let runtime = start(&t, &transport).await;
+    // The relay's fast path takes the commits (the first event of each cart in a transaction;
+    // the rest wait for the claim loop).
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            runtime.outbox().fast_path_running()
+        })
+        .await
+    );
     produce(&t, runtime.outbox(), 8, 5, 10).await;
     let settled = eventually(Duration::from_secs(30), || async {
         effects(&t.db).await.len() >= EVENTS
@@ -182,6 +191,50 @@ async fn relay_dies_after_publish() {
         return;
     };
     // Published, never marked SENT: published again after the lease, suppressed by the inbox.
+    assert!(
+        o.transport.len() > EVENTS,
+        "the unmarked events were published again: {} messages",
+        o.transport.len()
+    );
+    assert!(o.report.consumer("fp").duplicates > 0, "{:?}", o.report);
+    assert_strictly_increasing(&o.order, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_dies_after_commit() {
+    let Some(o) = survives(
+        "fp_fast_after_commit",
+        failpoints::FAST_PATH_AFTER_COMMIT,
+        "2*return",
+    )
+    .await
+    else {
+        return;
+    };
+    // The committed events stayed leased to the dead fast path; the claim loop took them over
+    // when the lease ended, which counts as an attempt.
+    assert!(
+        o.rows.iter().any(|r| r.attempts >= 1),
+        "a taken-over event shows its attempt: {:?}",
+        o.rows
+    );
+    assert_eq!(o.transport.len(), EVENTS, "nothing was published twice");
+    assert_strictly_increasing(&o.order, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_path_dies_after_publish() {
+    let Some(o) = survives(
+        "fp_fast_after_publish",
+        failpoints::FAST_PATH_AFTER_PUBLISH,
+        "1*return",
+    )
+    .await
+    else {
+        return;
+    };
+    // Published, never marked SENT: the claim loop published them again after the lease, and
+    // the inbox suppressed the copies.
     assert!(
         o.transport.len() > EVENTS,
         "the unmarked events were published again: {} messages",

@@ -59,6 +59,9 @@ enum Mode {
     Poll,
     /// Commit, then publish by hand; consume by hand and commit the effect.
     Raw,
+    /// The whole SDK pipeline with the producers committing through the runtime's own handle:
+    /// the relay's fast path publishes each commit right after it.
+    Fast,
     /// The SDK's producer and relay (wake-ups on), the hand-written consumer: the relay's share.
     RelayOnly,
     /// The hand-written producer publishing CloudEvents, the SDK's consumer: the inbox's share.
@@ -74,6 +77,7 @@ impl Mode {
             Mode::Wake => "wake",
             Mode::Poll => "poll",
             Mode::Raw => "raw",
+            Mode::Fast => "fast",
             Mode::RelayOnly => "relay",
             Mode::ConsumerOnly => "consumer",
             Mode::RawRelay => "rawrelay",
@@ -87,6 +91,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     // one figure.
     let modes: Vec<Mode> = [
         Mode::Raw,
+        Mode::Fast,
         Mode::Wake,
         Mode::Poll,
         Mode::RelayOnly,
@@ -249,8 +254,8 @@ async fn measure(
             relay.await??;
             consumer.abort();
         }
-        Mode::Wake | Mode::Poll => {
-            let relay = if mode == Mode::Wake {
+        Mode::Fast | Mode::Wake | Mode::Poll => {
+            let relay = if mode != Mode::Poll {
                 RelayConfig::default()
             } else {
                 RelayConfig {
@@ -268,9 +273,12 @@ async fn measure(
                 .expect_consumers([CONSUMER])
                 .start()
                 .await?;
-            // The producers are another process as far as the relay can tell: their own
-            // handle, reaching it by the cross-process wake-up only (or not at all).
-            let producer = if mode == Mode::Wake {
+            // With the fast path, the producers commit through the runtime's handle. Otherwise
+            // they are another process as far as the relay can tell: their own handle, reaching
+            // it by the cross-process wake-up only (or not at all).
+            let producer = if mode == Mode::Fast {
+                runtime.outbox().clone()
+            } else if mode == Mode::Wake {
                 Outbox::new("bench-p3")
             } else {
                 Outbox::builder("bench-p3").notify_channel(None).build()
@@ -518,6 +526,28 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
     let [lowest, low, high] = ctx.sizes.p3_rates;
     let mut specs = Vec::new();
     for rate in [lowest, low, high] {
+        // Issue targets of the fast path: p50 ≤ 2×, p99 ≤ 3× the hand-written pipeline at
+        // 200 and 1,000 events/s.
+        for (q, label) in [("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")] {
+            let target = match q {
+                "p50" if rate != high => Some(2.0),
+                "p99" if rate != high => Some(3.0),
+                _ => None,
+            };
+            let mut row = spec(
+                "P3",
+                format!("commit → handled {label}, {rate}/s, fast path"),
+                format!("p3.fast.r{rate}.{q}"),
+            )
+            .against(
+                format!("hand-written pipeline {label}"),
+                format!("p3.raw.r{rate}.{q}"),
+            );
+            if let Some(t) = target {
+                row = row.target(Target::AtMost(t));
+            }
+            specs.push(row);
+        }
         for (q, label) in [("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")] {
             let target = match (rate, q) {
                 (r, "p50") if r == low => Some(3.0),
@@ -590,6 +620,11 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
             ("insert_to_received", "event INSERT → consumer's inbox row"),
         ] {
             for q in ["p50", "p99"] {
+                specs.push(spec(
+                    "P3",
+                    format!("… stage {what} {q}, {rate}/s, fast path"),
+                    format!("p3.fast.r{rate}.{stage}.{q}"),
+                ));
                 specs.push(spec(
                     "P3",
                     format!("… stage {what} {q}, {rate}/s, wake-ups"),

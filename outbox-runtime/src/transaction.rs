@@ -428,7 +428,7 @@ impl OutboxTransaction {
             let handoff = Handoff {
                 events: outcome
                     .owned
-                    .iter()
+                    .into_iter()
                     .filter_map(|row| events[row.index].take().map(|e| e.into_claimed(row)))
                     .collect(),
                 committed: std::time::Instant::now(),

@@ -361,6 +361,12 @@ impl Drop for RedisCleanup {
     }
 }
 
+tokio::task_local! {
+    /// Whether the scenario's relays publish through their fast path (the default) or leave
+    /// every event to the claim loop.
+    static FAST_PATH: bool;
+}
+
 async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
     let mut builder = Runtime::builder(t.db.clone())
         .source("conformance")
@@ -373,6 +379,7 @@ async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
                 jitter: 0.2,
             },
             max_attempts: 1_000,
+            fast_path: FAST_PATH.try_with(|on| *on).unwrap_or(true),
             ..RelayConfig::default()
         })
         .inbox_config(InboxConfig {
@@ -451,6 +458,18 @@ async fn delivers_every_event_once_in_order(kind: Kind, t: TestDb) {
     };
     let runtime = runtime(&t, &setup).await;
     let outbox = runtime.outbox().clone();
+    // With a broker, the relay's fast path takes the commits unless it is switched off.
+    let fast = setup.transport.is_some() && FAST_PATH.try_with(|on| *on).unwrap_or(true);
+    if fast {
+        let running = eventually(Duration::from_secs(10), || async {
+            outbox.fast_path_running()
+        })
+        .await;
+        assert!(running, "the relay's fast path takes the commits");
+    } else {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!outbox.fast_path_running(), "no fast path");
+    }
     let total = produce(&t, &outbox, "once", 10, 12).await;
     wait_for_effects(&t, total).await;
     let health = runtime.health();
@@ -695,6 +714,14 @@ macro_rules! transports {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn delivers_once_in_order() {
                 run("once", delivers_every_event_once_in_order).await;
+            }
+
+            /// The same with the fast path off: every event goes through the claim loop.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn delivers_once_in_order_claim_loop() {
+                FAST_PATH
+                    .scope(false, run("once_loop", delivers_every_event_once_in_order))
+                    .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

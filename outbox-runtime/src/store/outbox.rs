@@ -34,8 +34,10 @@ pub(crate) struct PendingEvent {
 }
 
 impl PendingEvent {
-    /// The event as the fast path publishes it, from the row its INSERT wrote.
-    pub(crate) fn into_claimed(self, row: &OwnedRow) -> ClaimedEvent {
+    /// The event as the fast path publishes it, from the row its INSERT wrote: with the payload
+    /// and headers as the database returns them, byte for byte what the claim loop would read
+    /// (a JSON column may reorder keys), so that every copy of a message is the same.
+    pub(crate) fn into_claimed(self, row: OwnedRow) -> ClaimedEvent {
         ClaimedEvent {
             id: row.id,
             event_id: self.event_id,
@@ -45,8 +47,8 @@ impl PendingEvent {
             aggregate_type: self.aggregate_type.into_owned(),
             aggregate_id: self.aggregate_id,
             aggregate_version: self.aggregate_version,
-            payload: self.payload,
-            headers: self.headers,
+            payload: row.payload,
+            headers: row.headers,
             created_at: row.created_at,
             attempts: 0,
             reclaimed: false,
@@ -102,7 +104,7 @@ pub(crate) struct FastClaim<'a> {
 }
 
 /// A row the commit-time INSERT wrote PROCESSING for the fast path.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct OwnedRow {
     /// Index of its event in the buffer given to [`insert_events`].
     pub(crate) index: usize,
@@ -110,6 +112,10 @@ pub(crate) struct OwnedRow {
     pub(crate) id: i64,
     /// `created_at`, by the database's clock.
     pub(crate) created_at: DateTime<Utc>,
+    /// The payload as stored.
+    pub(crate) payload: String,
+    /// The headers as stored.
+    pub(crate) headers: String,
 }
 
 /// What the commit-time INSERT did.
@@ -128,8 +134,18 @@ impl InsertOutcome {
     }
 }
 
-/// The rows an INSERT wrote, by event id: row id, whether the fast path owns it, `created_at`.
-type Written = HashMap<Uuid, (i64, bool, DateTime<Utc>)>;
+/// The rows an INSERT wrote, by event id.
+type Written = HashMap<Uuid, WrittenRow>;
+
+/// A row as the INSERT returned it (or as read back).
+struct WrittenRow {
+    id: i64,
+    /// Written PROCESSING: the fast path owns it.
+    owned: bool,
+    created_at: DateTime<Utc>,
+    /// With the fast path: the payload and headers as stored.
+    stored: Option<(String, String)>,
+}
 
 /// With the fast path, the earlier events of an aggregate in the same buffer that an event's
 /// "earlier unsent event" check leaves out (they are written by the same statement or
@@ -243,9 +259,10 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
         }
         match returned.as_mut() {
             Some(returned) if dialect.insert_returning() => {
-                sql.push(" RETURNING id, event_id, status, created_at");
+                sql.push(" RETURNING ")
+                    .push(&returned_columns(fast.is_some()));
                 for row in conn.query_all_raw(sql.build()).await? {
-                    read_returned(&dialect, &row, returned)?;
+                    read_returned(&dialect, &row, returned, fast.is_some())?;
                 }
             }
             _ => {
@@ -261,27 +278,32 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
         for chunk in to_write.chunks(batch_rows.clamp(1, 1000)) {
             let mut sql = Sql::new(dialect);
             sql.push(&format!(
-                "SELECT id, event_id, status, created_at FROM {OUTBOX_TABLE} WHERE event_id IN "
+                "SELECT {} FROM {OUTBOX_TABLE} WHERE event_id IN ",
+                returned_columns(true)
             ))
             .bind_list(chunk.iter().map(|(_, e)| dialect.uuid(e.event_id)));
             for row in conn.query_all_raw(sql.build()).await? {
-                read_returned(&dialect, &row, returned)?;
+                read_returned(&dialect, &row, returned, true)?;
             }
         }
     }
 
-    match &returned {
-        Some(returned) => {
+    match returned {
+        Some(mut returned) => {
             for (index, event) in &to_write {
-                match returned.get(&event.event_id) {
+                match returned.remove(&event.event_id) {
                     // Read back on MySQL: a row of another transaction's event with the same
                     // id cannot exist (ids are v7 UUIDs made here), so present means written.
-                    Some(&(id, owned, created_at)) => {
-                        if owned && fast.is_some() {
+                    Some(row) => {
+                        if let (true, Some(_), Some((payload, headers))) =
+                            (row.owned, fast, row.stored)
+                        {
                             outcome.owned.push(OwnedRow {
                                 index: *index,
-                                id,
-                                created_at,
+                                id: row.id,
+                                created_at: row.created_at,
+                                payload,
+                                headers,
                             });
                         }
                     }
@@ -368,19 +390,39 @@ fn push_fast_claim(
     sql.push(" END");
 }
 
+/// The columns the INSERT returns (or MySQL reads back); with the fast path, the stored
+/// payload and headers too.
+fn returned_columns(stored: bool) -> String {
+    let mut columns = "id, event_id, status, created_at".to_owned();
+    if stored {
+        columns.push_str(", payload, headers");
+    }
+    columns
+}
+
 fn read_returned(
     dialect: &Dialect,
     row: &QueryResult,
     returned: &mut Written,
+    stored: bool,
 ) -> Result<(), DbErr> {
     let status = OutboxStatus::parse(&row.try_get::<String>("", "status")?);
+    let stored = if stored {
+        Some((
+            dialect.get_json_text(row, "payload")?,
+            dialect.get_json_text(row, "headers")?,
+        ))
+    } else {
+        None
+    };
     returned.insert(
         dialect.get_uuid(row, "event_id")?,
-        (
-            row.try_get("", "id")?,
-            status == Some(OutboxStatus::Processing),
-            dialect.get_timestamp(row, "created_at")?,
-        ),
+        WrittenRow {
+            id: row.try_get("", "id")?,
+            owned: status == Some(OutboxStatus::Processing),
+            created_at: dialect.get_timestamp(row, "created_at")?,
+            stored,
+        },
     );
     Ok(())
 }
