@@ -361,6 +361,67 @@ impl OutboxTransaction {
     /// For a savepoint: release it and hand its events to the enclosing transaction.
     /// If writing the events fails, nothing is committed: rows and events roll back together.
     pub async fn commit(self) -> Result<CommitReport, OutboxError> {
+        // The relay's fast path, when one runs on this handle: the INSERT writes the events
+        // already claimed by it, and they are handed over after COMMIT.
+        let fast = if self.parent.is_none() && self.buffered() > 0 {
+            self.outbox.fast_path()
+        } else {
+            None
+        };
+        let (outbox, db) = (self.outbox.clone(), self.db.clone());
+        let Committed {
+            report,
+            owned,
+            after_commit,
+        } = self.commit_with(fast.as_ref().map(|f| f.claim())).await?;
+        if let Some(fast) = fast
+            && !owned.is_empty()
+        {
+            let handoff = Handoff {
+                events: owned,
+                committed: std::time::Instant::now(),
+            };
+            if let Err(handoff) = fast.hand_over(handoff) {
+                // The relay stopped meanwhile: the rows go back to PENDING for the next one.
+                release_owned(db.clone(), fast.token, handoff);
+                outbox.committed(&db);
+            }
+        }
+        for f in after_commit {
+            f();
+        }
+        Ok(report)
+    }
+
+    /// Commit as a relay's fast path sees it: each event is written claimed by `owner` under
+    /// `token` for `lease`, unless an earlier event of its aggregate is unsent; returns the
+    /// report and the events written claimed, in id order, as the fast path publishes them.
+    /// Nothing publishes them: for the SDK's tests of the state machine.
+    #[cfg(feature = "test-util")]
+    pub async fn commit_claimed(
+        self,
+        owner: &str,
+        token: Uuid,
+        lease: std::time::Duration,
+    ) -> Result<(CommitReport, Vec<store::relay::ClaimedEvent>), OutboxError> {
+        let claim = store::outbox::FastClaim {
+            owner,
+            token,
+            lease,
+        };
+        let committed = self.commit_with(Some(claim)).await?;
+        for f in committed.after_commit {
+            f();
+        }
+        Ok((committed.report, committed.owned))
+    }
+
+    /// Write the buffered events (claimed by `fast`, where they may be), commit, wake the
+    /// relays if any event is left to them; the callbacks are the caller's to run.
+    async fn commit_with(
+        self,
+        fast: Option<store::outbox::FastClaim<'_>>,
+    ) -> Result<Committed, OutboxError> {
         let (events, after_commit) = {
             let mut buffer = lock(&self.buffer);
             buffer.closed = true;
@@ -381,19 +442,16 @@ impl OutboxTransaction {
             let mut parent = lock(parent);
             parent.events.extend(events);
             parent.after_commit.extend(after_commit);
-            return Ok(CommitReport {
-                carried_to_parent: carried,
-                ..CommitReport::default()
+            return Ok(Committed {
+                report: CommitReport {
+                    carried_to_parent: carried,
+                    ..CommitReport::default()
+                },
+                owned: Vec::new(),
+                after_commit: Vec::new(),
             });
         }
 
-        // The relay's fast path, when one runs on this handle: the INSERT writes the events
-        // already claimed by it, and they are handed over after COMMIT.
-        let fast = if events.is_empty() {
-            None
-        } else {
-            self.outbox.fast_path()
-        };
         let outcome = if events.is_empty() {
             if !after_commit.is_empty() && store::Dialect::of(&self.txn).commit_hides_abort() {
                 // PostgreSQL answers COMMIT of a transaction aborted by a failed statement with
@@ -407,7 +465,7 @@ impl OutboxTransaction {
                 &self.txn,
                 &events,
                 self.outbox.inner.insert_batch_rows,
-                fast.as_ref().map(|f| f.claim()),
+                fast,
             )
             .await?
         };
@@ -419,33 +477,20 @@ impl OutboxTransaction {
                 self.outbox.committed(&self.db);
             }
         }
-        let written = outcome.written;
-        let skipped = outcome.skipped;
-        if let Some(fast) = fast
-            && !outcome.owned.is_empty()
-        {
-            let mut events: Vec<Option<PendingEvent>> = events.into_iter().map(Some).collect();
-            let handoff = Handoff {
-                events: outcome
-                    .owned
-                    .into_iter()
-                    .filter_map(|row| events[row.index].take().map(|e| e.into_claimed(row)))
-                    .collect(),
-                committed: std::time::Instant::now(),
-            };
-            if let Err(handoff) = fast.hand_over(handoff) {
-                // The relay stopped meanwhile: the rows go back to PENDING for the next one.
-                release_owned(self.db.clone(), fast.token, handoff);
-                self.outbox.committed(&self.db);
-            }
-        }
-        for f in after_commit {
-            f();
-        }
-        Ok(CommitReport {
-            written,
-            skipped,
-            carried_to_parent: 0,
+        let mut events: Vec<Option<PendingEvent>> = events.into_iter().map(Some).collect();
+        let owned = outcome
+            .owned
+            .into_iter()
+            .filter_map(|row| events[row.index].take().map(|e| e.into_claimed(row)))
+            .collect();
+        Ok(Committed {
+            report: CommitReport {
+                written: outcome.written,
+                skipped: outcome.skipped,
+                carried_to_parent: 0,
+            },
+            owned,
+            after_commit,
         })
     }
 
@@ -460,6 +505,14 @@ impl OutboxTransaction {
         self.txn.rollback().await?;
         Ok(())
     }
+}
+
+/// What a commit did, and what is left to do after it.
+struct Committed {
+    report: CommitReport,
+    /// The events written claimed by the fast path, in id order.
+    owned: Vec<store::relay::ClaimedEvent>,
+    after_commit: Vec<AfterCommit>,
 }
 
 /// Hand rows a stopped fast path owns back as PENDING (fenced by its token), on a task of their

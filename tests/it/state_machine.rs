@@ -309,6 +309,8 @@ struct Coverage {
     blocked_behind_dead: usize,
     handed_back: usize,
     processing_behind_dead: usize,
+    fast_owned: usize,
+    fast_blocked: usize,
 }
 
 impl Coverage {
@@ -327,6 +329,8 @@ impl Coverage {
         self.blocked_behind_dead += other.blocked_behind_dead;
         self.handed_back += other.handed_back;
         self.processing_behind_dead += other.processing_behind_dead;
+        self.fast_owned += other.fast_owned;
+        self.fast_blocked += other.fast_blocked;
     }
 
     /// With enough cases, every transition the test is about must have happened.
@@ -353,6 +357,17 @@ impl Coverage {
         ] {
             assert!(n > 0, "{name}: no case exercised {what}: {self:?}");
         }
+        if name.starts_with("outbox") {
+            for (what, n) in [
+                ("commits owned by the fast path", self.fast_owned),
+                (
+                    "fast-path commits left to the claim loop",
+                    self.fast_blocked,
+                ),
+            ] {
+                assert!(n > 0, "{name}: no case exercised {what}: {self:?}");
+            }
+        }
     }
 }
 
@@ -373,6 +388,14 @@ enum OutboxOp {
     Shutdown { relay: Who },
     /// A relay dies holding its claim; the rows stay PROCESSING until the lease expires.
     Crash { relay: Who },
+    /// A business transaction commits through a relay's fast path: its events are written
+    /// claimed by the fast path unless an earlier event of their aggregate is unsent, and join
+    /// the fast path's claim in flight.
+    FastCommit { aggregate: u8, events: u8 },
+    /// The fast path publishes what it holds with these outcomes (cycled) and settles it.
+    FastPublish { outcomes: Vec<Outcome> },
+    /// The fast path's process dies holding its events (it comes back with a new token).
+    FastCrash,
     /// A relay stalls past its lease and the other relay (restarting) claims: the stalled
     /// relay still holds its claim and will publish and settle it later, stale.
     TakeOver { relay: Who, batch: u8 },
@@ -402,6 +425,9 @@ fn outbox_op() -> impl Strategy<Value = OutboxOp> {
         1 => who().prop_map(|relay| OutboxOp::Shutdown { relay }),
         2 => who().prop_map(|relay| OutboxOp::Crash { relay }),
         1 => (who(), 1u8..6).prop_map(|(relay, batch)| OutboxOp::TakeOver { relay, batch }),
+        3 => (0u8..3, 1u8..4).prop_map(|(aggregate, events)| OutboxOp::FastCommit { aggregate, events }),
+        3 => prop::collection::vec(outcome(), 1..5).prop_map(|outcomes| OutboxOp::FastPublish { outcomes }),
+        1 => Just(OutboxOp::FastCrash),
         1 => (1u8..6).prop_map(|batch| OutboxOp::LocalDelivery { batch }),
         4 => advance().prop_map(|seconds| OutboxOp::Advance { seconds }),
         1 => any::<u8>().prop_map(|pick| OutboxOp::Replay { pick }),
@@ -461,6 +487,20 @@ async fn outbox_rows(db: &DatabaseConnection) -> Result<BTreeMap<i64, OutRow>, T
         out.insert(r.id, r);
     }
     Ok(out)
+}
+
+/// The fast path's `locked_by`.
+const FAST_OWNER: &str = "fast-path";
+
+/// An empty claim under a new fast-path token: a process (re)started.
+fn fast_claim() -> Claim {
+    Claim {
+        token: uuid::Uuid::new_v4(),
+        events: Vec::new(),
+        dead: Vec::new(),
+        unreadable: 0,
+        claimed_at: None,
+    }
 }
 
 /// Every row in a legal state with consistent columns.
@@ -559,6 +599,8 @@ struct OutboxModel {
     committed: usize,
     seq: u32,
     in_flight: [Option<Claim>; 2],
+    /// What the fast path holds: the events commits wrote claimed by it, under its token.
+    fast: Claim,
     moved_locally: HashSet<uuid::Uuid>,
     /// Rows the broker confirmed at least once: the first publication of each row of an
     /// aggregate must come in id order.
@@ -578,6 +620,7 @@ impl OutboxModel {
             committed: 0,
             seq: 0,
             in_flight: [None, None],
+            fast: fast_claim(),
             moved_locally: HashSet::new(),
             published: HashSet::new(),
             cov: Coverage::default(),
@@ -641,6 +684,23 @@ impl OutboxModel {
             }
             OutboxOp::Crash { relay } => {
                 self.in_flight[relay.index()] = None;
+            }
+            OutboxOp::FastCommit { aggregate, events } => {
+                self.fast_commit_checked(*aggregate, *events, &before)
+                    .await?;
+            }
+            OutboxOp::FastPublish { outcomes } => {
+                let empty = Claim {
+                    events: Vec::new(),
+                    ..self.fast.clone()
+                };
+                let claim = std::mem::replace(&mut self.fast, empty);
+                if !claim.events.is_empty() {
+                    self.publish_and_settle(&claim, outcomes, &before).await?;
+                }
+            }
+            OutboxOp::FastCrash => {
+                self.fast = fast_claim();
             }
             OutboxOp::TakeOver { relay, batch } => {
                 advance_clock(&mut self.skew, LEASE_SECS + 1);
@@ -802,6 +862,81 @@ impl OutboxModel {
             }
         }
         Ok(claim)
+    }
+
+    /// Commit through the fast path, and check the INSERT's decision: an event is written
+    /// claimed by the fast path exactly when no earlier event of its aggregate (committed
+    /// before this transaction) is unsent; the rest are PENDING and unleased.
+    async fn fast_commit_checked(
+        &mut self,
+        aggregate: u8,
+        events: u8,
+        before: &BTreeMap<i64, OutRow>,
+    ) -> Result<(), TestCaseError> {
+        let thing = format!("t{aggregate}");
+        let tx = self.outbox.begin(&self.db).await.map_err(fail)?;
+        for _ in 0..events {
+            self.seq += 1;
+            tx.enqueue(&Happened {
+                thing: thing.clone(),
+                seq: self.seq,
+            })
+            .map_err(fail)?;
+        }
+        let (report, owned) = tx
+            .commit_claimed(FAST_OWNER, self.fast.token, LEASE)
+            .await
+            .map_err(fail)?;
+        prop_assert_eq!(report.written, usize::from(events));
+        self.committed += usize::from(events);
+        let after = self.rows().await?;
+        let blocked = before
+            .values()
+            .any(|r| r.aggregate == thing && r.status != "SENT");
+        let new: Vec<&OutRow> = after
+            .values()
+            .filter(|r| !before.contains_key(&r.id))
+            .collect();
+        prop_assert_eq!(new.len(), usize::from(events));
+        for r in &new {
+            if blocked {
+                prop_assert_eq!(&r.status, "PENDING", "behind an unsent event: {:?}", r);
+                prop_assert!(r.locked_by.is_none() && r.locked_until.is_none(), "{r:?}");
+            } else {
+                prop_assert_eq!(
+                    &r.status,
+                    "PROCESSING",
+                    "first unsent of its aggregate: {:?}",
+                    r
+                );
+                prop_assert_eq!(r.claim_token, Some(self.fast.token));
+                prop_assert_eq!(r.locked_by.as_deref(), Some(FAST_OWNER));
+            }
+        }
+        let owned_ids: Vec<i64> = owned.iter().map(|e| e.id).collect();
+        let expected: Vec<i64> = if blocked {
+            Vec::new()
+        } else {
+            new.iter().map(|r| r.id).collect()
+        };
+        prop_assert_eq!(
+            owned_ids,
+            expected,
+            "the commit hands over what it owns, in id order"
+        );
+        if blocked {
+            self.cov.fast_blocked += 1;
+        } else {
+            self.cov.fast_owned += 1;
+        }
+        unchanged_except(
+            before,
+            &after,
+            &new.iter().map(|r| r.id).collect(),
+            "fast commit",
+        )?;
+        self.fast.events.extend(owned);
+        Ok(())
     }
 
     /// Publish a claim as the relay does, record what the broker confirmed, and settle.
@@ -1179,6 +1314,12 @@ async fn run_outbox_case(
                 .publish_and_settle(&claim, &[Outcome::Transient], &rows)
                 .await?;
         }
+    }
+    let fast = std::mem::replace(&mut model.fast, fast_claim());
+    if !fast.events.is_empty() {
+        model
+            .publish_and_settle(&fast, &[Outcome::Transient], &rows)
+            .await?;
     }
     cov.borrow_mut().add(&model.cov);
     Ok(())
