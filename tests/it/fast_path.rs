@@ -313,7 +313,7 @@ async fn every_copy_is_the_same_bytes(t: TestDb) {
         mid: "m".to_owned(),
     })
     .unwrap();
-    tx.commit().await.unwrap();
+    assert_eq!(tx.commit().await.unwrap().written, 1);
     wait_all_sent(&t, 1, Duration::from_secs(20)).await;
     relay.shutdown().await.unwrap();
     let messages = transport.messages();
