@@ -305,6 +305,8 @@ pub(crate) struct FastPath {
     pub(crate) token: Uuid,
     /// How long a commit's rows stay leased to it.
     pub(crate) lease: Duration,
+    /// The relay keeps per-aggregate order.
+    ordering: bool,
     handoff: mpsc::UnboundedSender<Handoff>,
     /// The relay's breaker is open: commits write their events PENDING.
     broker_down: Arc<AtomicBool>,
@@ -328,6 +330,7 @@ impl FastPath {
     pub(crate) fn new(
         owner: String,
         lease: Duration,
+        ordering: bool,
         broker_down: Arc<AtomicBool>,
         max_queued: usize,
     ) -> (Arc<FastPath>, mpsc::UnboundedReceiver<Handoff>) {
@@ -336,6 +339,7 @@ impl FastPath {
             owner,
             token: Uuid::new_v4(),
             lease,
+            ordering,
             handoff,
             broker_down,
             queued: AtomicUsize::new(0),
@@ -356,6 +360,7 @@ impl FastPath {
             owner: &self.owner,
             token: self.token,
             lease: self.lease,
+            ordering: self.ordering,
         }
     }
 

@@ -408,6 +408,7 @@ impl OutboxTransaction {
             owner,
             token,
             lease,
+            ordering: true,
         };
         let committed = self.commit_with(Some(claim)).await?;
         for f in committed.after_commit {

@@ -330,6 +330,28 @@ async fn every_copy_is_the_same_bytes(t: TestDb) {
     );
 }
 
+async fn without_ordering_every_event_is_claimed(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let config = RelayConfig {
+        ordering: false,
+        ..config()
+    };
+    let relay = start_with(&t, &outbox, &transport, config).await;
+    transport.delay_confirms(Duration::from_millis(1_000));
+    commit(&t, &outbox, &[("a", 0)]).await;
+    commit(&t, &outbox, &[("a", 1)]).await;
+    let status: Vec<String> = outbox_rows(&t.db)
+        .await
+        .into_iter()
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(status, ["PROCESSING", "PROCESSING"]);
+    wait_all_sent(&t, 2, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+    assert_eq!(transport.messages().len(), 2);
+}
+
 async fn off_by_switch(t: TestDb) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
@@ -356,4 +378,5 @@ crate::backend_tests! {
     shutdown => shutdown_leaves_nothing_leased;
     switched_off => off_by_switch;
     same_bytes => every_copy_is_the_same_bytes;
+    unordered => without_ordering_every_event_is_claimed;
 }

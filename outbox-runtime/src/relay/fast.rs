@@ -51,6 +51,7 @@ impl Relay {
         let (fast, receiver) = FastPath::new(
             self.config.relay_id.clone(),
             self.config.fast_path_lease,
+            self.config.ordering,
             self.broker.down_flag(),
             self.config.batch_size.max(1) * QUEUED_BATCHES,
         );

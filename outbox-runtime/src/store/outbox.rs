@@ -101,6 +101,9 @@ pub(crate) struct FastClaim<'a> {
     pub(crate) token: Uuid,
     /// The lease: after it, the relay takes the rows over.
     pub(crate) lease: Duration,
+    /// Per-aggregate order: leave an event behind an unsent one of its aggregate to the claim
+    /// loop. Without it every event is claimed.
+    pub(crate) ordering: bool,
 }
 
 /// A row the commit-time INSERT wrote PROCESSING for the fast path.
@@ -230,23 +233,26 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
             if let Some(fast) = fast {
                 let key = (event.aggregate_type.as_ref(), event.aggregate_id.as_str());
                 let before = earlier.entry(key).or_default();
+                let check = fast.ordering.then_some(before.as_slice());
                 // status, locked_by, locked_until: the fast path's claim, or PENDING unleased.
-                let pending = OutboxStatus::Pending.literal();
-                let processing = OutboxStatus::Processing.literal();
+                let (pending, processing) = (
+                    OutboxStatus::Pending.literal(),
+                    OutboxStatus::Processing.literal(),
+                );
+                let owner = Arg::Value(fast.owner.to_owned().into());
+                let until = Arg::Time(DbTime::after(fast.lease));
                 sql.push(", ");
                 push_fast_claim(
                     &mut sql,
                     event,
-                    before,
+                    check,
                     Claimed::Literal(processing),
                     pending,
                 );
                 sql.push(", ");
-                let owner = Arg::Value(fast.owner.to_owned().into());
-                push_fast_claim(&mut sql, event, before, Claimed::Arg(owner), "NULL");
+                push_fast_claim(&mut sql, event, check, Claimed::Arg(owner), "NULL");
                 sql.push(", ");
-                let until = Arg::Time(DbTime::after(fast.lease));
-                push_fast_claim(&mut sql, event, before, Claimed::Arg(until), "NULL");
+                push_fast_claim(&mut sql, event, check, Claimed::Arg(until), "NULL");
                 before.push(event.event_id);
                 sql.push(", ").bind(dialect.uuid(fast.token));
             }
@@ -358,14 +364,19 @@ enum Claimed<'a> {
 /// committed before the INSERT began: transactions that change an aggregate serialize on its
 /// row, so an earlier one has committed); MySQL reads the current rows, as an INSERT's
 /// subquery on its own table does; SQLite has one writer.
+/// Without ordering (`earlier` is `None`), the event is claimed.
 fn push_fast_claim(
     sql: &mut Sql,
     event: &PendingEvent,
-    earlier: &[Uuid],
+    earlier: Option<&[Uuid]>,
     claimed: Claimed<'_>,
     unclaimed: &str,
 ) {
     let dialect = sql.dialect();
+    let Some(earlier) = earlier else {
+        push_claimed(sql, claimed);
+        return;
+    };
     if earlier.len() >= MAX_SAME_AGGREGATE {
         sql.push(unclaimed);
         return;
@@ -383,11 +394,15 @@ fn push_fast_claim(
             .bind_list(earlier.iter().map(|id| dialect.uuid(*id)));
     }
     sql.push(&format!(") THEN {unclaimed} ELSE "));
+    push_claimed(sql, claimed);
+    sql.push(" END");
+}
+
+fn push_claimed(sql: &mut Sql, claimed: Claimed<'_>) {
     match claimed {
         Claimed::Literal(text) => sql.push(text),
         Claimed::Arg(arg) => sql.arg(arg),
     };
-    sql.push(" END");
 }
 
 /// The columns the INSERT returns (or MySQL reads back); with the fast path, the stored
