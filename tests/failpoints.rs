@@ -45,12 +45,15 @@ async fn record(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), Ha
 
 const EVENTS: usize = 40; // 8 carts x 5 lines
 
-async fn start(t: &TestDb, transport: &MemoryTransport) -> Runtime {
+/// A runtime whose relay publishes through its fast path, or (for the claim loop's failpoints)
+/// only through the claim loop.
+async fn start(t: &TestDb, transport: &MemoryTransport, fast_path: bool) -> Runtime {
     Runtime::builder(t.db.clone())
         .transport(transport.clone())
         .consumers(["fp"])
         .relay_config(RelayConfig {
             lease: Duration::from_millis(500),
+            fast_path,
             fast_path_lease: Duration::from_millis(500),
             poll_interval: Duration::from_millis(50),
             error_delay: Duration::from_millis(50),
@@ -79,7 +82,7 @@ async fn start(t: &TestDb, transport: &MemoryTransport) -> Runtime {
 /// Produce, let the runtime deliver through the armed failpoint, and check the outcome a user
 /// relies on. Returns the runtime's final report and how often the failpoint fired.
 async fn survives(test: &str, failpoint: &str, actions: &str) -> Option<Outcome> {
-    survives_with(test, failpoint, actions, false).await
+    survives_with(test, failpoint, actions, false, true).await
 }
 
 async fn survives_with(
@@ -87,6 +90,7 @@ async fn survives_with(
     failpoint: &str,
     actions: &str,
     fail_first: bool,
+    fast_path: bool,
 ) -> Option<Outcome> {
     let _turn = TURN.lock().await;
     FAIL_FIRST.store(fail_first, Ordering::SeqCst);
@@ -95,15 +99,17 @@ async fn survives_with(
     failpoints::cfg(failpoint, actions).unwrap();
     RUNS.store(0, Ordering::SeqCst);
     let transport = MemoryTransport::new();
-    let runtime = start(&t, &transport).await;
-    // The relay's fast path takes the commits (the first event of each cart in a transaction;
-    // the rest wait for the claim loop).
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            runtime.outbox().fast_path_running()
-        })
-        .await
-    );
+    let runtime = start(&t, &transport, fast_path).await;
+    if fast_path {
+        // The relay's fast path takes the commits (those behind an unsent event of their cart
+        // wait for the claim loop).
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                runtime.outbox().fast_path_running()
+            })
+            .await
+        );
+    }
     produce(&t, runtime.outbox(), 8, 5, 10).await;
     let settled = eventually(Duration::from_secs(30), || async {
         effects(&t.db).await.len() >= EVENTS
@@ -163,85 +169,69 @@ fn effect_order(effects: &[effect::Model]) -> std::collections::HashMap<String, 
     order
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_dies_after_claim() {
-    let Some(o) = survives("fp_after_claim", failpoints::RELAY_AFTER_CLAIM, "2*return").await
-    else {
+/// A publisher died holding leased rows it had not published (the relay after its claim, the
+/// fast path after the commit): they were taken over when the lease expired, which counts as an
+/// attempt, and published once.
+async fn dies_before_publishing(test: &str, failpoint: &str, fast_path: bool) {
+    let Some(o) = survives_with(test, failpoint, "2*return", false, fast_path).await else {
         return;
     };
-    // The dead claims were taken over when their leases expired; that counts as an attempt.
     assert!(
         o.rows.iter().any(|r| r.attempts >= 1),
-        "a reclaimed event shows its attempt: {:?}",
+        "{test}: a taken-over event shows its attempt: {:?}",
         o.rows
     );
-    assert_eq!(o.transport.len(), EVENTS, "nothing was published twice");
+    assert_eq!(
+        o.transport.len(),
+        EVENTS,
+        "{test}: nothing was published twice"
+    );
     assert_strictly_increasing(&o.order, 5);
+}
+
+/// A publisher died after the broker confirmed, before marking SENT: the rows were published
+/// again after the lease, with the same bytes, and the inbox suppressed the copies.
+async fn dies_before_marking(test: &str, failpoint: &str, fast_path: bool) {
+    let Some(o) = survives_with(test, failpoint, "1*return", false, fast_path).await else {
+        return;
+    };
+    assert!(
+        o.transport.len() > EVENTS,
+        "{test}: the unmarked events were published again: {} messages",
+        o.transport.len()
+    );
+    assert!(o.report.consumer("fp").duplicates > 0, "{:?}", o.report);
+    assert_strictly_increasing(&o.order, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_dies_after_claim() {
+    dies_before_publishing("fp_after_claim", failpoints::RELAY_AFTER_CLAIM, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_dies_after_publish() {
-    let Some(o) = survives(
-        "fp_after_publish",
-        failpoints::RELAY_AFTER_PUBLISH,
-        "1*return",
-    )
-    .await
-    else {
-        return;
-    };
-    // Published, never marked SENT: published again after the lease, suppressed by the inbox.
-    assert!(
-        o.transport.len() > EVENTS,
-        "the unmarked events were published again: {} messages",
-        o.transport.len()
-    );
-    assert!(o.report.consumer("fp").duplicates > 0, "{:?}", o.report);
-    assert_strictly_increasing(&o.order, 5);
+    dies_before_marking("fp_after_publish", failpoints::RELAY_AFTER_PUBLISH, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_path_dies_after_commit() {
-    let Some(o) = survives(
+    dies_before_publishing(
         "fp_fast_after_commit",
         failpoints::FAST_PATH_AFTER_COMMIT,
-        "2*return",
+        true,
     )
-    .await
-    else {
-        return;
-    };
-    // The committed events stayed leased to the dead fast path; the claim loop took them over
-    // when the lease ended, which counts as an attempt.
-    assert!(
-        o.rows.iter().any(|r| r.attempts >= 1),
-        "a taken-over event shows its attempt: {:?}",
-        o.rows
-    );
-    assert_eq!(o.transport.len(), EVENTS, "nothing was published twice");
-    assert_strictly_increasing(&o.order, 5);
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_path_dies_after_publish() {
-    let Some(o) = survives(
+    dies_before_marking(
         "fp_fast_after_publish",
         failpoints::FAST_PATH_AFTER_PUBLISH,
-        "1*return",
+        true,
     )
-    .await
-    else {
-        return;
-    };
-    // Published, never marked SENT: the claim loop published them again after the lease, and
-    // the inbox suppressed the copies.
-    assert!(
-        o.transport.len() > EVENTS,
-        "the unmarked events were published again: {} messages",
-        o.transport.len()
-    );
-    assert!(o.report.consumer("fp").duplicates > 0, "{:?}", o.report);
-    assert_strictly_increasing(&o.order, 5);
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,6 +274,7 @@ async fn consumer_dies_while_storing_a_retry() {
         "fp_store_retry",
         failpoints::INBOX_STORE_RETRY,
         "5*return",
+        true,
         true,
     )
     .await;

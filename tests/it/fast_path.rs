@@ -83,6 +83,29 @@ async fn start_with(
     relay
 }
 
+/// Per cart, the lines in the order the transport received them (each event once).
+fn stream_order(transport: &MemoryTransport) -> std::collections::HashMap<String, Vec<u32>> {
+    per_aggregate_order(
+        transport
+            .messages()
+            .iter()
+            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
+    )
+}
+
+/// A relay polling every 100 ms (for what the claim loop finds by polling: retries once due),
+/// on a new handle and transport.
+async fn start_polling(t: &TestDb) -> (Outbox, MemoryTransport, RelayHandle) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(100),
+        ..config()
+    };
+    let relay = start_with(t, &outbox, &transport, config).await;
+    (outbox, transport, relay)
+}
+
 async fn commit(t: &TestDb, outbox: &Outbox, lines: &[(&str, u32)]) {
     let tx = outbox.begin(&t.db).await.unwrap();
     for (cart, seq) in lines {
@@ -118,11 +141,7 @@ async fn published_right_after_commit(t: TestDb) {
         && r.sent_at.is_some_and(|s| s >= r.created_at)));
     let messages = transport.messages();
     assert_eq!(messages.len(), 4, "each event published once");
-    let order = per_aggregate_order(
-        messages
-            .iter()
-            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
-    );
+    let order = stream_order(&transport);
     assert_eq!(order["a"], vec![0, 1], "one aggregate's events in order");
 }
 
@@ -152,11 +171,7 @@ async fn an_event_behind_an_unsent_one_waits(t: TestDb) {
     relay.shutdown().await.unwrap();
     let messages = transport.messages();
     assert_eq!(messages.len(), 3);
-    let order = per_aggregate_order(
-        messages
-            .iter()
-            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
-    );
+    let order = stream_order(&transport);
     assert_eq!(order["a"], vec![0, 1]);
     let rows = outbox_rows(&t.db).await;
     assert_ne!(
@@ -198,14 +213,8 @@ async fn an_unavailable_broker_leaves_events_to_the_loop(t: TestDb) {
 }
 
 async fn a_failed_publish_is_retried_by_the_loop(t: TestDb) {
-    let outbox = Outbox::new("carts");
-    let transport = MemoryTransport::new();
     // The retry is due after its backoff, which the loop finds by polling.
-    let config = RelayConfig {
-        poll_interval: Duration::from_millis(100),
-        ..config()
-    };
-    let relay = start_with(&t, &outbox, &transport, config).await;
+    let (outbox, transport, relay) = start_polling(&t).await;
     transport.fail_next_publishes(1);
     commit(&t, &outbox, &[("a", 0), ("a", 1)]).await;
     wait_all_sent(&t, 2, Duration::from_secs(20)).await;
@@ -216,12 +225,7 @@ async fn a_failed_publish_is_retried_by_the_loop(t: TestDb) {
         rows[1].attempts, 0,
         "the event behind it was released, not failed"
     );
-    let order = per_aggregate_order(
-        transport
-            .messages()
-            .iter()
-            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
-    );
+    let order = stream_order(&transport);
     assert_eq!(order["a"], vec![0, 1]);
 }
 
@@ -280,12 +284,7 @@ async fn shutdown_leaves_nothing_leased(t: TestDb) {
     let relay = start(&t, &outbox, &transport).await;
     wait_all_sent(&t, 41, Duration::from_secs(30)).await;
     relay.shutdown().await.unwrap();
-    let order = per_aggregate_order(
-        transport
-            .messages()
-            .iter()
-            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
-    );
+    let order = stream_order(&transport);
     assert_strictly_increasing(
         &order
             .into_iter()
@@ -296,13 +295,7 @@ async fn shutdown_leaves_nothing_leased(t: TestDb) {
 }
 
 async fn every_copy_is_the_same_bytes(t: TestDb) {
-    let outbox = Outbox::new("carts");
-    let transport = MemoryTransport::new();
-    let config = RelayConfig {
-        poll_interval: Duration::from_millis(100),
-        ..config()
-    };
-    let relay = start_with(&t, &outbox, &transport, config).await;
+    let (outbox, transport, relay) = start_polling(&t).await;
     // The fast path's publication is stored but its confirmation lost: the claim loop
     // publishes the event again.
     transport.lose_next_confirms(1);
