@@ -95,6 +95,8 @@ pub struct OutboxTransaction {
     txn: DatabaseTransaction,
     buffer: Arc<Mutex<Buffer>>,
     parent: Option<Arc<Mutex<Buffer>>>,
+    /// Begun at READ COMMITTED or below: its locking reads take no gap locks.
+    read_committed: bool,
 }
 
 impl fmt::Debug for OutboxTransaction {
@@ -134,8 +136,14 @@ impl Outbox {
         db: &DatabaseConnection,
         options: TransactionOptions,
     ) -> Result<OutboxTransaction, OutboxError> {
+        let read_committed = matches!(
+            options.isolation_level,
+            Some(IsolationLevel::ReadCommitted | IsolationLevel::ReadUncommitted)
+        );
         let txn = db.begin_with_options(options).await?;
-        Ok(OutboxTransaction::root(self.clone(), db.clone(), txn))
+        let mut tx = OutboxTransaction::root(self.clone(), db.clone(), txn);
+        tx.read_committed = read_committed;
+        Ok(tx)
     }
 
     /// Run `f` in a transaction: commit its rows and events on `Ok`, roll back both on `Err`.
@@ -185,6 +193,7 @@ impl OutboxTransaction {
             txn,
             buffer: Arc::default(),
             parent: None,
+            read_committed: false,
         }
     }
 
@@ -353,6 +362,7 @@ impl OutboxTransaction {
             txn,
             buffer: Arc::default(),
             parent: Some(self.buffer.clone()),
+            read_committed: self.read_committed,
         })
     }
 
@@ -362,8 +372,12 @@ impl OutboxTransaction {
     /// If writing the events fails, nothing is committed: rows and events roll back together.
     pub async fn commit(self) -> Result<CommitReport, OutboxError> {
         // The relay's fast path, when one runs on this handle: the INSERT writes the events
-        // already claimed by it, and they are handed over after COMMIT.
-        let fast = if self.parent.is_none() && self.buffered() > 0 {
+        // already claimed by it, and they are handed over after COMMIT. Where its check of the
+        // aggregate's earlier events is a locking read (MySQL), only at READ COMMITTED: at
+        // REPEATABLE READ it would take gap locks that deadlock concurrent producers.
+        let gap_locks =
+            !self.read_committed && store::Dialect::of(&self.txn).insert_check_locks_gaps();
+        let fast = if self.parent.is_none() && self.buffered() > 0 && !gap_locks {
             self.outbox.fast_path()
         } else {
             None

@@ -13,6 +13,7 @@ use crate::common::carts::*;
 use crate::common::*;
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig, RelayHandle};
+use outbox::sea_orm::{DbBackend, IsolationLevel, TransactionOptions};
 use outbox::transport::memory::MemoryTransport;
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +84,20 @@ async fn start_with(
     relay
 }
 
+/// A producer's transaction that the fast path takes: on MySQL at READ COMMITTED (at REPEATABLE
+/// READ, the server's default, its events are left to the claim loop).
+async fn begin(t: &TestDb, outbox: &Outbox) -> OutboxTransaction {
+    if t.dialect().backend() == DbBackend::MySql {
+        let options = TransactionOptions {
+            isolation_level: Some(IsolationLevel::ReadCommitted),
+            ..TransactionOptions::default()
+        };
+        outbox.begin_with_options(&t.db, options).await.unwrap()
+    } else {
+        outbox.begin(&t.db).await.unwrap()
+    }
+}
+
 /// Per cart, the lines in the order the transport received them (each event once).
 fn stream_order(transport: &MemoryTransport) -> std::collections::HashMap<String, Vec<u32>> {
     per_aggregate_order(
@@ -107,7 +122,7 @@ async fn start_polling(t: &TestDb) -> (Outbox, MemoryTransport, RelayHandle) {
 }
 
 async fn commit(t: &TestDb, outbox: &Outbox, lines: &[(&str, u32)]) {
-    let tx = outbox.begin(&t.db).await.unwrap();
+    let tx = begin(t, outbox).await;
     for (cart, seq) in lines {
         tx.enqueue(&LineAdded {
             cart: (*cart).to_owned(),
@@ -237,12 +252,12 @@ async fn dedup_keys_skip_with_the_fast_path(t: TestDb) {
         cart: "k".to_owned(),
         key: key.to_owned(),
     };
-    let tx = outbox.begin(&t.db).await.unwrap();
+    let tx = begin(&t, &outbox).await;
     tx.enqueue(&keyed("one")).unwrap();
     tx.enqueue(&keyed("two")).unwrap();
     let report = tx.commit().await.unwrap();
     assert_eq!((report.written, report.skipped.len()), (2, 0));
-    let tx = outbox.begin(&t.db).await.unwrap();
+    let tx = begin(&t, &outbox).await;
     tx.enqueue(&keyed("two")).unwrap();
     tx.enqueue(&keyed("three")).unwrap();
     let report = tx.commit().await.unwrap();
@@ -299,7 +314,7 @@ async fn every_copy_is_the_same_bytes(t: TestDb) {
     // The fast path's publication is stored but its confirmation lost: the claim loop
     // publishes the event again.
     transport.lose_next_confirms(1);
-    let tx = outbox.begin(&t.db).await.unwrap();
+    let tx = begin(&t, &outbox).await;
     tx.enqueue(&Unsorted {
         zebra: "z".to_owned(),
         a_long_name: 7,
@@ -345,6 +360,62 @@ async fn without_ordering_every_event_is_claimed(t: TestDb) {
     assert_eq!(transport.messages().len(), 2);
 }
 
+/// Producers committing many events at once, side by side, through the fast path: every
+/// commit succeeds (on MySQL at READ COMMITTED its check takes no gap locks that could deadlock
+/// them) and every event is published once.
+async fn concurrent_producers(t: TestDb) {
+    let t = Arc::new(t);
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start(&t, &outbox, &transport).await;
+    let mut tasks = Vec::new();
+    for p in 0..6 {
+        let (t, outbox) = (t.clone(), outbox.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..10u32 {
+                let lines: Vec<(String, u32)> = (0..20)
+                    .map(|cart| (format!("p{p}-c{cart}"), round))
+                    .collect();
+                let lines: Vec<(&str, u32)> = lines.iter().map(|(c, s)| (c.as_str(), *s)).collect();
+                commit(&t, &outbox, &lines).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    wait_all_sent(&t, 1_200, Duration::from_secs(60)).await;
+    relay.shutdown().await.unwrap();
+    let order = stream_order(&transport);
+    assert_eq!(order.len(), 120);
+    assert_strictly_increasing(&order, 10);
+}
+
+/// On MySQL at REPEATABLE READ (the server's default) the fast path's check would take gap
+/// locks: such a transaction's events are written PENDING for the claim loop.
+async fn repeatable_read_on_mysql_goes_by_the_claim_loop(t: TestDb) {
+    if t.dialect().backend() != DbBackend::MySql {
+        return;
+    }
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start(&t, &outbox, &transport).await;
+    // At READ COMMITTED: the fast path's token.
+    commit(&t, &outbox, &[("a", 0)]).await;
+    // At REPEATABLE READ: written PENDING, claimed by the loop under a token of its own.
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.enqueue(&LineAdded {
+        cart: "b".to_owned(),
+        seq: 0,
+    })
+    .unwrap();
+    assert_eq!(tx.commit().await.unwrap().written, 1);
+    wait_all_sent(&t, 2, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+    let rows = outbox_rows(&t.db).await;
+    assert_ne!(rows[0].claim_token, rows[1].claim_token, "{rows:?}");
+}
+
 async fn off_by_switch(t: TestDb) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
@@ -372,4 +443,6 @@ crate::backend_tests! {
     switched_off => off_by_switch;
     same_bytes => every_copy_is_the_same_bytes;
     unordered => without_ordering_every_event_is_claimed;
+    concurrent => concurrent_producers;
+    mysql_repeatable_read => repeatable_read_on_mysql_goes_by_the_claim_loop;
 }

@@ -110,6 +110,12 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         ("INSERT INTO ", Some(" ON CONFLICT DO NOTHING"))
     }
 
+    /// Whether a subquery of an `INSERT` on its own table is a locking read that, at REPEATABLE
+    /// READ, takes gap locks (the fast path's check then deadlocks concurrent producers).
+    fn insert_check_locks_gaps(&self) -> bool {
+        false
+    }
+
     /// Whether an INSERT can return the rows it inserted (`RETURNING`).
     fn insert_returning(&self) -> bool {
         true
