@@ -6,8 +6,9 @@
 //! its own and starts, as copies of itself:
 //!
 //! - one **producer** committing orders, each with its `chaos.order_placed` event, in
-//!   transactions of 1 to 10 orders over 200 customers (the aggregates), at a set rate, through
-//!   the handle of a relay of its own, whose fast path publishes each commit right after it;
+//!   transactions of 1 to 10 orders over 200 customers (the aggregates), at a set rate, half of
+//!   them through the handle of a relay of its own, whose fast path publishes each commit right
+//!   after it, half through a handle of their own, whose events the relays' claim loops publish;
 //! - **relays** (default 2) publishing to JetStream and running the retention janitor, which
 //!   deletes SENT rows after one second so that it works all the time;
 //! - **consumers** (default 3 processes of the same service), each running the handlers of two
@@ -537,8 +538,10 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
         .retention(None, Duration::from_secs(60))
         .start()
         .await?;
-    let outbox = runtime.outbox().clone();
-    let produced = produce_orders(dir, &db, &outbox).await;
+    // Half the transactions commit through a handle of their own, as another process's would:
+    // their events go through the relays' claim loops.
+    let handles = [runtime.outbox().clone(), Outbox::new("chaos-orders")];
+    let produced = produce_orders(dir, &db, &handles).await;
     runtime.shutdown().await;
     produced
 }
@@ -546,7 +549,7 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
 async fn produce_orders(
     dir: &Path,
     db: &DatabaseConnection,
-    outbox: &Outbox,
+    handles: &[Outbox; 2],
 ) -> Result<(), BoxError> {
     let target = env_u64("OUTBOX_CHAOS_EVENTS", 3_000) as i64;
     let rate = env_u64("OUTBOX_CHAOS_RATE", 400).max(1) as f64;
@@ -566,7 +569,7 @@ async fn produce_orders(
         }
         for _ in 0..20 {
             let orders = fastrand::u64(1..=10);
-            let tx = outbox.begin(db).await?;
+            let tx = handles[fastrand::usize(0..2)].begin(db).await?;
             for _ in 0..orders {
                 let customer = customer_id(fastrand::usize(0..customers()));
                 let seq = tx
