@@ -573,12 +573,19 @@ async fn survives_a_broker_outage(kind: Kind, t: TestDb) {
     wait_for_effects(&t, total).await;
     let report = runtime.shutdown().await;
     assert_handled_once_in_order(&t, total, 8).await;
-    // Noticed as the broker's outage, not as failures of the events: no attempt spent.
+    // Noticed as the broker's outage, not as failures of the events: no attempt spent. The
+    // message names the errors the attempts were spent on.
+    let charged: Vec<String> = outbox_rows(&t.db)
+        .await
+        .into_iter()
+        .filter(|r| r.attempts > 0 || r.last_error.is_some())
+        .map(|r| format!("{} attempts {}: {:?}", r.event_id, r.attempts, r.last_error))
+        .collect();
     assert!(
         report
             .relay
             .is_some_and(|r| r.outages > 0 && r.retried == 0 && r.dead == 0),
-        "the outage was noticed as the broker's: {report:?}"
+        "the outage was noticed as the broker's: {report:?}; rows charged: {charged:?}"
     );
     let attempts = scalar_i64(
         &t.db,
