@@ -141,9 +141,12 @@ impl Outbox {
             Some(IsolationLevel::ReadCommitted | IsolationLevel::ReadUncommitted)
         );
         let txn = db.begin_with_options(options).await?;
-        let mut tx = OutboxTransaction::root(self.clone(), db.clone(), txn);
-        tx.read_committed = read_committed;
-        Ok(tx)
+        Ok(OutboxTransaction::root(
+            self.clone(),
+            db.clone(),
+            txn,
+            read_committed,
+        ))
     }
 
     /// Run `f` in a transaction: commit its rows and events on `Ok`, roll back both on `Err`.
@@ -186,14 +189,19 @@ impl Outbox {
 }
 
 impl OutboxTransaction {
-    pub(crate) fn root(outbox: Outbox, db: DatabaseConnection, txn: DatabaseTransaction) -> Self {
+    pub(crate) fn root(
+        outbox: Outbox,
+        db: DatabaseConnection,
+        txn: DatabaseTransaction,
+        read_committed: bool,
+    ) -> Self {
         OutboxTransaction {
             outbox,
             db,
             txn,
             buffer: Arc::default(),
             parent: None,
-            read_committed: false,
+            read_committed,
         }
     }
 

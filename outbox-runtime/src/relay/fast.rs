@@ -87,9 +87,7 @@ impl Relay {
                     None => break,
                 },
             };
-            let batch = gather(first, &mut receiver, self.config.batch_size);
-            fast.taken(batch.events.len());
-            self.publish_owned(outbox, transport, fast, batch, shutdown)
+            self.take_up(outbox, transport, fast, first, &mut receiver, shutdown)
                 .await;
         }
         // Commits write PENDING again; what was handed over is handed back (the token is
@@ -97,11 +95,25 @@ impl Relay {
         outbox.remove_fast_path(fast.token);
         receiver.close();
         while let Some(first) = receiver.recv().await {
-            let batch = gather(first, &mut receiver, self.config.batch_size);
-            fast.taken(batch.events.len());
-            self.publish_owned(outbox, transport, fast, batch, shutdown)
+            self.take_up(outbox, transport, fast, first, &mut receiver, shutdown)
                 .await;
         }
+    }
+
+    /// Take `first` and whatever else waits up as one batch, and publish it.
+    async fn take_up(
+        &self,
+        outbox: &Outbox,
+        transport: &dyn Transport,
+        fast: &FastPath,
+        first: Handoff,
+        receiver: &mut mpsc::UnboundedReceiver<Handoff>,
+        shutdown: &CancellationToken,
+    ) {
+        let batch = gather(first, receiver, self.config.batch_size);
+        fast.taken(batch.events.len());
+        self.publish_owned(outbox, transport, fast, batch, shutdown)
+            .await;
     }
 
     /// Publish and settle the rows commits handed over, as one claim under the fast path's

@@ -52,12 +52,12 @@ impl Backend for MySql {
         false
     }
 
-    /// Status ranges of `(aggregate_type, aggregate_id, status, id)`.
     /// InnoDB reads an `INSERT`'s subquery on its own table with shared next-key locks.
     fn insert_check_locks_gaps(&self) -> bool {
         true
     }
 
+    /// Status ranges of `(aggregate_type, aggregate_id, status, id)`.
     fn unsent(&self, prefix: &str) -> String {
         OutboxStatus::in_list(prefix, &OutboxStatus::UNSENT)
     }

@@ -183,8 +183,8 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
 
     // With the fast path, each event's earlier events of the same aggregate in this buffer.
     let mut earlier: HashMap<(&str, &str), Vec<Uuid>> = HashMap::new();
-    // Rows as returned (PostgreSQL, SQLite) or read back (MySQL): event id → (id, status, time).
-    // Wanted for the fast path, and where it saves the query for skipped keys.
+    // Rows as returned (PostgreSQL, SQLite) or read back (MySQL), by event id: wanted for the
+    // fast path, and where it saves the query for skipped keys.
     let any_keyed = to_write.iter().any(|(_, e)| e.dedup_key.is_some());
     let mut returned: Option<Written> =
         (fast.is_some() || (any_keyed && dialect.insert_returning())).then(HashMap::new);
@@ -301,9 +301,8 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
                     // Read back on MySQL: a row of another transaction's event with the same
                     // id cannot exist (ids are v7 UUIDs made here), so present means written.
                     Some(row) => {
-                        if let (true, Some(_), Some((payload, headers))) =
-                            (row.owned, fast, row.stored)
-                        {
+                        // Stored payloads are read with the fast path only.
+                        if let (true, Some((payload, headers))) = (row.owned, row.stored) {
                             outcome.owned.push(OwnedRow {
                                 index: *index,
                                 id: row.id,
