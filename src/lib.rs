@@ -6,6 +6,8 @@ pub use outbox_runtime::event::{AggregateVersionValue, DedupKeyValue};
 pub use outbox_runtime::failpoints;
 pub use outbox_runtime::inbox::InboxConfig;
 pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
+#[cfg(feature = "postgres-wal")]
+pub use outbox_runtime::relay::WalConfig;
 pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeReport};
 #[cfg(feature = "nats")]
 pub use outbox_runtime::transport::nats::NatsTransport;

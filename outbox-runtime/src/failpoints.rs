@@ -28,6 +28,12 @@ pub const RELAY_AFTER_PUBLISH: &str = "outbox::relay::after_publish";
 pub const FAST_PATH_AFTER_COMMIT: &str = "outbox::fast_path::after_commit";
 /// The broker confirmed the fast path's events; they are not marked SENT.
 pub const FAST_PATH_AFTER_PUBLISH: &str = "outbox::fast_path::after_publish";
+/// The broker confirmed the events the WAL relay read from the log; they are not marked SENT
+/// and the slot's position is not confirmed.
+pub const WAL_AFTER_PUBLISH: &str = "outbox::wal::after_publish";
+/// The WAL relay marked a batch SENT; the slot's position is not confirmed (the batch is read
+/// again).
+pub const WAL_BEFORE_CONFIRM: &str = "outbox::wal::before_confirm";
 /// A handler returned `Ok`; its transaction (effects, inbox row, follow-up events) is not
 /// committed.
 pub const INBOX_AFTER_HANDLER: &str = "outbox::inbox::after_handler";
@@ -41,11 +47,13 @@ pub const WEBHOOK_AFTER_COMMIT: &str = "outbox::webhook::after_commit";
 pub const JANITOR_BETWEEN_BATCHES: &str = "outbox::janitor::between_batches";
 
 /// Every failpoint, for harnesses that arm them in turn.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 11] = [
     RELAY_AFTER_CLAIM,
     RELAY_AFTER_PUBLISH,
     FAST_PATH_AFTER_COMMIT,
     FAST_PATH_AFTER_PUBLISH,
+    WAL_AFTER_PUBLISH,
+    WAL_BEFORE_CONFIRM,
     INBOX_AFTER_HANDLER,
     INBOX_AFTER_COMMIT,
     INBOX_STORE_RETRY,

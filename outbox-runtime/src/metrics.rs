@@ -16,6 +16,10 @@
 //! | `outbox_broker_last_seen_seconds` | gauge | `transport` | time since the broker last confirmed a publish or answered a health check, as of the relay's last heartbeat (`RelayConfig::heartbeat`) or breaker change |
 //! | `outbox_events_held_back_total` | counter | `transport` | claimed events handed back without an attempt because the broker was unavailable |
 //! | `outbox_publish_lag_seconds` | histogram | `transport` | enqueue (commit) to broker confirmation |
+//! | `outbox_wal_left_to_table_total` | counter | `transport` | events the WAL relay left to the claim loop (behind an unsent earlier event of their aggregate) |
+//! | `outbox_wal_fallbacks_total` | counter | `slot` | times a WAL relay could not stream (slot dropped or invalidated, `wal_level` not `logical`) and fell back to polling |
+//! | `outbox_wal_slot_lag_bytes` | gauge | `slot` | WAL written after the position a WAL relay's slot confirmed: how far the relay is behind (grows while it is stopped) |
+//! | `outbox_wal_slot_retained_bytes` | gauge | `slot` | WAL the server keeps on disk for the slot |
 //! | `outbox_backlog_events` | gauge | `status` | unsent outbox rows per status |
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest unsent, not dead event |
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | `handled`, `retried`, `dead`, `duplicate`, `stored`, `stale`, `conflict`, `unrecorded` (a database error while recording a delivery; it is tried again) |
@@ -52,6 +56,14 @@ pub const BROKER_LAST_SEEN: &str = "outbox_broker_last_seen_seconds";
 pub const EVENTS_HELD_BACK: &str = "outbox_events_held_back_total";
 /// Commit to confirmation.
 pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
+/// Events the WAL relay left to the claim loop.
+pub const WAL_LEFT_TO_TABLE: &str = "outbox_wal_left_to_table_total";
+/// Times a WAL relay fell back to polling.
+pub const WAL_FALLBACKS: &str = "outbox_wal_fallbacks_total";
+/// WAL written after a slot's confirmed position.
+pub const WAL_SLOT_LAG: &str = "outbox_wal_slot_lag_bytes";
+/// WAL the server keeps for a slot.
+pub const WAL_SLOT_RETAINED: &str = "outbox_wal_slot_retained_bytes";
 /// Unsent outbox rows per status.
 pub const BACKLOG: &str = "outbox_backlog_events";
 /// Age of the oldest unsent event.
@@ -121,6 +133,26 @@ pub fn describe() {
         PUBLISH_LAG,
         Unit::Seconds,
         "Time from enqueue to broker confirmation"
+    );
+    describe_counter!(
+        WAL_LEFT_TO_TABLE,
+        Unit::Count,
+        "Events the WAL relay left to the claim loop, behind an unsent earlier event of their aggregate"
+    );
+    describe_counter!(
+        WAL_FALLBACKS,
+        Unit::Count,
+        "Times a WAL relay could not stream from its slot and fell back to polling the table"
+    );
+    describe_gauge!(
+        WAL_SLOT_LAG,
+        Unit::Bytes,
+        "WAL written after the position the WAL relay's slot confirmed"
+    );
+    describe_gauge!(
+        WAL_SLOT_RETAINED,
+        Unit::Bytes,
+        "WAL the server keeps on disk for the WAL relay's slot"
     );
     describe_gauge!(BACKLOG, Unit::Count, "Unsent outbox rows per status");
     describe_gauge!(
@@ -192,6 +224,16 @@ pub(crate) fn held_back(transport: &'static str, n: usize) {
     }
 }
 
+#[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
+pub(crate) fn wal_left_to_table(transport: &'static str, n: usize) {
+    counter!(WAL_LEFT_TO_TABLE, "transport" => transport).increment(n as u64);
+}
+
+#[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
+pub(crate) fn wal_fallback(slot: &str) {
+    counter!(WAL_FALLBACKS, "slot" => slot.to_owned()).increment(1);
+}
+
 pub(crate) fn publish_lag(transport: &'static str, lag: Duration) {
     histogram!(PUBLISH_LAG, "transport" => transport).record(lag.as_secs_f64());
 }
@@ -260,16 +302,26 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
         let status: InboxStatus = row.status;
         *counts.entry((row.consumer, status.as_str())).or_default() += row.count;
     }
-    // A consumer whose backlog emptied reports 0, not its last non-zero value.
-    let mut reported = REPORTED_INBOX.lock().unwrap_or_else(|p| p.into_inner());
-    for key in reported.iter() {
-        if !counts.contains_key(key) {
-            inbox_backlog(key.0.clone(), key.1, 0);
+    {
+        // A consumer whose backlog emptied reports 0, not its last non-zero value.
+        let mut reported = REPORTED_INBOX.lock().unwrap_or_else(|p| p.into_inner());
+        for key in reported.iter() {
+            if !counts.contains_key(key) {
+                inbox_backlog(key.0.clone(), key.1, 0);
+            }
         }
+        for ((consumer, status), n) in &counts {
+            inbox_backlog(consumer.clone(), status, *n);
+        }
+        reported.extend(counts.into_keys());
     }
-    for ((consumer, status), n) in &counts {
-        inbox_backlog(consumer.clone(), status, *n);
+
+    // The WAL relays' slots (PostgreSQL): a stopped relay's slot lags and holds WAL back.
+    for slot in crate::store::wal::slots(db).await? {
+        let lag = slot.lag_bytes.unwrap_or(0).max(0) as f64;
+        let retained = slot.retained_bytes.unwrap_or(0).max(0) as f64;
+        gauge!(WAL_SLOT_LAG, "slot" => slot.name.clone()).set(lag);
+        gauge!(WAL_SLOT_RETAINED, "slot" => slot.name).set(retained);
     }
-    reported.extend(counts.into_keys());
     Ok(())
 }

@@ -549,7 +549,7 @@ fn release_owned(db: DatabaseConnection, token: Uuid, handoff: Handoff) {
         ..Default::default()
     };
     runtime.spawn(async move {
-        if let Err(e) = store::relay::settle(&db, token, &settlement).await {
+        if let Err(e) = store::relay::settle(&db, store::relay::Fence::Claim(token), &settlement).await {
             tracing::debug!(error = %e, "handing fast-path events back failed; the relay takes them over after their lease");
         }
     });

@@ -63,7 +63,12 @@ use crate::{
 pub use crate::util::backoff::Backoff;
 
 mod fast;
+#[cfg(feature = "postgres-wal")]
+mod wal;
 mod watch;
+
+#[cfg(feature = "postgres-wal")]
+pub use wal::WalConfig;
 
 use watch::BrokerWatch;
 
@@ -289,6 +294,9 @@ pub struct Relay {
     stats: Arc<RelayStats>,
     /// The circuit breaker and what the relay last saw of the broker.
     broker: Arc<BrokerWatch>,
+    /// The WAL mode (see [`Relay::with_wal`]).
+    #[cfg(feature = "postgres-wal")]
+    wal: Option<Arc<wal::WalMode>>,
 }
 
 impl fmt::Debug for Relay {
@@ -312,6 +320,8 @@ impl Relay {
             outbox: None,
             stats: stats.clone(),
             broker: Arc::new(BrokerWatch::new(stats)),
+            #[cfg(feature = "postgres-wal")]
+            wal: None,
         }
     }
 
@@ -327,6 +337,8 @@ impl Relay {
             outbox: None,
             stats: stats.clone(),
             broker: Arc::new(BrokerWatch::new(stats)),
+            #[cfg(feature = "postgres-wal")]
+            wal: None,
         }
     }
 
@@ -334,6 +346,45 @@ impl Relay {
     pub fn with_config(mut self, config: RelayConfig) -> Self {
         self.config = config;
         self
+    }
+
+    /// Read committed events from PostgreSQL's write-ahead log by logical replication instead
+    /// of polling the table (feature `postgres-wal`; see [`WalConfig`]). The claim loop keeps
+    /// running beside the stream, for what the stream leaves to the table (events behind a
+    /// failed one, retries) and as the fallback when the slot is lost. The fast path is off in
+    /// this mode: commits write PENDING, and the stream publishes them.
+    #[cfg(feature = "postgres-wal")]
+    pub fn with_wal(mut self, config: WalConfig) -> Self {
+        self.wal = Some(Arc::new(wal::WalMode::new(config)));
+        self
+    }
+
+    /// Whether the relay streams from the WAL now: configured with [`with_wal`](Self::with_wal)
+    /// and not fallen back to polling.
+    pub fn streams_wal(&self) -> bool {
+        #[cfg(feature = "postgres-wal")]
+        if let Some(mode) = &self.wal {
+            return !mode.fallen_back();
+        }
+        false
+    }
+
+    /// The claim loop's minimum age of PENDING rows: the WAL stream's grace while it streams.
+    fn pending_age(&self) -> Option<Duration> {
+        #[cfg(feature = "postgres-wal")]
+        if let Some(mode) = &self.wal {
+            return mode.pending_age();
+        }
+        None
+    }
+
+    /// Whether the relay has a WAL mode (streaming or fallen back).
+    fn wal_mode(&self) -> bool {
+        #[cfg(feature = "postgres-wal")]
+        if self.wal.is_some() {
+            return true;
+        }
+        false
     }
 
     /// Wake on commits through `outbox` (in this process) and, on PostgreSQL, on its notify
@@ -402,16 +453,31 @@ impl Relay {
     ) -> Result<(), RelayError> {
         let mut heartbeat = None;
         let mut fast_path = None;
+        #[allow(unused_mut)]
+        let mut wal = None;
         if let Sink::Broker(transport) = &self.sink {
             transport.setup().await?;
             crate::metrics::broker_available(transport.name(), true);
             self.broker.seen();
             heartbeat = Some(self.spawn_heartbeat(transport.clone(), &shutdown));
-            fast_path = self.spawn_fast_path(transport.clone(), &shutdown);
+            #[cfg(feature = "postgres-wal")]
+            {
+                wal = self.spawn_wal(transport.clone(), &shutdown);
+            }
+            if wal.is_none() {
+                fast_path = self.spawn_fast_path(transport.clone(), &shutdown);
+            }
         }
-        let mut wake: Option<WakeReceiver> = self.outbox.as_ref().map(Outbox::subscribe);
+        // Beside the WAL stream, commits are the stream's: the claim loop only polls.
+        let mut wake: Option<WakeReceiver> = match self.wal_mode() {
+            true => None,
+            false => self.outbox.as_ref().map(Outbox::subscribe),
+        };
         let hint = Arc::new(Notify::new());
-        let listener = self.spawn_listener(&hint, &shutdown);
+        let listener = match self.wal_mode() {
+            true => None,
+            false => self.spawn_listener(&hint, &shutdown),
+        };
         tracing::info!(relay = %self.config.relay_id, transport = self.sink.name(), "outbox relay started");
 
         // The broker failed the last publishes and none has been confirmed since.
@@ -518,6 +584,10 @@ impl Relay {
         if let Some(fast_path) = fast_path {
             // It hands back what it was given and not yet published.
             let _ = fast_path.await;
+        }
+        if let Some(wal) = wal {
+            // It finishes its batch and confirms what it published.
+            let _ = wal.await;
         }
         if let Some(listener) = listener {
             listener.abort();
@@ -753,7 +823,10 @@ impl Relay {
             unreachable!("local sink handled above");
         };
         // A deadlock or busy database only delays a claim: try again at once, a few times.
-        let claim = with_transient_retries(|| store::relay::claim(&self.db, &params))
+        let pending_age = self.pending_age();
+        let claim = with_transient_retries(|| {
+            store::relay::claim_aged(&self.db, &params, pending_age)
+        })
             .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
             .await?;
         let report = RoundReport {
@@ -798,6 +871,7 @@ impl Relay {
             Publisher::FastPath => {
                 failpoint!(error crate::failpoints::FAST_PATH_AFTER_COMMIT);
             }
+            Publisher::Wal => {}
         }
         let Published {
             settlement,
@@ -811,6 +885,9 @@ impl Relay {
             Publisher::FastPath => {
                 failpoint!(error crate::failpoints::FAST_PATH_AFTER_PUBLISH);
             }
+            Publisher::Wal => {
+                failpoint!(error crate::failpoints::WAL_AFTER_PUBLISH);
+            }
         }
         if !settlement.sent.is_empty() {
             self.broker.seen();
@@ -819,7 +896,11 @@ impl Relay {
             self.broker.held_back(&settlement.released);
             crate::metrics::held_back(transport.name(), settlement.released.len());
         }
-        let settled = self.settle(&claim, &settlement).await?;
+        let fence = match by {
+            Publisher::Wal => store::relay::Fence::Pending,
+            Publisher::Relay | Publisher::FastPath => store::relay::Fence::Claim(claim.token),
+        };
+        let settled = self.settle(fence, &settlement).await?;
 
         report.sent = settlement.sent.len();
         report.retried = settlement
@@ -875,13 +956,13 @@ impl Relay {
     /// the lease before giving up.
     async fn settle(
         &self,
-        claim: &Claim,
+        fence: store::relay::Fence,
         settlement: &Settlement,
     ) -> Result<store::relay::Settled, RelayError> {
         let give_up = tokio::time::Instant::now() + self.config.lease / 2;
         let mut delay = Duration::from_millis(10);
         loop {
-            match store::relay::settle(&self.db, claim.token, settlement).await {
+            match store::relay::settle(&self.db, fence, settlement).await {
                 Ok(settled) => return Ok(settled),
                 Err(e) if tokio::time::Instant::now() + delay < give_up => {
                     if !store::is_transient(&e) {
@@ -1091,11 +1172,14 @@ impl Relay {
     }
 }
 
-/// Who publishes a claim: the relay, or the fast path (the rows a commit wrote claimed).
+/// Who publishes a claim: the relay, the fast path (the rows a commit wrote claimed), or the
+/// WAL stream (PENDING rows it read from the log, unclaimed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Publisher {
     Relay,
     FastPath,
+    #[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
+    Wal,
 }
 
 /// What publishing a claim decided.

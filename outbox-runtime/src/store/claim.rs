@@ -41,6 +41,9 @@ pub struct Queue<'a> {
     pub scope: Option<(&'static str, &'a str)>,
     /// The predicate "this row still holds its aggregate back", for a column prefix.
     pub predicate: fn(&Dialect, &str) -> String,
+    /// PENDING rows younger than this (by the database's clock) are not claimable: beside the
+    /// WAL relay, which publishes them, the claim loop only picks up what it left.
+    pub pending_age: Option<Duration>,
 }
 
 impl Queue<'_> {
@@ -319,12 +322,13 @@ pub(crate) fn push_scope_of(sql: &mut Sql, queue: &Queue<'_>, alias: &str) {
     }
 }
 
-/// "This row can be claimed now", by the database's clock: PENDING, RETRY that is due,
-/// PROCESSING whose lease expired.
-fn push_claimable(sql: &mut Sql) {
+/// "This row can be claimed now", by the database's clock: PENDING (old enough, with a
+/// `pending_age`), RETRY that is due, PROCESSING whose lease expired.
+fn push_claimable(sql: &mut Sql, queue: &Queue<'_>) {
+    sql.push(&format!(" AND ((o.status = {}", WorkStatus::Pending.literal()));
+    push_pending_age(sql, queue, "o.");
     sql.push(&format!(
-        " AND (o.status = {} OR (o.status = {} AND o.next_attempt_at <= ",
-        WorkStatus::Pending.literal(),
+        ") OR (o.status = {} AND o.next_attempt_at <= ",
         WorkStatus::Retry.literal()
     ))
     .time(DbTime::NOW)
@@ -334,6 +338,14 @@ fn push_claimable(sql: &mut Sql) {
     ))
     .time(DbTime::NOW)
     .push("))");
+}
+
+/// ` AND {alias}created_at <= <now - pending_age>`, when the queue has a `pending_age`.
+pub(crate) fn push_pending_age(sql: &mut Sql, queue: &Queue<'_>, alias: &str) {
+    if let Some(age) = queue.pending_age {
+        sql.push(&format!(" AND {alias}created_at <= "))
+            .time(DbTime::before(age));
+    }
 }
 
 pub(crate) fn prefixed_columns(columns: &str, alias: &str) -> String {
@@ -467,7 +479,7 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     ));
     push_scope_of(&mut sql, queue, "x.");
     sql.push(")");
-    push_claimable(&mut sql);
+    push_claimable(&mut sql, queue);
     if *ordering {
         push_no_unfinished_predecessor(&mut sql, queue);
     }
@@ -556,7 +568,7 @@ pub(crate) fn push_beyond_window_rest(sql: &mut Sql, query: &BeyondWindow<'_>) {
         .bind(query.bound.into())
         .push(&format!(") AND {}", queue.unfinished("o.")));
     push_scope_of(sql, queue, "o.");
-    push_claimable(sql);
+    push_claimable(sql, queue);
     push_no_unfinished_predecessor(sql, queue);
     sql.push(&format!(" ORDER BY o.id LIMIT {}", query.room));
     sql.push(queue.dialect.lock_rows(true));

@@ -208,12 +208,12 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// `a` to the next one in key order, `f`.
     fn push_next_aggregate(&self, _sql: &mut Sql, _queue: &claim::Queue<'_>) {}
 
-    /// One statement, sent as a simple query, that marks `ids` SENT at `at` under `token`, when
+    /// One statement, sent as a simple query, that marks `ids` SENT at `at` under `fence`, when
     /// the backend can run a claim's usual write-back that way in one round trip.
     fn sent_in_one_round_trip(
         &self,
         _table: &str,
-        _token: Uuid,
+        _fence: super::relay::Fence,
         _ids: &[i64],
         _at: super::DbTime,
     ) -> Option<String> {

@@ -633,6 +633,7 @@ pub async fn claim(
         columns: COLUMNS,
         scope: Some(("consumer", consumer)),
         predicate: unfinished,
+        pending_age: None,
     };
     let mut messages = Vec::new();
     let mut expired_dead = Vec::new();

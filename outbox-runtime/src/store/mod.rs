@@ -12,7 +12,8 @@
 //! - `inbox`: recording deliveries, the worker's claim and write-back;
 //! - `admin`: operators' reads and state changes and the audit log, `retention`: purging
 //!   finished rows, `lease`: named leases, `schema`: introspection for `doctor`,
-//!   `stats`: backlog counts for the metrics, `broker_state`: each relay's view of its broker.
+//!   `stats`: backlog counts for the metrics, `broker_state`: each relay's view of its broker;
+//! - `wal`: the WAL relay's publication, slot and batch check (PostgreSQL).
 
 pub mod admin;
 pub mod broker_state;
@@ -35,6 +36,7 @@ pub mod sqlite;
 pub mod stats;
 pub mod status;
 pub mod tx;
+pub mod wal;
 
 pub use clock::{DbTime, database_now};
 pub use dialect::Dialect;

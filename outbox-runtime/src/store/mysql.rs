@@ -143,6 +143,8 @@ impl Backend for MySql {
             claim::push_scope_of(&mut sql, queue, "o.");
             if let Some(due) = due {
                 sql.push(" AND ").push(due).time(DbTime::NOW);
+            } else {
+                claim::push_pending_age(&mut sql, queue, "o.");
             }
             if let HeadsBound::At(bound) = bound {
                 sql.push(" AND o.id <= ").bind((*bound).into());

@@ -125,18 +125,17 @@ impl Backend for Postgres {
     fn sent_in_one_round_trip(
         &self,
         table: &str,
-        token: Uuid,
+        fence: super::relay::Fence,
         ids: &[i64],
         at: DbTime,
     ) -> Option<String> {
         let mut sql = format!(
             "SET LOCAL synchronous_commit = off; UPDATE {table} SET status = {sent}, \
              sent_at = {}, locked_until = NULL, last_error = NULL \
-             WHERE status = {processing} AND claim_token = '{}' AND id IN (",
+             WHERE {} AND id IN (",
             self.time_literal(at),
-            token.hyphenated(),
+            fence.literal(),
             sent = super::OutboxStatus::Sent.literal(),
-            processing = super::OutboxStatus::Processing.literal(),
         );
         for (i, id) in ids.iter().enumerate() {
             if i > 0 {

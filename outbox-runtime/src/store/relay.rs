@@ -146,6 +146,7 @@ pub(super) fn outbox_queue(dialect: Dialect) -> Queue<'static> {
         columns: CLAIM_COLUMNS,
         scope: None,
         predicate: |dialect, prefix| dialect.unsent(prefix),
+        pending_age: None,
     }
 }
 
@@ -155,10 +156,24 @@ pub(super) fn outbox_queue(dialect: Dialect) -> Queue<'static> {
 /// are all SENT ("heads", locked with `SKIP LOCKED` so relays never wait on each other), then
 /// the events that follow each head while they are claimable, so one relay owns an aggregate's
 /// run and publishes it in order.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub async fn claim(db: &DatabaseConnection, params: &ClaimParams<'_>) -> Result<Claim, DbErr> {
+    claim_aged(db, params, None).await
+}
+
+/// [`claim`], leaving PENDING rows younger than `pending_age` (by the database's clock) alone:
+/// the claim loop beside the WAL relay, which publishes those.
+pub async fn claim_aged(
+    db: &DatabaseConnection,
+    params: &ClaimParams<'_>,
+    pending_age: Option<std::time::Duration>,
+) -> Result<Claim, DbErr> {
     let txn = begin_work(db).await?;
     let dialect = Dialect::of(&txn);
-    let queue = outbox_queue(dialect);
+    let queue = Queue {
+        pending_age,
+        ..outbox_queue(dialect)
+    };
     let mut rows = Vec::new();
     let mut dead_aggregates = std::collections::HashSet::new();
     let mut unreadable = 0;
@@ -313,12 +328,57 @@ pub struct Settled {
 /// Ids one settling statement names at most.
 const SETTLE_CHUNK: usize = 1000;
 
+/// Which rows a write-back may change: the fencing rule of its publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// Rows PROCESSING under this claim's token (the claim loop, the fast path).
+    Claim(Uuid),
+    /// Rows still PENDING: the WAL relay publishes without claiming, and never overwrites a
+    /// row that another relay claimed or finished meanwhile.
+    Pending,
+}
+
+impl Fence {
+    /// ` WHERE <the rule>`, with the token bound.
+    fn push_where(self, sql: &mut Sql) {
+        let dialect = sql.dialect();
+        match self {
+            Fence::Claim(token) => {
+                sql.push(&format!(
+                    " WHERE status = {} AND claim_token = ",
+                    OutboxStatus::Processing.literal()
+                ))
+                .bind(dialect.uuid(token));
+            }
+            Fence::Pending => {
+                sql.push(&format!(
+                    " WHERE status = {}",
+                    OutboxStatus::Pending.literal()
+                ));
+            }
+        }
+    }
+
+    /// The rule as a condition with its values written as literals (a UUID this process made),
+    /// for statements not built with [`Sql`].
+    pub(super) fn literal(self) -> String {
+        match self {
+            Fence::Claim(token) => format!(
+                "status = {} AND claim_token = '{}'",
+                OutboxStatus::Processing.literal(),
+                token.hyphenated()
+            ),
+            Fence::Pending => format!("status = {}", OutboxStatus::Pending.literal()),
+        }
+    }
+}
+
 /// Write back a claim's outcome in one short transaction, fenced by its token; `sent_at` and due
 /// times by the database's clock. The usual outcome, every event confirmed, goes in one round
 /// trip where the dialect can send it so.
 pub async fn settle(
     db: &DatabaseConnection,
-    token: Uuid,
+    fence: Fence,
     settlement: &Settlement,
 ) -> Result<Settled, DbErr> {
     let dialect = Dialect::of(db);
@@ -330,7 +390,7 @@ pub async fn settle(
             return Ok(Settled::default());
         }
         if let Some(sql) =
-            dialect.sent_in_one_round_trip(OUTBOX_TABLE, token, &settlement.sent, DbTime::NOW)
+            dialect.sent_in_one_round_trip(OUTBOX_TABLE, fence, &settlement.sent, DbTime::NOW)
         {
             let result = db.execute_unprepared(&sql).await?;
             return Ok(Settled {
@@ -341,10 +401,6 @@ pub async fn settle(
     }
     let txn = begin_work(db).await?;
     let mut settled = Settled::default();
-    let fenced = format!(
-        " WHERE status = {} AND claim_token = ",
-        OutboxStatus::Processing.literal()
-    );
 
     for chunk in settlement.sent.chunks(SETTLE_CHUNK) {
         let mut sql = Sql::new(dialect);
@@ -353,10 +409,9 @@ pub async fn settle(
             OutboxStatus::Sent.literal()
         ))
         .time(DbTime::NOW)
-        .push(", locked_until = NULL, last_error = NULL")
-        .push(&fenced)
-        .bind(dialect.uuid(token))
-        .push(" AND id IN ")
+        .push(", locked_until = NULL, last_error = NULL");
+        fence.push_where(&mut sql);
+        sql.push(" AND id IN ")
         .bind_list(chunk.iter().map(|id| Value::from(*id)));
         settled.sent += txn.execute_raw(sql.build()).await?.rows_affected();
     }
@@ -372,11 +427,9 @@ pub async fn settle(
         .arg(Arg::time_or_null(dialect, failure.due()))
         .push(", last_error = ")
         .bind(truncate(failure.error(), 4000).into())
-        .push(", locked_until = NULL")
-        .push(&fenced)
-        .bind(dialect.uuid(token))
-        .push(" AND id = ")
-        .bind((*id).into());
+        .push(", locked_until = NULL");
+        fence.push_where(&mut sql);
+        sql.push(" AND id = ").bind((*id).into());
         settled.failed += txn.execute_raw(sql.build()).await?.rows_affected();
     }
 
@@ -387,17 +440,23 @@ pub async fn settle(
         .iter()
         .copied()
         .partition(|id| reclaimed.contains(id));
-    for (ids, refund) in [(plain, 0i64), (given_back, 1i64)] {
+    if fence == Fence::Pending {
+        // Unclaimed rows handed back are PENDING as they were: nothing to write.
+        settled.released = settlement.released.len() as u64;
+    }
+    for (ids, refund) in [(plain, 0i64), (given_back, 1i64)]
+        .into_iter()
+        .filter(|_| fence != Fence::Pending)
+    {
         for chunk in ids.chunks(SETTLE_CHUNK) {
             let mut sql = Sql::new(dialect);
             sql.push(&format!(
                 "UPDATE {OUTBOX_TABLE} SET attempts = attempts - {refund}, status = {}, \
                  locked_by = NULL, locked_until = NULL",
                 OutboxStatus::Pending.literal()
-            ))
-            .push(&fenced)
-            .bind(dialect.uuid(token))
-            .push(" AND id IN ")
+            ));
+            fence.push_where(&mut sql);
+            sql.push(" AND id IN ")
             .bind_list(chunk.iter().map(|id| Value::from(*id)));
             settled.released += txn.execute_raw(sql.build()).await?.rows_affected();
         }

@@ -1,0 +1,626 @@
+//! The WAL relay (feature `postgres-wal`, PostgreSQL only): read committed events from the
+//! database's write-ahead log by logical replication instead of polling the table.
+//!
+//! A publication carries the outbox table's inserts (`publish = 'insert'`); a logical slot with
+//! `pgoutput` keeps the server's WAL until the relay confirms a position. The relay streams the
+//! committed transactions in commit order and, batch by batch:
+//!
+//! 1. checks the batch against the table in one statement ([`store::wal::check`]): a row that
+//!    is no longer PENDING (replayed after a restart and SENT already, or claimed by a polling
+//!    relay) is skipped; an event behind an unsent earlier event of its aggregate that is not in
+//!    the batch (a RETRY, a DEAD, a backlog from before the slot) is left to the table, with the
+//!    rest of its aggregate;
+//! 2. publishes the others wave by wave per aggregate, exactly as the claim loop does (the
+//!    same outage detection, the same RETRY and DEAD decisions);
+//! 3. marks the confirmed ones SENT in bulk and writes failures, each only where the row is
+//!    still PENDING (no claim, no PROCESSING write, no lease);
+//! 4. then confirms the batch's end position to the slot. A crash between the broker's
+//!    confirmation and this point replays the batch: the check skips what was marked SENT, and
+//!    what was published but not marked goes again (the consumers' inboxes drop the copy).
+//!
+//! The rows stay the source of truth. The relay's claim loop keeps running beside the stream,
+//! taking only PENDING rows older than [`WalConfig::table_grace`] and due retries: what the
+//! stream left to the table, and anything the stream missed. When the slot is missing or
+//! invalidated (its WAL is gone), the relay logs an error and becomes a polling relay, which
+//! publishes every unsent row from the table; nothing is lost.
+
+mod pgoutput;
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use self::pgoutput::{Message, Relations};
+use super::{Publisher, Relay, RoundReport};
+use crate::{
+    store::{
+        self, OUTBOX_TABLE, OutboxStatus,
+        relay::{Claim, ClaimedEvent},
+        wal::RowCheck,
+    },
+    transport::Transport,
+};
+
+/// How the WAL relay connects and where it keeps its position.
+#[derive(Clone)]
+pub struct WalConfig {
+    /// The database as a `postgres://user:password@host:port/database` URL (the same database
+    /// the relay's connection uses); `sslmode=require`, `verify-ca` or `verify-full` in its
+    /// query turn TLS on. The user needs the `REPLICATION` attribute (or to be a superuser)
+    /// and the server `wal_level = logical`.
+    pub url: String,
+    /// The logical replication slot (created with `pgoutput` if missing). Its name starts with
+    /// `outbox` (so that `outbox status` and `outbox doctor` report it) and is at most 63
+    /// lowercase letters, digits and underscores. One relay streams from a slot at a time; a
+    /// second one with the same slot waits as a standby and polls the table meanwhile.
+    pub slot: String,
+    /// The publication of the outbox table's inserts (created if missing).
+    pub publication: String,
+    /// The claim loop beside the stream takes PENDING rows only once they are this old (by the
+    /// database's clock): younger ones are the stream's. Events the stream leaves to the table
+    /// (behind a failed event of their aggregate) wait this long.
+    pub table_grace: Duration,
+    /// How often the relay reports its confirmed position to the server.
+    pub feedback_interval: Duration,
+}
+
+impl std::fmt::Debug for WalConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        f.debug_struct("WalConfig")
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("table_grace", &self.table_grace)
+            .field("feedback_interval", &self.feedback_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WalConfig {
+    /// Stream from `url` with the default slot `outbox_relay` and publication `outbox_events`.
+    pub fn new(url: impl Into<String>) -> Self {
+        WalConfig {
+            url: url.into(),
+            slot: "outbox_relay".into(),
+            publication: "outbox_events".into(),
+            table_grace: Duration::from_secs(5),
+            feedback_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// Use slot `slot`.
+    pub fn slot(mut self, slot: impl Into<String>) -> Self {
+        self.slot = slot.into();
+        self
+    }
+
+    /// The replication connection's settings.
+    fn replication(&self) -> Result<ReplicationConfig, String> {
+        let url = url::Url::parse(&self.url).map_err(|e| format!("invalid WAL relay URL: {e}"))?;
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return Err("the WAL relay URL must start with postgres://".into());
+        }
+        let decode = |s: &str| {
+            percent_decode(s).map_err(|()| "the WAL relay URL is not valid percent-encoding")
+        };
+        let mut config = ReplicationConfig::new(
+            url.host_str().unwrap_or("localhost"),
+            decode(url.username())?,
+            decode(url.password().unwrap_or(""))?,
+            decode(url.path().trim_start_matches('/'))?,
+            self.slot.clone(),
+            self.publication.as_str(),
+        );
+        config.port = url.port().unwrap_or(5432);
+        config.tls = TlsConfig::disabled();
+        for (key, value) in url.query_pairs() {
+            if key == "sslmode" {
+                config.tls = match value.as_ref() {
+                    "disable" | "allow" | "prefer" => TlsConfig::disabled(),
+                    "require" => TlsConfig::require(),
+                    "verify-ca" => TlsConfig::verify_ca(None),
+                    "verify-full" => TlsConfig::verify_full(None),
+                    other => return Err(format!("unknown sslmode {other:?}")),
+                };
+            }
+        }
+        // Timestamps in UTC, in ISO format, whatever the server's defaults.
+        config.options = Some("-c TimeZone=UTC -c DateStyle=ISO".into());
+        config.status_interval = self.feedback_interval;
+        config.idle_wakeup_interval = Duration::from_secs(10);
+        config.application_name = Some(format!("outbox-wal-{}", self.slot));
+        Ok(config)
+    }
+}
+
+fn percent_decode(s: &str) -> Result<String, ()> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or(())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ())
+}
+
+/// A relay's WAL mode: its settings and whether it fell back to polling.
+#[derive(Debug)]
+pub(crate) struct WalMode {
+    pub(crate) config: WalConfig,
+    /// The slot is gone or cannot be streamed from: the relay polls the table.
+    fallen_back: AtomicBool,
+}
+
+impl WalMode {
+    pub(crate) fn new(config: WalConfig) -> Self {
+        WalMode {
+            config,
+            fallen_back: AtomicBool::new(false),
+        }
+    }
+
+    /// The claim loop's minimum age of PENDING rows while the stream runs.
+    pub(crate) fn pending_age(&self) -> Option<Duration> {
+        (!self.fallen_back.load(Ordering::Relaxed)).then_some(self.config.table_grace)
+    }
+
+    /// Whether the relay polls the table instead of streaming.
+    pub(crate) fn fallen_back(&self) -> bool {
+        self.fallen_back.load(Ordering::Relaxed)
+    }
+
+    fn fall_back(&self, relay_id: &str, reason: &str) {
+        self.fallen_back.store(true, Ordering::Relaxed);
+        crate::metrics::wal_fallback(&self.config.slot);
+        tracing::error!(
+            relay = %relay_id, slot = %self.config.slot, reason,
+            "the WAL relay cannot stream: it polls the outbox table from now on (every unsent \
+             event is published from the table; nothing is lost). Fix the cause, drop the slot if \
+             it is invalidated, and restart the relay to stream again"
+        );
+    }
+}
+
+/// Why a stream ended.
+enum StreamEnd {
+    /// Shutdown.
+    Shutdown,
+    /// The broker is unavailable: nothing confirmed past the last batch; stream again once it
+    /// answers.
+    Outage,
+    /// The replication connection failed.
+    Failed(String),
+}
+
+/// A committed transaction's outbox rows and the position after its commit.
+struct Committed {
+    events: Vec<ClaimedEvent>,
+    end: Lsn,
+}
+
+impl Relay {
+    /// Run the WAL stream beside the claim loop until `shutdown`; `None` without a WAL mode.
+    pub(super) fn spawn_wal(
+        &self,
+        transport: Arc<dyn Transport>,
+        shutdown: &CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let mode = self.wal.clone()?;
+        let relay = self.clone();
+        let shutdown = shutdown.clone();
+        Some(tokio::spawn(async move {
+            relay.run_wal(&mode, transport.as_ref(), &shutdown).await;
+        }))
+    }
+
+    async fn run_wal(&self, mode: &WalMode, transport: &dyn Transport, shutdown: &CancellationToken) {
+        let relay_id = self.config.relay_id.as_str();
+        let replication = match mode.config.replication() {
+            Ok(config) => config,
+            Err(e) => return mode.fall_back(relay_id, &e),
+        };
+        if let Err(e) = self.prepare_slot(mode).await {
+            return mode.fall_back(relay_id, &e);
+        }
+        let mut failures = 0u32;
+        while !shutdown.is_cancelled() {
+            if self.broker.is_down() {
+                // The claim loop probes the broker; stream again when it answers.
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                }
+            }
+            let end = self.stream(&replication, transport, shutdown).await;
+            match end {
+                StreamEnd::Shutdown => break,
+                StreamEnd::Outage => failures = 0,
+                StreamEnd::Failed(error) => {
+                    // A missing or invalidated slot cannot be streamed from again.
+                    match store::wal::slot(&self.db, &mode.config.slot).await {
+                        Ok(None) => {
+                            return mode.fall_back(
+                                relay_id,
+                                &format!("the replication slot was dropped ({error})"),
+                            );
+                        }
+                        Ok(Some(slot)) if slot.lost() => {
+                            return mode.fall_back(
+                                relay_id,
+                                &format!(
+                                    "the replication slot is invalidated: the WAL it needs was removed ({error})"
+                                ),
+                            );
+                        }
+                        _ => {}
+                    }
+                    failures = failures.saturating_add(1);
+                    let delay = self.config.probe.delay(failures);
+                    tracing::warn!(
+                        relay = %relay_id, slot = %mode.config.slot, error = %error, retry_in = ?delay,
+                        "the WAL stream ended; streaming again from the slot's confirmed position"
+                    );
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// The publication and the slot, created where missing.
+    async fn prepare_slot(&self, mode: &WalMode) -> Result<(), String> {
+        let slot = &mode.config.slot;
+        if !store::wal::valid_name(slot) || !slot.starts_with(store::wal::SLOT_PREFIX) {
+            return Err(format!(
+                "invalid slot name {slot:?}: it must start with {:?} and hold only lowercase \
+                 letters, digits and underscores (at most 63)",
+                store::wal::SLOT_PREFIX
+            ));
+        }
+        let level = store::wal::wal_level(&self.db)
+            .await
+            .map_err(|e| e.to_string())?;
+        if level != "logical" {
+            return Err(format!(
+                "the server runs with wal_level = {level}; the WAL relay needs wal_level = logical"
+            ));
+        }
+        store::wal::ensure_publication(&self.db, &mode.config.publication)
+            .await
+            .map_err(|e| e.to_string())?;
+        match store::wal::slot(&self.db, slot)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Some(state) if state.lost() => Err(format!(
+                "the replication slot {slot} is invalidated (wal_status = lost)"
+            )),
+            Some(state) => {
+                tracing::info!(
+                    relay = %self.config.relay_id, slot = %slot,
+                    confirmed = state.confirmed_lsn.as_deref().unwrap_or("-"),
+                    "the WAL relay streams from its existing slot"
+                );
+                Ok(())
+            }
+            None => {
+                store::wal::create_slot(&self.db, slot)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tracing::info!(relay = %self.config.relay_id, slot = %slot, "created the WAL relay's replication slot");
+                Ok(())
+            }
+        }
+    }
+
+    /// One replication session: stream from the slot's confirmed position, publish batch by
+    /// batch, confirm each batch's end.
+    async fn stream(
+        &self,
+        replication: &ReplicationConfig,
+        transport: &dyn Transport,
+        shutdown: &CancellationToken,
+    ) -> StreamEnd {
+        let mut client = match ReplicationClient::connect(replication.clone()).await {
+            Ok(client) => client,
+            Err(e) => return StreamEnd::Failed(e.to_string()),
+        };
+        let batch_size = self.config.batch_size.max(1);
+        let mut relations = Relations::default();
+        // The transaction being read, and the committed ones not yet published.
+        let mut open: Option<Vec<ClaimedEvent>> = None;
+        let mut ready: Vec<Committed> = Vec::new();
+        let mut ready_events = 0usize;
+        let end = loop {
+            // Take what arrived without waiting; wait only when nothing is ready to publish.
+            let next = if ready.is_empty() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break StreamEnd::Shutdown,
+                    next = client.recv() => Some(next),
+                }
+            } else {
+                client.recv().now_or_never()
+            };
+            let event = match next {
+                Some(Ok(Some(event))) => Some(event),
+                Some(Ok(None)) => break StreamEnd::Failed("the server ended the stream".into()),
+                Some(Err(e)) => break StreamEnd::Failed(e.to_string()),
+                None => None,
+            };
+            if let Some(event) = event {
+                match event {
+                    ReplicationEvent::Begin { .. } => open = Some(Vec::new()),
+                    ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(&data) {
+                        Ok(Message::Relation { id, relation }) => relations.insert(id, relation),
+                        Ok(Message::Insert { relation, values }) => {
+                            let Some(relation) = relations.get(relation) else {
+                                break StreamEnd::Failed(
+                                    "an insert into a table the stream did not describe".into(),
+                                );
+                            };
+                            if relation.name != OUTBOX_TABLE {
+                                continue;
+                            }
+                            match event_of(&relation.columns, values) {
+                                Ok(event) => open.get_or_insert_with(Vec::new).push(event),
+                                // The claim loop reads it from the table and decides.
+                                Err(e) => tracing::warn!(
+                                    relay = %self.config.relay_id, error = %e,
+                                    "an outbox row read from the WAL cannot be decoded; it is left to the table"
+                                ),
+                            }
+                        }
+                        Ok(Message::Other) => {}
+                        Err(e) => break StreamEnd::Failed(e.to_string()),
+                    },
+                    ReplicationEvent::Commit { end_lsn, .. } => {
+                        let events = open.take().unwrap_or_default();
+                        if events.is_empty() && ready.is_empty() {
+                            client.update_applied_lsn(end_lsn);
+                        } else {
+                            ready_events += events.len();
+                            ready.push(Committed {
+                                events,
+                                end: end_lsn,
+                            });
+                        }
+                    }
+                    ReplicationEvent::KeepAlive { wal_end, .. } => {
+                        // Between transactions with nothing unpublished, everything up to the
+                        // server's position is done: confirm it, so that the slot does not hold
+                        // WAL back while the outbox is idle.
+                        if open.is_none() && ready.is_empty() && !wal_end.is_zero() {
+                            client.update_applied_lsn(wal_end);
+                        }
+                    }
+                    _ => {}
+                }
+                if ready_events < batch_size {
+                    continue;
+                }
+            }
+            if ready.is_empty() {
+                continue;
+            }
+            let batch = std::mem::take(&mut ready);
+            ready_events = 0;
+            let end = batch.last().map(|c| c.end).unwrap_or_default();
+            match self.publish_wal_batch(transport, batch, shutdown).await {
+                Ok(true) => {
+                    #[cfg(feature = "failpoints")]
+                    if fail::eval(crate::failpoints::WAL_BEFORE_CONFIRM, |_| ()).is_some() {
+                        // As if the process died here: the position is never confirmed.
+                        client.abort();
+                        return StreamEnd::Failed(
+                            "failpoint: the WAL relay stopped before confirming".into(),
+                        );
+                    }
+                    client.update_applied_lsn(end);
+                }
+                Ok(false) if shutdown.is_cancelled() => break StreamEnd::Shutdown,
+                Ok(false) => break StreamEnd::Outage,
+                Err(e) => break StreamEnd::Failed(e),
+            }
+        };
+        // Report the confirmed position before leaving.
+        let _ = tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await;
+        client.abort();
+        end
+    }
+
+    /// Check, publish and settle one batch of committed transactions. `Ok(true)`: every event is
+    /// published or left to the table, and the batch's end may be confirmed; `Ok(false)`: the
+    /// broker is unavailable or the relay is stopping, and the batch must be read again.
+    async fn publish_wal_batch(
+        &self,
+        transport: &dyn Transport,
+        batch: Vec<Committed>,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, String> {
+        let read = Instant::now();
+        let events: Vec<ClaimedEvent> = batch.into_iter().flat_map(|c| c.events).collect();
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let checks = super::with_transient_retries(|| store::wal::check(&self.db, &ids))
+            .await
+            .map_err(|e| e.to_string())?;
+        let (publish, left) = self.choose(events, &checks);
+        if left > 0 {
+            crate::metrics::wal_left_to_table(transport.name(), left);
+        }
+        if publish.is_empty() {
+            return Ok(true);
+        }
+        let claim = Claim {
+            token: Uuid::nil(),
+            claimed_at: publish.iter().map(|e| e.created_at).max(),
+            events: publish,
+            dead: Vec::new(),
+            unreadable: 0,
+        };
+        let report = RoundReport {
+            claimed: claim.events.len(),
+            ..RoundReport::default()
+        };
+        let round = self
+            .publish_step(transport, claim, report, read, shutdown, Publisher::Wal)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(round.outage.is_none() && !(shutdown.is_cancelled() && round.report.released > 0))
+    }
+
+    /// Which events of a batch (in commit order) the stream publishes, and how many it leaves to
+    /// the table. A row no longer PENDING is skipped: SENT is done; PROCESSING, RETRY or DEAD
+    /// belongs to the table, and with ordering holds the rest of its aggregate back too. A row
+    /// behind an unsent event outside the batch is left to the table with the rest of its
+    /// aggregate.
+    fn choose(&self, events: Vec<ClaimedEvent>, checks: &[RowCheck]) -> (Vec<ClaimedEvent>, usize) {
+        let checks: HashMap<i64, &RowCheck> = checks.iter().map(|c| (c.id, c)).collect();
+        let mut held: std::collections::HashSet<(String, String)> = Default::default();
+        let mut publish = Vec::with_capacity(events.len());
+        let mut left = 0;
+        for event in events {
+            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
+            // A row gone meanwhile (purged by an operator) is nobody's to publish.
+            let Some(check) = checks.get(&event.id) else {
+                continue;
+            };
+            match check.status {
+                Some(OutboxStatus::Sent) => continue,
+                Some(OutboxStatus::Pending) => {}
+                _ => {
+                    if self.config.ordering {
+                        held.insert(key);
+                    }
+                    continue;
+                }
+            }
+            if self.config.ordering && (check.blocked || held.contains(&key)) {
+                held.insert(key);
+                left += 1;
+                continue;
+            }
+            publish.push(event);
+        }
+        (publish, left)
+    }
+}
+
+/// An outbox row from an Insert's column values.
+fn event_of(columns: &[String], values: Vec<Option<String>>) -> Result<ClaimedEvent, String> {
+    let mut row = Row(
+        columns
+            .iter()
+            .map(String::as_str)
+            .zip(values)
+            .collect::<HashMap<&str, Option<String>>>(),
+    );
+    let id = row.number("id")?;
+    let event_id = row.required("event_id")?;
+    let aggregate_version = match row.take("aggregate_version")? {
+        Some(v) => Some(parse_number("aggregate_version", &v)?),
+        None => None,
+    };
+    Ok(ClaimedEvent {
+        id,
+        event_id: Uuid::parse_str(&event_id).map_err(|e| format!("event_id: {e}"))?,
+        source: row.required("source")?,
+        event_type: row.required("event_type")?,
+        schema_version: u32::try_from(row.number("schema_version")?).unwrap_or(0),
+        aggregate_type: row.required("aggregate_type")?,
+        aggregate_id: row.required("aggregate_id")?,
+        aggregate_version,
+        payload: row.json("payload")?,
+        headers: row.json("headers")?,
+        attempts: u32::try_from(row.number("attempts")?).unwrap_or(0),
+        created_at: timestamp(&row.required("created_at")?)?,
+        reclaimed: false,
+    })
+}
+
+/// An Insert's values by column name.
+struct Row<'a>(HashMap<&'a str, Option<String>>);
+
+impl Row<'_> {
+    fn take(&mut self, name: &str) -> Result<Option<String>, String> {
+        self.0
+            .remove(name)
+            .ok_or_else(|| format!("the stream has no column {name}"))
+    }
+
+    fn required(&mut self, name: &str) -> Result<String, String> {
+        self.take(name)?
+            .ok_or_else(|| format!("column {name} is NULL"))
+    }
+
+    fn number(&mut self, name: &str) -> Result<i64, String> {
+        parse_number(name, &self.required(name)?)
+    }
+
+    /// The claim loop reads JSONB as a value and writes it out again: the same bytes here.
+    fn json(&mut self, name: &str) -> Result<String, String> {
+        serde_json::from_str::<serde_json::Value>(&self.required(name)?)
+            .map(|v| v.to_string())
+            .map_err(|e| format!("column {name} is not JSON: {e}"))
+    }
+}
+
+fn parse_number(name: &str, text: &str) -> Result<i64, String> {
+    text.parse()
+        .map_err(|_| format!("column {name} is not a number: {text:?}"))
+}
+
+/// A `timestamptz` in PostgreSQL's ISO output (the session runs in UTC): `2026-12-02
+/// 10:00:00.123456+00`.
+fn timestamp(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("created_at {text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_timestamps_as_the_session_writes_them() {
+        let t = timestamp("2026-12-02 10:00:00.123456+00").unwrap();
+        assert_eq!(t.to_rfc3339(), "2026-12-02T10:00:00.123456+00:00");
+        assert!(timestamp("2026-12-02 10:00:00+00").is_ok());
+        assert!(timestamp("yesterday").is_err());
+    }
+
+    #[test]
+    fn reads_the_connection_from_a_url() {
+        let config = WalConfig::new("postgres://app:p%40ss@db.internal:5433/shop?sslmode=require")
+            .replication()
+            .unwrap();
+        assert_eq!(
+            (config.host.as_str(), config.port, config.user.as_str()),
+            ("db.internal", 5433, "app")
+        );
+        assert_eq!((config.password.as_str(), config.database.as_str()), ("p@ss", "shop"));
+        assert!(config.tls.mode.requires_tls());
+        assert!(WalConfig::new("mysql://x/y").replication().is_err());
+        assert!(format!("{:?}", WalConfig::new("postgres://a:secret@h/d")).find("secret").is_none());
+    }
+}
