@@ -5,9 +5,9 @@ pub use outbox_runtime::event::{AggregateVersionValue, DedupKeyValue};
 #[cfg(feature = "failpoints")]
 pub use outbox_runtime::failpoints;
 pub use outbox_runtime::inbox::InboxConfig;
-pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
 #[cfg(feature = "postgres-wal")]
 pub use outbox_runtime::relay::WalConfig;
+pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
 pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeReport};
 #[cfg(feature = "nats")]
 pub use outbox_runtime::transport::nats::NatsTransport;

@@ -19,7 +19,7 @@ use std::{
 use outbox::relay::{Relay, RelayConfig, RelayStatsSnapshot};
 use outbox::sea_orm::{ConnectionTrait, DatabaseConnection};
 use outbox::store::claim::ClaimParams;
-use outbox::store::relay::{Settlement, claim, settle};
+use outbox::store::relay::{Fence, Settlement, claim, settle};
 use outbox::transport::nats::NatsTransport;
 
 use crate::report::{Measure, Spec, Target, m, spec};
@@ -191,7 +191,7 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
             sent: got.events.iter().map(|e| e.id).collect(),
             ..Settlement::default()
         };
-        let settled = settle(db, got.token, &settlement).await?;
+        let settled = settle(db, Fence::Claim(got.token), &settlement).await?;
         if settled.sent != got.events.len() as u64 {
             return Err(format!(
                 "P5 {table}: settled {} of {} claimed events",

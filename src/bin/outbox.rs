@@ -596,6 +596,10 @@ fn render_status(status: &Status) -> String {
     out.push('\n');
     out.push_str(&render_relays(status));
     out.push('\n');
+    if !status.wal_slots.is_empty() {
+        out.push_str(&render_wal_slots(status));
+        out.push('\n');
+    }
     if status.consumers.is_empty() {
         out.push_str("INBOX   no consumer has received anything yet\n");
         return out;
@@ -670,6 +674,48 @@ fn render_relays(status: &Status) -> String {
         );
     }
     out
+}
+
+fn render_wal_slots(status: &Status) -> String {
+    let mut out = String::from("WAL SLOTS\n");
+    let rows = status
+        .wal_slots
+        .iter()
+        .map(|w| {
+            vec![
+                w.slot.clone(),
+                if w.active {
+                    "streaming"
+                } else {
+                    "NOT STREAMING"
+                }
+                .to_owned(),
+                w.wal_status.clone().unwrap_or_else(|| "-".into()),
+                bytes(w.lag_bytes),
+                bytes(w.retained_bytes),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["SLOT", "RELAY", "WAL STATUS", "LAG", "RETAINED"],
+        rows,
+    ));
+    if status.wal_slots.iter().any(|w| !w.active) {
+        out.push_str(
+            "        NOT STREAMING: no WAL relay reads the slot; the server keeps its WAL until one \
+             does (or the slot is dropped)\n",
+        );
+    }
+    out
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
 }
 
 fn render_dead_list(items: &[DeadLetter], page: u64, limit: u32) -> String {

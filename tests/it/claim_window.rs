@@ -15,7 +15,7 @@ use outbox::sea_orm::{Statement, TransactionTrait};
 use outbox::store::Failure;
 use outbox::store::claim::ClaimParams;
 use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow};
-use outbox::store::relay::{ClaimedEvent, Settlement, claim, settle};
+use outbox::store::relay::{ClaimedEvent, Fence, Settlement, claim, settle};
 use outbox::transport::memory::MemoryTransport;
 
 /// More rows than the window the heads query reads for batches up to 128.
@@ -95,7 +95,7 @@ fn assert_heads_and_runs(by_cart: &HashMap<String, Vec<u32>>) {
 async fn release(t: &TestDb, token: uuid::Uuid, events: &[ClaimedEvent]) {
     let released = settle(
         &t.db,
-        token,
+        Fence::Claim(token),
         &Settlement {
             released: events.iter().map(|e| e.id).collect(),
             ..Settlement::default()

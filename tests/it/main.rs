@@ -50,4 +50,6 @@ mod transport;
 mod ui;
 #[cfg(feature = "postgres")]
 mod wakeup;
+#[cfg(feature = "postgres-wal")]
+mod wal;
 mod webhooks;

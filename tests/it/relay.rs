@@ -16,7 +16,7 @@ use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
 use outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
 use outbox::store::claim::ClaimParams;
-use outbox::store::relay::{Settlement, claim, settle};
+use outbox::store::relay::{Fence, Settlement, claim, settle};
 use outbox::transport::OutgoingMessage;
 use outbox::transport::memory::{MemoryTransport, StoredMessage};
 
@@ -295,7 +295,7 @@ async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
     // A wakes up and tries to mark one SENT and release the other: fenced off.
     let stale = settle(
         &t.db,
-        a.token,
+        Fence::Claim(a.token),
         &Settlement {
             sent: vec![a.events[0].id],
             released: vec![a.events[1].id],
@@ -313,7 +313,7 @@ async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
     // B's own writes go through.
     let fresh = settle(
         &t.db,
-        b.token,
+        Fence::Claim(b.token),
         &Settlement {
             sent: b.events.iter().map(|e| e.id).collect(),
             ..Settlement::default()

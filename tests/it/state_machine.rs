@@ -1038,9 +1038,10 @@ impl OutboxModel {
         before: &BTreeMap<i64, OutRow>,
     ) -> Result<(), TestCaseError> {
         let started = db_now(&self.db).await?;
-        let settled = relay_store::settle(&self.db, claim.token, settlement)
-            .await
-            .map_err(fail)?;
+        let settled =
+            relay_store::settle(&self.db, relay_store::Fence::Claim(claim.token), settlement)
+                .await
+                .map_err(fail)?;
         let window = Window::new(started, db_now(&self.db).await?);
         let after = self.rows().await?;
         let owned = |id: &i64| {

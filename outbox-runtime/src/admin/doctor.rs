@@ -439,6 +439,44 @@ pub async fn doctor(
     } else {
         report.push(Severity::Ok, "dead", "no dead letters");
     }
+
+    // The WAL relays' slots (PostgreSQL).
+    for slot in crate::store::wal::slots(db)
+        .await
+        .map_err(db_error("reading the replication slots"))?
+    {
+        let lag = slot.lag_bytes.unwrap_or(0).max(0);
+        let retained = slot.retained_bytes.unwrap_or(0).max(0);
+        let name = &slot.name;
+        if slot.lost() {
+            report.push(
+                Severity::Error,
+                "wal",
+                format!(
+                    "replication slot `{name}` is invalidated (the WAL it needs was removed): its \
+                     WAL relay polls the table instead of streaming. Drop the slot \
+                     (SELECT pg_drop_replication_slot('{name}')) and restart the relay, which \
+                     creates it again"
+                ),
+            );
+        } else if !slot.active {
+            report.push(
+                Severity::Warning,
+                "wal",
+                format!(
+                    "replication slot `{name}` has no WAL relay streaming from it: it is \
+                     {lag} bytes behind and keeps {retained} bytes of WAL on the server, growing \
+                     until a relay streams again or the slot is dropped"
+                ),
+            );
+        } else {
+            report.push(
+                Severity::Ok,
+                "wal",
+                format!("replication slot `{name}` is streamed from ({lag} bytes behind)"),
+            );
+        }
+    }
     Ok(report)
 }
 

@@ -55,7 +55,9 @@ pub use actions::{ActionKind, ActionReport, Selector, Skipped, audit_log, ignore
 pub use dead_letters::{Page, dead_letter, dead_letters};
 pub use doctor::{DoctorOptions, DoctorReport, Finding, Severity, doctor};
 pub use duration::HumanDuration;
-pub use status::{ConsumerStatus, OutboxStatus, RelayStatus, Status, StatusCounts, status};
+pub use status::{
+    ConsumerStatus, OutboxStatus, RelayStatus, Status, StatusCounts, WalSlotStatus, status,
+};
 
 /// Map a database error, recognising a missing table (the migrations were not applied).
 pub(crate) fn db_error(doing: &'static str) -> impl FnOnce(DbErr) -> AdminError {

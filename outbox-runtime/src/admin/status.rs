@@ -28,6 +28,26 @@ pub struct Status {
     /// Each relay that reported what it sees of its broker, by relay id (relays that stopped
     /// cleanly removed theirs).
     pub relays: Vec<RelayStatus>,
+    /// The WAL relays' replication slots (PostgreSQL; names starting with `outbox`). A slot
+    /// whose relay stopped keeps the server's WAL from being recycled: its lag grows.
+    pub wal_slots: Vec<WalSlotStatus>,
+}
+
+/// A WAL relay's replication slot in [`Status`].
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct WalSlotStatus {
+    /// The slot's name (`WalConfig::slot`).
+    pub slot: String,
+    /// A relay streams from it now.
+    pub active: bool,
+    /// `reserved`, `extended`, `unreserved`, or `lost`: the WAL the slot needs is gone and it
+    /// can never be streamed from again (its relay polls the table; drop the slot).
+    pub wal_status: Option<String>,
+    /// WAL written after the position its relay confirmed: how far the relay is behind.
+    pub lag_bytes: u64,
+    /// WAL the server keeps on disk for the slot.
+    pub retained_bytes: u64,
 }
 
 impl Status {
@@ -235,11 +255,24 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         .into_iter()
         .map(|r| relay_status(now, r))
         .collect();
+    let wal_slots = crate::store::wal::slots(db)
+        .await
+        .map_err(db_error("reading the replication slots"))?
+        .into_iter()
+        .map(|slot| WalSlotStatus {
+            lag_bytes: u64::try_from(slot.lag_bytes.unwrap_or(0)).unwrap_or(0),
+            retained_bytes: u64::try_from(slot.retained_bytes.unwrap_or(0)).unwrap_or(0),
+            slot: slot.name,
+            active: slot.active,
+            wal_status: slot.wal_status,
+        })
+        .collect();
     let mut status = Status {
         at: now,
         outbox,
         consumers: consumers.into_values().collect(),
         relays,
+        wal_slots,
     };
     if status.broker_unavailable() {
         status.outbox.delayed_by_outage = status.outbox.backlog;

@@ -372,7 +372,7 @@ impl Relay {
     /// The claim loop's minimum age of PENDING rows: the WAL stream's grace while it streams.
     fn pending_age(&self) -> Option<Duration> {
         #[cfg(feature = "postgres-wal")]
-        if let Some(mode) = &self.wal {
+        if let (Some(mode), Sink::Broker(_)) = (&self.wal, &self.sink) {
             return mode.pending_age();
         }
         None
@@ -381,7 +381,7 @@ impl Relay {
     /// Whether the relay has a WAL mode (streaming or fallen back).
     fn wal_mode(&self) -> bool {
         #[cfg(feature = "postgres-wal")]
-        if self.wal.is_some() {
+        if self.wal.is_some() && matches!(self.sink, Sink::Broker(_)) {
             return true;
         }
         false
@@ -747,11 +747,13 @@ impl Relay {
         let shutdown = CancellationToken::new();
         let stats = self.stats.clone();
         let token = shutdown.clone();
+        let relay = self.clone();
         let task = tokio::spawn(async move { self.run(token).await });
         RelayHandle {
             shutdown,
             task,
             stats,
+            relay,
         }
     }
 
@@ -824,11 +826,10 @@ impl Relay {
         };
         // A deadlock or busy database only delays a claim: try again at once, a few times.
         let pending_age = self.pending_age();
-        let claim = with_transient_retries(|| {
-            store::relay::claim_aged(&self.db, &params, pending_age)
-        })
-            .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
-            .await?;
+        let claim =
+            with_transient_retries(|| store::relay::claim_aged(&self.db, &params, pending_age))
+                .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
+                .await?;
         let report = RoundReport {
             claimed: claim.events.len(),
             dead: claim.dead.len() + claim.unreadable,
@@ -1275,12 +1276,18 @@ pub struct RelayHandle {
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), RelayError>>,
     stats: Arc<RelayStats>,
+    relay: Relay,
 }
 
 impl RelayHandle {
     /// Counters since start.
     pub fn stats(&self) -> RelayStatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// Whether the relay streams from the WAL now (see [`Relay::streams_wal`]).
+    pub fn streams_wal(&self) -> bool {
+        self.relay.streams_wal()
     }
 
     /// Stop claiming, finish the round in flight, hand unpublished events back, and wait.

@@ -176,6 +176,8 @@ pub struct RuntimeBuilder {
     expected: Vec<String>,
     metrics_interval: Option<std::time::Duration>,
     retention: Option<Janitor>,
+    #[cfg(feature = "postgres-wal")]
+    wal: Option<crate::relay::WalConfig>,
 }
 
 /// Retention settings of the runtime's janitor.
@@ -228,6 +230,13 @@ impl RuntimeBuilder {
     /// Relay settings.
     pub fn relay_config(mut self, config: RelayConfig) -> Self {
         self.relay = Some(config);
+        self
+    }
+
+    /// The relay reads committed events from PostgreSQL's WAL (see [`Relay::with_wal`]).
+    #[cfg(feature = "postgres-wal")]
+    pub fn wal(mut self, config: crate::relay::WalConfig) -> Self {
+        self.wal = Some(config);
         self
     }
 
@@ -421,6 +430,11 @@ impl RuntimeBuilder {
             }
             .with_config(config)
             .with_outbox(&outbox);
+            #[cfg(feature = "postgres-wal")]
+            let relay = match self.wal.clone() {
+                Some(wal) => relay.with_wal(wal),
+                None => relay,
+            };
             relay_stats = Some(relay.stats_handle());
             let health = Arc::new(LoopHealth::new("relay".into()));
             let task = tokio::spawn({
@@ -532,6 +546,8 @@ impl Runtime {
             expected: Vec::new(),
             metrics_interval: Some(std::time::Duration::from_secs(15)),
             retention: Some(Janitor::default()),
+            #[cfg(feature = "postgres-wal")]
+            wal: None,
         }
     }
 

@@ -325,7 +325,10 @@ pub(crate) fn push_scope_of(sql: &mut Sql, queue: &Queue<'_>, alias: &str) {
 /// "This row can be claimed now", by the database's clock: PENDING (old enough, with a
 /// `pending_age`), RETRY that is due, PROCESSING whose lease expired.
 fn push_claimable(sql: &mut Sql, queue: &Queue<'_>) {
-    sql.push(&format!(" AND ((o.status = {}", WorkStatus::Pending.literal()));
+    sql.push(&format!(
+        " AND ((o.status = {}",
+        WorkStatus::Pending.literal()
+    ));
     push_pending_age(sql, queue, "o.");
     sql.push(&format!(
         ") OR (o.status = {} AND o.next_attempt_at <= ",

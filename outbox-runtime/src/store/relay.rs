@@ -412,7 +412,7 @@ pub async fn settle(
         .push(", locked_until = NULL, last_error = NULL");
         fence.push_where(&mut sql);
         sql.push(" AND id IN ")
-        .bind_list(chunk.iter().map(|id| Value::from(*id)));
+            .bind_list(chunk.iter().map(|id| Value::from(*id)));
         settled.sent += txn.execute_raw(sql.build()).await?.rows_affected();
     }
 
@@ -457,7 +457,7 @@ pub async fn settle(
             ));
             fence.push_where(&mut sql);
             sql.push(" AND id IN ")
-            .bind_list(chunk.iter().map(|id| Value::from(*id)));
+                .bind_list(chunk.iter().map(|id| Value::from(*id)));
             settled.released += txn.execute_raw(sql.build()).await?.rows_affected();
         }
     }

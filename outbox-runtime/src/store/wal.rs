@@ -159,8 +159,10 @@ pub async fn drop_slot(db: &DatabaseConnection, name: &str, force: bool) -> Resu
         db.query_all_raw(end.build()).await?;
     }
     let mut sql = Sql::new(dialect);
-    sql.push("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ")
-        .bind(name.to_owned().into());
+    sql.push(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ",
+    )
+    .bind(name.to_owned().into());
     let statement = sql.build();
     // The ended session lets go of the slot a moment later.
     for _ in 0..50 {

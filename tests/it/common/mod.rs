@@ -201,6 +201,72 @@ pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
     })
 }
 
+/// The PostgreSQL cluster with `wal_level = logical` (`scripts/pg-logical`), for the WAL relay.
+pub fn postgres_logical_admin_url() -> String {
+    std::env::var("OUTBOX_TEST_POSTGRES_LOGICAL_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5433/postgres".into())
+}
+
+/// A fresh, migrated database for `test` on the PostgreSQL cluster with `wal_level = logical`,
+/// or `None` (skipped). Replication slots left in a database of that name by an earlier run are
+/// dropped first (a database with a slot cannot be dropped).
+pub async fn logical_test_db(test: &str) -> Option<TestDb> {
+    let name = format!("ob_{}", test.replace(['-', ':'], "_")).to_lowercase();
+    assert!(name.len() <= 63, "test database name too long: {name}");
+    assert!(
+        DB_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone()),
+        "test database name used by two tests: {name}"
+    );
+    let admin_url = postgres_logical_admin_url();
+    match connect(&admin_url, 1).await {
+        Ok(admin) => {
+            let slots = Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE database = $1 AND active_pid IS NOT NULL",
+                [name.clone().into()],
+            );
+            admin.query_all_raw(slots).await.unwrap();
+            let drop = Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE database = $1",
+                [name.clone().into()],
+            );
+            // A terminated walsender lets go of its slot a moment later.
+            for _ in 0..50 {
+                if admin.query_all_raw(drop.clone()).await.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            admin.close().await.ok();
+        }
+        Err(e) => {
+            return skip_or_fail(
+                "PostgreSQL with wal_level = logical (scripts/pg-logical start)",
+                e,
+            );
+        }
+    }
+    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+    let (url, db) = match fresh_server_db(&admin_url, &drop, &name).await {
+        Ok(pair) => pair,
+        Err(e) => return skip_or_fail("PostgreSQL with wal_level = logical", e),
+    };
+    outbox::migrate(&db).await.expect("migrations apply");
+    create_business_tables(&db).await;
+    Some(TestDb {
+        backend: Backend::Postgres,
+        name,
+        url,
+        db,
+    })
+}
+
 /// What the tests' handlers do: one `effect` row in the handler's transaction, under its
 /// consumer's name.
 pub async fn insert_effect(

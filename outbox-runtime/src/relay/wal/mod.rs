@@ -140,6 +140,8 @@ impl WalConfig {
         config.status_interval = self.feedback_interval;
         config.idle_wakeup_interval = Duration::from_secs(10);
         config.application_name = Some(format!("outbox-wal-{}", self.slot));
+        // Makes the client track positions confirmed but not yet reported (see `stream`).
+        config.feedback_observer = Some(pgwire_replication::FeedbackObserver::new(|_| {}));
         Ok(config)
     }
 }
@@ -231,7 +233,12 @@ impl Relay {
         }))
     }
 
-    async fn run_wal(&self, mode: &WalMode, transport: &dyn Transport, shutdown: &CancellationToken) {
+    async fn run_wal(
+        &self,
+        mode: &WalMode,
+        transport: &dyn Transport,
+        shutdown: &CancellationToken,
+    ) {
         let relay_id = self.config.relay_id.as_str();
         let replication = match mode.config.replication() {
             Ok(config) => config,
@@ -442,7 +449,14 @@ impl Relay {
                 Err(e) => break StreamEnd::Failed(e),
             }
         };
-        // Report the confirmed position before leaving.
+        // Report the confirmed position before leaving: the worker reports it within its status
+        // interval, and its stop does not.
+        let reported = async {
+            while client.feedback_pending_since().is_some() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let _ = tokio::time::timeout(replication.status_interval * 2, reported).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await;
         client.abort();
         end
@@ -527,13 +541,11 @@ impl Relay {
 
 /// An outbox row from an Insert's column values.
 fn event_of(columns: &[String], values: Vec<Option<String>>) -> Result<ClaimedEvent, String> {
-    let mut row = Row(
-        columns
-            .iter()
-            .map(String::as_str)
-            .zip(values)
-            .collect::<HashMap<&str, Option<String>>>(),
-    );
+    let mut row = Row(columns
+        .iter()
+        .map(String::as_str)
+        .zip(values)
+        .collect::<HashMap<&str, Option<String>>>());
     let id = row.number("id")?;
     let event_id = row.required("event_id")?;
     let aggregate_version = match row.take("aggregate_version")? {
@@ -618,9 +630,16 @@ mod tests {
             (config.host.as_str(), config.port, config.user.as_str()),
             ("db.internal", 5433, "app")
         );
-        assert_eq!((config.password.as_str(), config.database.as_str()), ("p@ss", "shop"));
+        assert_eq!(
+            (config.password.as_str(), config.database.as_str()),
+            ("p@ss", "shop")
+        );
         assert!(config.tls.mode.requires_tls());
         assert!(WalConfig::new("mysql://x/y").replication().is_err());
-        assert!(format!("{:?}", WalConfig::new("postgres://a:secret@h/d")).find("secret").is_none());
+        assert!(
+            format!("{:?}", WalConfig::new("postgres://a:secret@h/d"))
+                .find("secret")
+                .is_none()
+        );
     }
 }
