@@ -45,10 +45,32 @@ async fn record(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), Ha
 
 const EVENTS: usize = 40; // 8 carts x 5 lines
 
-/// A runtime whose relay publishes through its fast path, or (for the claim loop's failpoints)
-/// only through the claim loop.
-async fn start(t: &TestDb, transport: &MemoryTransport, fast_path: bool) -> Runtime {
-    Runtime::builder(t.db.clone())
+/// How the scenario's relay publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Only through the claim loop (for the loop's failpoints: with the fast path on, every
+    /// event could go by the fast path and they would never fire).
+    ClaimLoop,
+    /// Through its fast path, with the claim loop as the safety net.
+    FastPath,
+    /// From the WAL (on the PostgreSQL cluster with `wal_level = logical`).
+    #[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
+    Wal,
+}
+
+/// A runtime whose relay publishes as `mode` says.
+async fn start(t: &TestDb, transport: &MemoryTransport, mode: Mode) -> Runtime {
+    let fast_path = mode == Mode::FastPath;
+    let builder = Runtime::builder(t.db.clone());
+    #[cfg(feature = "postgres-wal")]
+    let builder = match mode {
+        Mode::Wal => builder.wal(outbox::WalConfig {
+            table_grace: Duration::from_secs(2),
+            ..outbox::WalConfig::new(t.url.clone()).slot(format!("outbox_{}", t.name))
+        }),
+        _ => builder,
+    };
+    builder
         .transport(transport.clone())
         .consumers(["fp"])
         .relay_config(RelayConfig {
@@ -82,7 +104,7 @@ async fn start(t: &TestDb, transport: &MemoryTransport, fast_path: bool) -> Runt
 /// Produce, let the runtime deliver through the armed failpoint, and check the outcome a user
 /// relies on. Returns the runtime's final report and how often the failpoint fired.
 async fn survives(test: &str, failpoint: &str, actions: &str) -> Option<Outcome> {
-    survives_with(test, failpoint, actions, false, true).await
+    survives_with(test, failpoint, actions, false, Mode::FastPath).await
 }
 
 async fn survives_with(
@@ -90,17 +112,20 @@ async fn survives_with(
     failpoint: &str,
     actions: &str,
     fail_first: bool,
-    fast_path: bool,
+    mode: Mode,
 ) -> Option<Outcome> {
     let _turn = TURN.lock().await;
     FAIL_FIRST.store(fail_first, Ordering::SeqCst);
-    let t = test_db(Backend::Postgres, test).await?;
+    let t = match mode {
+        Mode::Wal => logical_test_db(test).await?,
+        _ => test_db(Backend::Postgres, test).await?,
+    };
     let scenario = FailScenario::setup();
     failpoints::cfg(failpoint, actions).unwrap();
     RUNS.store(0, Ordering::SeqCst);
     let transport = MemoryTransport::new();
-    let runtime = start(&t, &transport, fast_path).await;
-    if fast_path {
+    let runtime = start(&t, &transport, mode).await;
+    if mode == Mode::FastPath {
         // The relay's fast path takes the commits (those behind an unsent event of their cart
         // wait for the claim loop).
         assert!(
@@ -108,6 +133,20 @@ async fn survives_with(
                 runtime.outbox().fast_path_running()
             })
             .await
+        );
+    }
+    if mode == Mode::Wal {
+        // The relay streams: commits from now on are in its slot.
+        let slot = format!("outbox_{}", t.name);
+        assert!(
+            eventually(Duration::from_secs(20), || async {
+                outbox::store::wal::slot(&t.db, &slot)
+                    .await
+                    .unwrap()
+                    .is_some_and(|s| s.active)
+            })
+            .await,
+            "{test}: the relay streams from its slot"
         );
     }
     produce(&t, runtime.outbox(), 8, 5, 10).await;
@@ -124,6 +163,12 @@ async fn survives_with(
     tokio::time::sleep(Duration::from_millis(700)).await;
     let report = runtime.shutdown().await;
     scenario.teardown();
+    if mode == Mode::Wal {
+        // Slots are the cluster's: leave none holding its WAL.
+        outbox::store::wal::drop_slot(&t.db, &format!("outbox_{}", t.name), true)
+            .await
+            .unwrap();
+    }
     assert!(settled, "{test}: not everything was delivered and handled");
 
     let effects = effects(&t.db).await;
@@ -172,8 +217,8 @@ fn effect_order(effects: &[effect::Model]) -> std::collections::HashMap<String, 
 /// A publisher died holding leased rows it had not published (the relay after its claim, the
 /// fast path after the commit): they were taken over when the lease expired, which counts as an
 /// attempt, and published once.
-async fn dies_before_publishing(test: &str, failpoint: &str, fast_path: bool) {
-    let Some(o) = survives_with(test, failpoint, "2*return", false, fast_path).await else {
+async fn dies_before_publishing(test: &str, failpoint: &str, mode: Mode) {
+    let Some(o) = survives_with(test, failpoint, "2*return", false, mode).await else {
         return;
     };
     assert!(
@@ -191,8 +236,8 @@ async fn dies_before_publishing(test: &str, failpoint: &str, fast_path: bool) {
 
 /// A publisher died after the broker confirmed, before marking SENT: the rows were published
 /// again after the lease, with the same bytes, and the inbox suppressed the copies.
-async fn dies_before_marking(test: &str, failpoint: &str, fast_path: bool) {
-    let Some(o) = survives_with(test, failpoint, "1*return", false, fast_path).await else {
+async fn dies_before_marking(test: &str, failpoint: &str, mode: Mode) {
+    let Some(o) = survives_with(test, failpoint, "1*return", false, mode).await else {
         return;
     };
     assert!(
@@ -206,12 +251,22 @@ async fn dies_before_marking(test: &str, failpoint: &str, fast_path: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_dies_after_claim() {
-    dies_before_publishing("fp_after_claim", failpoints::RELAY_AFTER_CLAIM, false).await;
+    dies_before_publishing(
+        "fp_after_claim",
+        failpoints::RELAY_AFTER_CLAIM,
+        Mode::ClaimLoop,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_dies_after_publish() {
-    dies_before_marking("fp_after_publish", failpoints::RELAY_AFTER_PUBLISH, false).await;
+    dies_before_marking(
+        "fp_after_publish",
+        failpoints::RELAY_AFTER_PUBLISH,
+        Mode::ClaimLoop,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,7 +274,7 @@ async fn fast_path_dies_after_commit() {
     dies_before_publishing(
         "fp_fast_after_commit",
         failpoints::FAST_PATH_AFTER_COMMIT,
-        true,
+        Mode::FastPath,
     )
     .await;
 }
@@ -229,9 +284,64 @@ async fn fast_path_dies_after_publish() {
     dies_before_marking(
         "fp_fast_after_publish",
         failpoints::FAST_PATH_AFTER_PUBLISH,
-        true,
+        Mode::FastPath,
     )
     .await;
+}
+
+/// The WAL relay died after the broker confirmed a batch, before marking it SENT or confirming
+/// the slot's position: the batch is read from the slot again and published again, the inbox
+/// suppresses the copies, and no event is charged an attempt (nothing was claimed).
+#[cfg(feature = "postgres-wal")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_relay_dies_after_publish() {
+    let Some(o) = survives_with(
+        "fp_wal_after_publish",
+        failpoints::WAL_AFTER_PUBLISH,
+        "1*return",
+        false,
+        Mode::Wal,
+    )
+    .await
+    else {
+        return;
+    };
+    assert!(
+        o.transport.len() > EVENTS,
+        "the unmarked batch was published again: {} messages",
+        o.transport.len()
+    );
+    assert!(o.report.consumer("fp").duplicates > 0, "{:?}", o.report);
+    assert!(o.rows.iter().all(|r| r.attempts == 0), "{:?}", o.rows);
+    assert_strictly_increasing(&o.order, 5);
+}
+
+/// The WAL relay died after marking a batch SENT, before confirming the slot's position: the
+/// batch is read again, and the check against the rows skips what is SENT, so nothing is
+/// published twice.
+#[cfg(feature = "postgres-wal")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_relay_dies_before_confirming() {
+    let Some(o) = survives_with(
+        "fp_wal_before_confirm",
+        failpoints::WAL_BEFORE_CONFIRM,
+        "2*return",
+        false,
+        Mode::Wal,
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(o.transport.len(), EVENTS, "nothing was published twice");
+    assert!(
+        o.rows
+            .iter()
+            .all(|r| r.attempts == 0 && r.claim_token.is_none()),
+        "{:?}",
+        o.rows
+    );
+    assert_strictly_increasing(&o.order, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +385,7 @@ async fn consumer_dies_while_storing_a_retry() {
         failpoints::INBOX_STORE_RETRY,
         "5*return",
         true,
-        true,
+        Mode::FastPath,
     )
     .await;
     let Some(o) = outcome else {
