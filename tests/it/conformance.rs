@@ -361,10 +361,30 @@ impl Drop for RedisCleanup {
     }
 }
 
+/// How the scenario's relay publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Through its fast path, with the claim loop as the safety net (the default).
+    FastPath,
+    /// Only through the claim loop.
+    ClaimLoop,
+    /// From the WAL, on the PostgreSQL cluster with `wal_level = logical`.
+    #[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
+    Wal,
+}
+
 tokio::task_local! {
-    /// Whether the scenario's relays publish through their fast path (the default) or leave
-    /// every event to the claim loop.
-    static FAST_PATH: bool;
+    /// The scenario's relay mode (default: the fast path).
+    static MODE: Mode;
+}
+
+fn mode() -> Mode {
+    MODE.try_with(|m| *m).unwrap_or(Mode::FastPath)
+}
+
+/// The WAL relay's slot of a scenario (slots are the cluster's: one per test).
+fn slot_of(t: &TestDb) -> String {
+    format!("outbox_{}", t.name)
 }
 
 async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
@@ -379,13 +399,21 @@ async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
                 jitter: 0.2,
             },
             max_attempts: 1_000,
-            fast_path: FAST_PATH.try_with(|on| *on).unwrap_or(true),
+            fast_path: mode() == Mode::FastPath,
             ..RelayConfig::default()
         })
         .inbox_config(InboxConfig {
             poll_interval: Duration::from_millis(50),
             ..InboxConfig::default()
         });
+    #[cfg(feature = "postgres-wal")]
+    if mode() == Mode::Wal {
+        // A grace far beyond the scenario: every event the stream does not publish would stay.
+        builder = builder.wal(outbox::WalConfig {
+            table_grace: Duration::from_secs(600),
+            ..outbox::WalConfig::new(t.url.clone()).slot(slot_of(t))
+        });
+    }
     if let Some(transport) = &setup.transport {
         builder = builder.transport_arc(transport.clone());
     }
@@ -459,13 +487,26 @@ async fn delivers_every_event_once_in_order(kind: Kind, t: TestDb) {
     let runtime = runtime(&t, &setup).await;
     let outbox = runtime.outbox().clone();
     // With a broker, the relay's fast path takes the commits unless it is switched off.
-    let fast = setup.transport.is_some() && FAST_PATH.try_with(|on| *on).unwrap_or(true);
+    let fast = setup.transport.is_some() && mode() == Mode::FastPath;
     if fast {
         let running = eventually(Duration::from_secs(10), || async {
             outbox.fast_path_running()
         })
         .await;
         assert!(running, "the relay's fast path takes the commits");
+    } else if mode() == Mode::Wal {
+        let streaming = eventually(Duration::from_secs(20), || async {
+            outbox::store::wal::slot(&t.db, &slot_of(&t))
+                .await
+                .unwrap()
+                .is_some_and(|s| s.active)
+        })
+        .await;
+        assert!(streaming, "the relay streams from its slot");
+        assert!(
+            !outbox.fast_path_running(),
+            "no fast path beside the WAL stream"
+        );
     } else {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!outbox.fast_path_running(), "no fast path");
@@ -494,6 +535,18 @@ async fn delivers_every_event_once_in_order(kind: Kind, t: TestDb) {
     let report = runtime.shutdown().await;
     assert_handled_once_in_order(&t, total, 12).await;
     assert_eq!(report.consumer("conformance").handled, total as u64);
+    if mode() == Mode::Wal {
+        let rows = outbox_rows(&t.db).await;
+        assert!(
+            rows.iter()
+                .all(|r| r.claim_token.is_none() && r.attempts == 0),
+            "every event went by the stream, none claimed: {:?}",
+            rows.iter().find(|r| r.claim_token.is_some())
+        );
+        outbox::store::wal::drop_slot(&t.db, &slot_of(&t), true)
+            .await
+            .unwrap();
+    }
 }
 
 async fn failed_handling_is_redelivered(kind: Kind, t: TestDb) {
@@ -726,9 +779,11 @@ macro_rules! transports {
             /// The same with the fast path off: every event goes through the claim loop.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn delivers_once_in_order_claim_loop() {
-                FAST_PATH
-                    .scope(false, run("once_loop", delivers_every_event_once_in_order))
-                    .await;
+                MODE.scope(
+                    Mode::ClaimLoop,
+                    run("once_loop", delivers_every_event_once_in_order),
+                )
+                .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -755,6 +810,35 @@ transports! {
     rabbitmq => Kind::RabbitMq;
     #[cfg(feature = "kafka")]
     kafka => Kind::Kafka;
+}
+
+/// `delivers_once_in_order` with the WAL relay, for every transport with a broker.
+#[cfg(feature = "postgres-wal")]
+macro_rules! wal_transports {
+    ($($(#[$attr:meta])* $name:ident => $kind:expr;)+) => {$(
+        $(#[$attr])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let name = format!("conf_wal_{}", stringify!($name));
+            if let Some(t) = logical_test_db(&name).await {
+                MODE.scope(Mode::Wal, delivers_every_event_once_in_order($kind, t))
+                    .await;
+            }
+        }
+    )+};
+}
+
+#[cfg(feature = "postgres-wal")]
+wal_transports! {
+    memory_wal => Kind::Memory;
+    #[cfg(feature = "nats")]
+    nats_wal => Kind::Nats;
+    #[cfg(feature = "redis")]
+    redis_wal => Kind::Redis;
+    #[cfg(feature = "rabbitmq")]
+    rabbitmq_wal => Kind::RabbitMq;
+    #[cfg(feature = "kafka")]
+    kafka_wal => Kind::Kafka;
 }
 
 /// The outage scenario, for every transport with a broker the test can stop.
