@@ -311,6 +311,9 @@ struct Coverage {
     processing_behind_dead: usize,
     fast_owned: usize,
     fast_blocked: usize,
+    wal_published: usize,
+    wal_left: usize,
+    wal_replayed: usize,
 }
 
 impl Coverage {
@@ -331,6 +334,9 @@ impl Coverage {
         self.processing_behind_dead += other.processing_behind_dead;
         self.fast_owned += other.fast_owned;
         self.fast_blocked += other.fast_blocked;
+        self.wal_published += other.wal_published;
+        self.wal_left += other.wal_left;
+        self.wal_replayed += other.wal_replayed;
     }
 
     /// With enough cases, every transition the test is about must have happened.
@@ -364,6 +370,9 @@ impl Coverage {
                     "fast-path commits left to the claim loop",
                     self.fast_blocked,
                 ),
+                ("events the WAL relay published", self.wal_published),
+                ("events the WAL relay left to the table", self.wal_left),
+                ("WAL batches read again", self.wal_replayed),
             ] {
                 assert!(n > 0, "{name}: no case exercised {what}: {self:?}");
             }
@@ -399,6 +408,14 @@ enum OutboxOp {
     /// A relay stalls past its lease and the other relay (restarting) claims: the stalled
     /// relay still holds its claim and will publish and settle it later, stale.
     TakeOver { relay: Who, batch: u8 },
+    /// The WAL relay reads up to `batch` committed events from its slot's confirmed position
+    /// (commit order), checks them against the rows, publishes what it may with these
+    /// outcomes (cycled), and ends as `end` says.
+    WalBatch {
+        batch: u8,
+        outcomes: Vec<Outcome>,
+        end: WalEnd,
+    },
     /// The database-local transport moves a batch into the inbox.
     LocalDelivery { batch: u8 },
     /// Time passes.
@@ -407,6 +424,17 @@ enum OutboxOp {
     Replay { pick: u8 },
     /// An operator resends a row (only SENT rows change).
     Resend { pick: u8 },
+}
+
+/// How a WAL relay's batch ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WalEnd {
+    /// Settled (SENT in bulk, failures written) and the slot's position confirmed.
+    Confirm,
+    /// Settled, then the process died before confirming: the batch is read again.
+    DieBeforeConfirm,
+    /// The broker confirmed, then the process died: nothing settled, nothing confirmed.
+    DieAfterPublish,
 }
 
 #[derive(Debug, Clone)]
@@ -428,6 +456,12 @@ fn outbox_op() -> impl Strategy<Value = OutboxOp> {
         3 => (0u8..3, 1u8..4).prop_map(|(aggregate, events)| OutboxOp::FastCommit { aggregate, events }),
         3 => prop::collection::vec(outcome(), 1..5).prop_map(|outcomes| OutboxOp::FastPublish { outcomes }),
         1 => Just(OutboxOp::FastCrash),
+        3 => (1u8..8, prop::collection::vec(outcome(), 1..5), prop_oneof![
+            4 => Just(WalEnd::Confirm),
+            1 => Just(WalEnd::DieBeforeConfirm),
+            1 => Just(WalEnd::DieAfterPublish),
+        ])
+            .prop_map(|(batch, outcomes, end)| OutboxOp::WalBatch { batch, outcomes, end }),
         1 => (1u8..6).prop_map(|batch| OutboxOp::LocalDelivery { batch }),
         4 => advance().prop_map(|seconds| OutboxOp::Advance { seconds }),
         1 => any::<u8>().prop_map(|pick| OutboxOp::Replay { pick }),
@@ -601,6 +635,11 @@ struct OutboxModel {
     in_flight: [Option<Claim>; 2],
     /// What the fast path holds: the events commits wrote claimed by it, under its token.
     fast: Claim,
+    /// The WAL relay's slot: every committed event's id in commit order, and how many of them
+    /// its confirmed position is past; `replay` is set while a batch read once is read again.
+    wal_log: Vec<i64>,
+    wal_confirmed: usize,
+    wal_replay: bool,
     moved_locally: HashSet<uuid::Uuid>,
     /// Rows the broker confirmed at least once: the first publication of each row of an
     /// aggregate must come in id order.
@@ -621,6 +660,9 @@ impl OutboxModel {
             seq: 0,
             in_flight: [None, None],
             fast: fast_claim(),
+            wal_log: Vec::new(),
+            wal_confirmed: 0,
+            wal_replay: false,
             moved_locally: HashSet::new(),
             published: HashSet::new(),
             cov: Coverage::default(),
@@ -711,6 +753,14 @@ impl OutboxModel {
                     .await?;
                 self.in_flight[other.index()] = Some(claim);
             }
+            OutboxOp::WalBatch {
+                batch,
+                outcomes,
+                end,
+            } => {
+                self.wal_batch_checked(usize::from(*batch), outcomes, *end, &before)
+                    .await?;
+            }
             OutboxOp::LocalDelivery { batch } => {
                 self.local_delivery_checked(usize::from(*batch), &before)
                     .await?;
@@ -735,6 +785,9 @@ impl OutboxModel {
             self.committed,
             "rows exist exactly for committed events"
         );
+        // Commits reach the WAL relay's slot in commit order (one at a time here: id order).
+        self.wal_log
+            .extend(after.keys().filter(|id| !before.contains_key(id)));
         check_outbox_rows(&after, self.max_attempts)?;
         check_sent_published(&after, &self.published)?;
         Ok(())
@@ -936,6 +989,127 @@ impl OutboxModel {
             "fast commit",
         )?;
         self.fast.events.extend(owned);
+        Ok(())
+    }
+
+    /// A WAL relay's batch: the events after the slot's confirmed position, checked against the
+    /// rows ([`outbox::store::wal::check`], [`outbox::store::wal::choose`]); what it may publish
+    /// is published with `outcomes` and settled on rows still PENDING.
+    async fn wal_batch_checked(
+        &mut self,
+        batch: usize,
+        outcomes: &[Outcome],
+        end: WalEnd,
+        before: &BTreeMap<i64, OutRow>,
+    ) -> Result<(), TestCaseError> {
+        let upto = (self.wal_confirmed + batch).min(self.wal_log.len());
+        let ids = self.wal_log[self.wal_confirmed..upto].to_vec();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if self.wal_replay {
+            self.cov.wal_replayed += 1;
+        }
+        // The stream's image of each row: as it was inserted.
+        let events: Vec<relay_store::ClaimedEvent> = ids
+            .iter()
+            .map(|id| {
+                let r = &before[id];
+                relay_store::ClaimedEvent {
+                    id: r.id,
+                    event_id: r.event_id,
+                    source: "state-machine".into(),
+                    event_type: "happened".into(),
+                    schema_version: 1,
+                    aggregate_type: AGGREGATE_TYPE.into(),
+                    aggregate_id: r.aggregate.clone(),
+                    aggregate_version: None,
+                    payload: "{}".into(),
+                    headers: "{}".into(),
+                    created_at: Utc::now(),
+                    attempts: 0,
+                    reclaimed: false,
+                }
+            })
+            .collect();
+        let checks = outbox::store::wal::check(&self.db, &ids)
+            .await
+            .map_err(fail)?;
+        let (publish, left) = outbox::store::wal::choose(events, &checks, true);
+        self.cov.wal_left += left;
+        // Only PENDING rows whose earlier events of the aggregate are all SENT or published
+        // before them in this batch.
+        let chosen: HashSet<i64> = publish.iter().map(|e| e.id).collect();
+        for e in &publish {
+            let row = &before[&e.id];
+            prop_assert_eq!(
+                &row.status,
+                "PENDING",
+                "the stream publishes PENDING rows only"
+            );
+            prop_assert_eq!(
+                i64::from(e.attempts),
+                row.attempts,
+                "attempts as the row has them"
+            );
+            for earlier in before.range(..e.id).map(|(_, r)| r) {
+                prop_assert!(
+                    earlier.aggregate != row.aggregate
+                        || earlier.status == "SENT"
+                        || chosen.contains(&earlier.id),
+                    "the stream publishes row {} ahead of unsent row {}: {:?}",
+                    e.id,
+                    earlier.id,
+                    earlier
+                );
+            }
+        }
+        let claim = Claim {
+            token: uuid::Uuid::nil(),
+            events: publish,
+            dead: Vec::new(),
+            unreadable: 0,
+            claimed_at: None,
+        };
+        let settlement = self.decide(&claim, outcomes);
+        self.record_publications(&settlement.sent, before)?;
+        self.cov.wal_published += settlement.sent.len();
+        if end == WalEnd::DieAfterPublish {
+            self.wal_replay = true;
+            return Ok(());
+        }
+        let started = db_now(&self.db).await?;
+        let settled = relay_store::settle(&self.db, relay_store::Fence::Pending, &settlement)
+            .await
+            .map_err(fail)?;
+        let window = Window::new(started, db_now(&self.db).await?);
+        let after = self.rows().await?;
+        let mut changed = HashSet::new();
+        for id in &settlement.sent {
+            prop_assert_eq!(&after[id].status, "SENT");
+            window.check_now(after[id].sent_at, "sent_at")?;
+            prop_assert_eq!(after[id].attempts, before[id].attempts);
+            changed.insert(*id);
+        }
+        for f in &settlement.failed {
+            let a = &after[&f.id];
+            prop_assert_eq!(
+                &a.status,
+                if f.failure.is_dead() { "DEAD" } else { "RETRY" }
+            );
+            prop_assert_eq!(a.attempts, before[&f.id].attempts + 1);
+            check_failure_written(a.next_attempt_at, &f.failure, &window)?;
+            changed.insert(f.id);
+        }
+        prop_assert_eq!(settled.sent as usize, settlement.sent.len());
+        unchanged_except(before, &after, &changed, "the WAL relay's settle")?;
+        match end {
+            WalEnd::Confirm => {
+                self.wal_confirmed = upto;
+                self.wal_replay = false;
+            }
+            _ => self.wal_replay = true,
+        }
         Ok(())
     }
 

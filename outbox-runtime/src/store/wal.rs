@@ -3,7 +3,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 
-use super::{Dialect, OUTBOX_TABLE, OutboxStatus, sql::Sql};
+use super::{Dialect, OUTBOX_TABLE, OutboxStatus, relay::ClaimedEvent, sql::Sql};
 
 /// Slot names the SDK's WAL relays use start with this; `outbox status` reports those slots.
 pub const SLOT_PREFIX: &str = "outbox";
@@ -184,6 +184,8 @@ pub struct RowCheck {
     pub id: i64,
     /// Its status now.
     pub status: Option<OutboxStatus>,
+    /// Its failed attempts now (the stream's image of the row is as it was inserted).
+    pub attempts: u32,
     /// An unsent event of its aggregate, earlier than it and not in the batch, holds it back.
     pub blocked: bool,
 }
@@ -200,7 +202,7 @@ pub async fn check(db: &DatabaseConnection, ids: &[i64]) -> Result<Vec<RowCheck>
     let mut sql = Sql::new(dialect);
     let list = || ids.iter().map(|id| Value::from(*id));
     sql.push(&format!(
-        "SELECT o.id, o.status, CASE WHEN EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e \
+        "SELECT o.id, o.status, o.attempts, CASE WHEN EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e \
          WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id \
          AND e.id < o.id AND {} AND e.id NOT IN ",
         dialect.unsent("e.")
@@ -217,8 +219,54 @@ pub async fn check(db: &DatabaseConnection, ids: &[i64]) -> Result<Vec<RowCheck>
             Ok(RowCheck {
                 id: row.try_get("", "id")?,
                 status: OutboxStatus::parse(&row.try_get::<String>("", "status")?),
+                attempts: u32::try_from(dialect.get_int(row, "attempts")?).unwrap_or(0),
                 blocked: row.try_get::<i32>("", "blocked")? != 0,
             })
         })
         .collect()
+}
+
+/// Which events of a batch read from the WAL (in commit order) the stream publishes, given
+/// their [`check`]; and how many it leaves to the table. A row no longer PENDING is skipped:
+/// SENT is done; PROCESSING, RETRY or DEAD belongs to the claim loop, and with `ordering` holds
+/// the rest of its aggregate back too. A row behind an unsent event outside the batch is left
+/// to the table with the rest of its aggregate. A row the check did not find (purged
+/// meanwhile) is nobody's to publish.
+pub fn choose(
+    events: Vec<ClaimedEvent>,
+    checks: &[RowCheck],
+    ordering: bool,
+) -> (Vec<ClaimedEvent>, usize) {
+    let checks: std::collections::HashMap<i64, &RowCheck> =
+        checks.iter().map(|c| (c.id, c)).collect();
+    let mut held: std::collections::HashSet<(String, String)> = Default::default();
+    let mut publish = Vec::with_capacity(events.len());
+    let mut left = 0;
+    for event in events {
+        let Some(check) = checks.get(&event.id) else {
+            continue;
+        };
+        let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
+        match check.status {
+            Some(OutboxStatus::Sent) => continue,
+            Some(OutboxStatus::Pending) => {}
+            _ => {
+                if ordering {
+                    held.insert(key);
+                }
+                continue;
+            }
+        }
+        if ordering && (check.blocked || held.contains(&key)) {
+            held.insert(key);
+            left += 1;
+            continue;
+        }
+        // A failure counts on top of the attempts the row has now.
+        publish.push(ClaimedEvent {
+            attempts: check.attempts,
+            ..event
+        });
+    }
+    (publish, left)
 }

@@ -45,9 +45,8 @@ use self::pgoutput::{Message, Relations};
 use super::{Publisher, Relay, RoundReport};
 use crate::{
     store::{
-        self, OUTBOX_TABLE, OutboxStatus,
+        self, OUTBOX_TABLE,
         relay::{Claim, ClaimedEvent},
-        wal::RowCheck,
     },
     transport::Transport,
 };
@@ -477,7 +476,7 @@ impl Relay {
         let checks = super::with_transient_retries(|| store::wal::check(&self.db, &ids))
             .await
             .map_err(|e| e.to_string())?;
-        let (publish, left) = self.choose(events, &checks);
+        let (publish, left) = store::wal::choose(events, &checks, self.config.ordering);
         if left > 0 {
             crate::metrics::wal_left_to_table(transport.name(), left);
         }
@@ -500,42 +499,6 @@ impl Relay {
             .await
             .map_err(|e| e.to_string())?;
         Ok(round.outage.is_none() && !(shutdown.is_cancelled() && round.report.released > 0))
-    }
-
-    /// Which events of a batch (in commit order) the stream publishes, and how many it leaves to
-    /// the table. A row no longer PENDING is skipped: SENT is done; PROCESSING, RETRY or DEAD
-    /// belongs to the table, and with ordering holds the rest of its aggregate back too. A row
-    /// behind an unsent event outside the batch is left to the table with the rest of its
-    /// aggregate.
-    fn choose(&self, events: Vec<ClaimedEvent>, checks: &[RowCheck]) -> (Vec<ClaimedEvent>, usize) {
-        let checks: HashMap<i64, &RowCheck> = checks.iter().map(|c| (c.id, c)).collect();
-        let mut held: std::collections::HashSet<(String, String)> = Default::default();
-        let mut publish = Vec::with_capacity(events.len());
-        let mut left = 0;
-        for event in events {
-            let key = (event.aggregate_type.clone(), event.aggregate_id.clone());
-            // A row gone meanwhile (purged by an operator) is nobody's to publish.
-            let Some(check) = checks.get(&event.id) else {
-                continue;
-            };
-            match check.status {
-                Some(OutboxStatus::Sent) => continue,
-                Some(OutboxStatus::Pending) => {}
-                _ => {
-                    if self.config.ordering {
-                        held.insert(key);
-                    }
-                    continue;
-                }
-            }
-            if self.config.ordering && (check.blocked || held.contains(&key)) {
-                held.insert(key);
-                left += 1;
-                continue;
-            }
-            publish.push(event);
-        }
-        (publish, left)
     }
 }
 
