@@ -208,6 +208,10 @@ struct Settings {
     broker_fault_secs: u64,
     /// The broker the relays publish to and the consumers read from.
     broker: ChaosBroker,
+    /// The relays read the WAL (feature `postgres-wal`): the database is on the PostgreSQL
+    /// cluster with `wal_level = logical`, the producer runs no relay, and the relays stream
+    /// from one slot, the first to connect while the others stand by and poll the table.
+    wal: bool,
 }
 
 impl Settings {
@@ -226,7 +230,42 @@ impl Settings {
             skew_secs: env_u64("OUTBOX_CHAOS_SKEW_SECS", 30),
             broker_fault_secs: env_u64("OUTBOX_CHAOS_BROKER_FAULT_SECS", 4),
             broker: ChaosBroker::from_env().unwrap_or(ChaosBroker::Nats),
+            wal: false,
         }
+    }
+
+    /// The run's name: the broker's, with `-wal` for WAL relays.
+    fn name(&self) -> String {
+        match self.wal {
+            true => format!("{}-wal", self.broker.name()),
+            false => self.broker.name().to_owned(),
+        }
+    }
+
+    /// The runs this invocation covers: one per broker with polling relays and, with the
+    /// `postgres-wal` feature, one on NATS with WAL relays (`OUTBOX_CHAOS_WAL`: `0` for none,
+    /// `only` for that one alone).
+    fn runs() -> Vec<Settings> {
+        let wal = std::env::var("OUTBOX_CHAOS_WAL").unwrap_or_default();
+        let mut runs: Vec<Settings> = match wal.as_str() {
+            "only" => Vec::new(),
+            _ => ChaosBroker::selected()
+                .into_iter()
+                .map(|broker| Settings {
+                    broker,
+                    ..Settings::from_env()
+                })
+                .collect(),
+        };
+        if cfg!(feature = "postgres-wal") && wal != "0" {
+            let broker = ChaosBroker::from_env().unwrap_or(ChaosBroker::Nats);
+            runs.push(Settings {
+                broker,
+                wal: true,
+                ..Settings::from_env()
+            });
+        }
+        runs
     }
 }
 
@@ -326,9 +365,16 @@ impl Role {
     }
 
     /// The failpoints this role passes through, and how many passes a few seconds of work
-    /// make (the range of the random skip count).
-    fn failpoints(self) -> &'static [(&'static str, u64)] {
+    /// make (the range of the random skip count). With WAL relays, the producer runs no relay,
+    /// and the relays' claim loops take only what the stream leaves.
+    fn failpoints(self, wal: bool) -> &'static [(&'static str, u64)] {
         match self {
+            Role::Producer if wal => &[],
+            Role::Relay if wal => &[
+                (failpoints::WAL_AFTER_PUBLISH, 60),
+                (failpoints::WAL_BEFORE_CONFIRM, 60),
+                (failpoints::JANITOR_BETWEEN_BATCHES, 4),
+            ],
             Role::Producer => &[
                 (failpoints::FAST_PATH_AFTER_COMMIT, 150),
                 (failpoints::FAST_PATH_AFTER_PUBLISH, 150),
@@ -363,23 +409,24 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let brokers = ChaosBroker::selected();
-    println!("\nrunning {} test(s): chaos", brokers.len());
-    for broker in brokers {
-        let settings = Settings {
-            broker,
-            ..Settings::from_env()
-        };
+    let runs = Settings::runs();
+    println!("\nrunning {} test(s): chaos", runs.len());
+    for settings in runs {
+        let name = settings.name();
         println!(
-            "chaos on {}: process kills over PostgreSQL and {}",
-            broker.name(),
-            broker.label()
+            "chaos on {name}: process kills over PostgreSQL and {}{}",
+            settings.broker.label(),
+            if settings.wal {
+                ", relays reading the WAL"
+            } else {
+                ""
+            }
         );
         match runtime.block_on(supervise(settings)) {
-            Ok(Outcome::Passed) => println!("test chaos::{} ... ok\n", broker.name()),
-            Ok(Outcome::Skipped) => println!("test chaos::{} ... skipped\n", broker.name()),
+            Ok(Outcome::Passed) => println!("test chaos::{name} ... ok\n"),
+            Ok(Outcome::Skipped) => println!("test chaos::{name} ... skipped\n"),
             Err(failure) => {
-                eprintln!("test chaos::{} ... FAILED\n{failure}", broker.name());
+                eprintln!("test chaos::{name} ... FAILED\n{failure}");
                 std::process::exit(101);
             }
         }
@@ -530,14 +577,18 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
     // The producer runs a relay of its own and commits through its handle: the relay's fast
     // path publishes each commit right after it (killed between the two, or between publishing
     // and marking SENT, the other relays take the events over when the lease ends).
-    let runtime = Runtime::builder(db.clone())
+    // With WAL relays, the producer runs none: the relays stream its commits.
+    let builder = Runtime::builder(db.clone())
         .source("chaos-orders")
         .transport(counting_transport(dir).await?)
         .relay_config(relay_config())
         .consumers(Vec::<String>::new())
-        .retention(None, Duration::from_secs(60))
-        .start()
-        .await?;
+        .retention(None, Duration::from_secs(60));
+    let builder = match std::env::var("OUTBOX_CHAOS_WAL_SLOT") {
+        Ok(_) => builder.without_relay(),
+        Err(_) => builder,
+    };
+    let runtime = builder.start().await?;
     // Half the transactions commit through a handle of their own, as another process's would:
     // their events go through the relays' claim loops.
     let handles = [runtime.outbox().clone(), Outbox::new("chaos-orders")];
@@ -678,6 +729,19 @@ async fn counting_transport(dir: &Path) -> Result<CountingConfirms, BoxError> {
     })
 }
 
+/// With WAL relays (`OUTBOX_CHAOS_WAL_SLOT` set by the supervisor), the relay streams from the
+/// run's slot; the claim loop takes PENDING rows after 3 s.
+fn with_wal(builder: outbox::runtime::RuntimeBuilder) -> outbox::runtime::RuntimeBuilder {
+    #[cfg(feature = "postgres-wal")]
+    if let Ok(slot) = std::env::var("OUTBOX_CHAOS_WAL_SLOT") {
+        return builder.wal(outbox::WalConfig {
+            table_grace: Duration::from_secs(3),
+            ..outbox::WalConfig::new(env_str("OUTBOX_CHAOS_DB", "")).slot(slot)
+        });
+    }
+    builder
+}
+
 /// The relays' settings (the producer's relay runs with them too).
 fn relay_config() -> RelayConfig {
     RelayConfig {
@@ -707,7 +771,7 @@ async fn relay(dir: &Path) -> Result<(), BoxError> {
         lease: Duration::from_secs(3),
         ..RetentionPolicy::default()
     };
-    let runtime = Runtime::builder(db)
+    let runtime = with_wal(Runtime::builder(db))
         .source("chaos-orders")
         .transport(transport)
         .relay_config(config)
@@ -828,11 +892,12 @@ struct Harness {
 
 impl Harness {
     fn failpoint_kills(&self) -> BTreeMap<String, u64> {
+        let wal = self.settings.wal;
         let mut counts: BTreeMap<String, u64> = Role::Producer
-            .failpoints()
+            .failpoints(wal)
             .iter()
-            .chain(Role::Relay.failpoints())
-            .chain(Role::Consumer.failpoints())
+            .chain(Role::Relay.failpoints(wal))
+            .chain(Role::Consumer.failpoints(wal))
             .map(|(name, _)| ((*name).to_owned(), 0))
             .collect();
         if let Ok(text) = std::fs::read_to_string(self.dir.join("kills.log")) {
@@ -863,10 +928,14 @@ impl Harness {
             )
             .env_remove("FAILPOINTS")
             .stdin(Stdio::null());
+        match self.settings.wal {
+            true => command.env("OUTBOX_CHAOS_WAL_SLOT", wal_slot(&self.namespace)),
+            false => command.env_remove("OUTBOX_CHAOS_WAL_SLOT"),
+        };
         if self.arming {
             let kills = self.failpoint_kills();
             let armed: Vec<String> = role
-                .failpoints()
+                .failpoints(self.settings.wal)
                 .iter()
                 .filter(|(name, _)| kills[*name] < self.settings.kills_per_failpoint)
                 .map(|(name, passes)| format!("{name}={}*off->panic", fastrand::u64(0..*passes)))
@@ -999,8 +1068,21 @@ impl Harness {
     }
 }
 
-async fn setup_database(name: &str) -> Result<String, String> {
-    let admin = connect(&postgres_admin_url(), 1)
+/// The WAL relays' slot of a run (slots are the cluster's).
+fn wal_slot(namespace: &str) -> String {
+    format!("outbox_{namespace}")
+}
+
+/// The server of the run's database: the cluster with `wal_level = logical` for WAL relays.
+fn admin_url(wal: bool) -> String {
+    match wal {
+        true => common::postgres_logical_admin_url(),
+        false => postgres_admin_url(),
+    }
+}
+
+async fn setup_database(name: &str, wal: bool) -> Result<String, String> {
+    let admin = connect(&admin_url(wal), 1)
         .await
         .map_err(|e| e.to_string())?;
     for sql in [
@@ -1017,7 +1099,7 @@ async fn setup_database(name: &str) -> Result<String, String> {
             .map_err(|e| format!("{sql}: {e}"))?;
     }
     admin.close().await.ok();
-    let url = with_database(&postgres_admin_url(), name);
+    let url = with_database(&admin_url(wal), name);
     let db = connect(&url, 2).await.map_err(|e| e.to_string())?;
     outbox::migrate(&db).await.map_err(|e| e.to_string())?;
     for sql in [
@@ -1055,8 +1137,17 @@ async fn analyze(db: &DatabaseConnection) {
     }
 }
 
-async fn drop_database(name: &str) {
-    if let Ok(admin) = connect(&postgres_admin_url(), 1).await {
+async fn drop_database(name: &str, wal: bool) {
+    if let Ok(admin) = connect(&admin_url(wal), 1).await {
+        if wal {
+            // A database with a replication slot cannot be dropped.
+            if let Ok(db) = connect(&with_database(&admin_url(wal), name), 1).await {
+                for slot in outbox::store::wal::slots(&db).await.unwrap_or_default() {
+                    let _ = outbox::store::wal::drop_slot(&db, &slot.name, true).await;
+                }
+                db.close().await.ok();
+            }
+        }
         let _ = admin
             .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .await;
@@ -1096,7 +1187,7 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
     let tag = format!("{}_{}", std::process::id(), fastrand::u32(..) % 100_000);
     let db_name = format!("ob_chaos_{tag}");
     let namespace = format!("chaos_{tag}");
-    let db_url = match setup_database(&db_name).await {
+    let db_url = match setup_database(&db_name, settings.wal).await {
         Ok(url) => url,
         Err(e) => return skip("PostgreSQL", e),
     };
@@ -1122,7 +1213,7 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
     let transport = match transport(settings.broker, broker_url.clone(), namespace.clone()).await {
         Ok(t) => t,
         Err(e) => {
-            drop_database(&db_name).await;
+            drop_database(&db_name, settings.wal).await;
             return skip(settings.broker.label(), e);
         }
     };
@@ -1190,10 +1281,10 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
                 if h.settings.broker == ChaosBroker::Nats {
                     delete_stream(&h.broker_url, &h.namespace).await;
                 }
-                drop_database(&db_name).await;
+                drop_database(&db_name, h.settings.wal).await;
                 let _ = std::fs::remove_dir_all(&h.dir);
             }
-            write_report(settings.broker, &report);
+            write_report(&settings.name(), &report);
             Ok(Outcome::Passed)
         }
         Err(failure) => Err(format!(
@@ -1635,12 +1726,12 @@ async fn read_topics(_: &str, _: &str) -> Result<Vec<(i64, String, i64)>, String
 }
 
 /// The report as JSON: to `OUTBOX_CHAOS_REPORT`, or `target/chaos-report-<broker>.json`.
-fn write_report(broker: ChaosBroker, report: &serde_json::Value) {
+fn write_report(run: &str, report: &serde_json::Value) {
     let path = std::env::var("OUTBOX_CHAOS_REPORT").map_or_else(
         |_| {
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("target")
-                .join(format!("chaos-report-{}.json", broker.name()))
+                .join(format!("chaos-report-{run}.json"))
         },
         PathBuf::from,
     );
