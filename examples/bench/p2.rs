@@ -74,6 +74,16 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     }
     out.push(m("p2.raw_relay", n as f64 / elapsed.as_secs_f64(), "ev/s"));
 
+    #[cfg(feature = "postgres-wal")]
+    if support::wal_available(ctx).await? {
+        out.push(m("p2.wal_relay", wal_drain(ctx).await?, "ev/s"));
+        out.push(m(
+            "p2.producers_beside_wal_relay",
+            producers_beside_wal_relay(ctx).await?,
+            "tx/s",
+        ));
+    }
+
     for relays in RELAYS {
         let rate = sdk_relays(ctx, relays, true).await?;
         out.push(m(format!("p2.relay.r{relays}"), rate, "ev/s"));
@@ -86,6 +96,95 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     #[cfg(feature = "kafka")]
     out.extend(crate::kafka::p2(ctx).await?);
     Ok(out)
+}
+
+/// The WAL relay draining a backlog committed after its slot was created (so that the backlog
+/// is in the WAL): events/s, from the relay's start to the last event confirmed and marked.
+#[cfg(feature = "postgres-wal")]
+async fn wal_drain(ctx: &Ctx) -> Result<f64, BoxError> {
+    let n = ctx.sizes.p2_events;
+    let limit = Duration::from_secs(600);
+    ctx.reset().await?;
+    let _ = support::drop_wal_slot(ctx).await;
+    let config = support::wal_config(ctx);
+    outbox::store::wal::ensure_publication(&ctx.db, &config.publication).await?;
+    outbox::store::wal::create_slot(&ctx.db, &config.slot).await?;
+    pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
+    let transport = Arc::new(ctx.transport("bench_p2wal").await?);
+    let t = Instant::now();
+    let relay = Relay::new(ctx.db.clone(), transport.clone())
+        .with_config(RelayConfig {
+            batch_size: BATCH,
+            listen: false,
+            ..RelayConfig::default()
+        })
+        .with_wal(config)
+        .spawn();
+    while relay.stats().sent < n {
+        if t.elapsed() > limit {
+            return Err(format!(
+                "the WAL relay sent {} of {n} in {limit:?}",
+                relay.stats().sent
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = t.elapsed();
+    let published = relay.shutdown().await?.sent;
+    let stored = stream_len(ctx, transport.stream_name()).await?;
+    ctx.drop_stream(&transport).await;
+    support::drop_wal_slot(ctx).await?;
+    let unsent = support::scalar_i64(
+        &ctx.db,
+        "SELECT count(*) FROM outbox_event WHERE status <> 'SENT'",
+    )
+    .await?;
+    if published != n || stored != n || unsent != 0 {
+        return Err(format!(
+            "the WAL relay published {published} of {n} (stream holds {stored}, {unsent} unsent)"
+        )
+        .into());
+    }
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+/// The 16 producers of [`producers_beside_relay`] beside a WAL relay: transactions/s.
+#[cfg(feature = "postgres-wal")]
+async fn producers_beside_wal_relay(ctx: &Ctx) -> Result<f64, BoxError> {
+    const CLIENTS: usize = 16;
+    let outbox = Outbox::new("bench-p2");
+    ctx.reset().await?;
+    let _ = support::drop_wal_slot(ctx).await;
+    let transport = Arc::new(ctx.transport("bench_p2prodwal").await?);
+    let relay = Relay::new(ctx.db.clone(), transport.clone())
+        .with_config(RelayConfig {
+            listen: false,
+            ..RelayConfig::default()
+        })
+        .with_wal(support::wal_config(ctx))
+        .spawn();
+    support::wait_streaming(ctx).await?;
+    let db = ctx.db.clone();
+    let beside = closed_loop(CLIENTS, ctx.sizes.p2_window, move |id: i64| {
+        let db = db.clone();
+        let outbox = outbox.clone();
+        async move {
+            let event = crate::support::OrderPlaced::sample(id, 1_000);
+            crate::support::place_order(&db, &outbox, &event).await?;
+            Ok::<_, BoxError>(())
+        }
+    })
+    .await?;
+    wait_drained(&ctx.db, Instant::now(), Duration::from_secs(120)).await?;
+    let published = relay.shutdown().await?.sent;
+    ctx.drop_stream(&transport).await;
+    support::drop_wal_slot(ctx).await?;
+    let committed = support::scalar_i64(&ctx.db, "SELECT count(*) FROM outbox_event").await?;
+    if published < committed as u64 {
+        return Err(format!("the WAL relay published {published} of {committed} events").into());
+    }
+    Ok(beside.per_sec())
 }
 
 /// `relays` SDK relays draining the pre-enqueued backlog to JetStream, confirmed: events/s.
@@ -461,6 +560,20 @@ pub(crate) fn specs(_ctx: &Ctx) -> Vec<Spec> {
         spec("P2", "SDK 1 relay (vs sqlxmq drain)", "p2.relay.r1")
             .against("sqlxmq drain", "p6.sqlxmq.drain")
             .target(Target::RatioAtLeast(10.0)),
+    );
+    specs.push(
+        spec("P2", "WAL relay → JetStream", "p2.wal_relay")
+            .against("hand-written relay (claim, publish, mark)", "p2.raw_relay")
+            .target(Target::RatioAtLeast(1.0)),
+    );
+    specs.push(
+        spec(
+            "P2",
+            "16 producers beside a WAL relay",
+            "p2.producers_beside_wal_relay",
+        )
+        .against("16 producers, no relay", "p2.producers_alone")
+        .target(Target::RatioAtLeast(0.90)),
     );
     specs.push(
         spec(

@@ -64,6 +64,9 @@ enum Mode {
     Fast,
     /// The SDK's producer and relay (wake-ups on), the hand-written consumer: the relay's share.
     RelayOnly,
+    /// The whole SDK pipeline with the relay reading the WAL (feature `postgres-wal`, on a
+    /// server with `wal_level = logical`).
+    Wal,
     /// The hand-written producer publishing CloudEvents, the SDK's consumer: the inbox's share.
     ConsumerOnly,
     /// The SDK's producer, a hand-written relay polling every millisecond, the hand-written
@@ -78,6 +81,7 @@ impl Mode {
             Mode::Poll => "poll",
             Mode::Raw => "raw",
             Mode::Fast => "fast",
+            Mode::Wal => "wal",
             Mode::RelayOnly => "relay",
             Mode::ConsumerOnly => "consumer",
             Mode::RawRelay => "rawrelay",
@@ -89,9 +93,11 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let mut out = Vec::new();
     // `BENCH_P3_MODES=relay,raw` and `BENCH_P3_RATES=1000` narrow a run down while looking into
     // one figure.
+    let wal = crate::support::wal_available(ctx).await?;
     let modes: Vec<Mode> = [
         Mode::Raw,
         Mode::Fast,
+        Mode::Wal,
         Mode::Wake,
         Mode::Poll,
         Mode::RelayOnly,
@@ -99,6 +105,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
         Mode::RawRelay,
     ]
     .into_iter()
+    .filter(|mode| *mode != Mode::Wal || wal)
     .filter(|mode| {
         std::env::var("BENCH_P3_MODES")
             .map_or(true, |list| list.split(',').any(|m| m.trim() == mode.key()))
@@ -254,6 +261,30 @@ async fn measure(
             relay.await??;
             consumer.abort();
         }
+        #[cfg(feature = "postgres-wal")]
+        Mode::Wal => {
+            let runtime = Runtime::builder(ctx.db.clone())
+                .source("bench-p3")
+                .transport_arc(transport.clone())
+                .wal(crate::support::wal_config(ctx))
+                .consumers([CONSUMER])
+                .expect_consumers([CONSUMER])
+                .start()
+                .await?;
+            crate::support::wait_streaming(ctx).await?;
+            let producer = Outbox::new("bench-p3");
+            committed = offer_orders(ctx, &producer, rate, warm_up).await?;
+            handled = wait_seen(committed.len(), &HANDLED).await?;
+            let report = runtime.shutdown().await;
+            let stats = report.consumer(CONSUMER);
+            if stats.dead > 0 || stats.handled as usize != committed.len() {
+                return Err(format!("the consumer ended with {stats:?}").into());
+            }
+            stage_times = stages(ctx).await?;
+            crate::support::drop_wal_slot(ctx).await?;
+        }
+        #[cfg(not(feature = "postgres-wal"))]
+        Mode::Wal => return Err("the WAL relay needs the postgres-wal feature".into()),
         Mode::Fast | Mode::Wake | Mode::Poll => {
             let relay = if mode != Mode::Poll {
                 RelayConfig::default()
@@ -528,11 +559,15 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
     for rate in [lowest, low, high] {
         // Targets, as ratios to the hand-written pipeline. The fast path's: p50 ≤ 2×, p99 ≤ 3×
         // at 200 and 1,000 events/s.
-        for (mode, what) in [("fast", "fast path"), ("wake", "wake-ups")] {
+        for (mode, what) in [
+            ("fast", "fast path"),
+            ("wal", "WAL relay"),
+            ("wake", "wake-ups"),
+        ] {
             for (q, label) in [("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")] {
                 let target = match (mode, q) {
-                    ("fast", "p50") if rate != high => Some(2.0),
-                    ("fast", "p99") if rate != high => Some(3.0),
+                    ("fast" | "wal", "p50") if rate != high => Some(2.0),
+                    ("fast" | "wal", "p99") if rate != high => Some(3.0),
                     ("wake", "p50") if rate == low => Some(3.0),
                     ("wake", "p99") if rate == low => Some(15.0),
                     ("wake", "p99") if rate == high => Some(30.0),

@@ -529,3 +529,53 @@ pub(crate) async fn relay_backlog(
     relay.shutdown().await?;
     Ok(())
 }
+
+/// The WAL relay's slot in the bench.
+#[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
+pub(crate) const WAL_SLOT: &str = "outbox_bench";
+
+/// Whether the WAL relay can run here: built with `postgres-wal`, and the server runs with
+/// `wal_level = logical` (`DATABASE_URL=postgres://postgres@127.0.0.1:5433/outbox_bench`, the
+/// cluster `scripts/pg-logical` starts).
+pub(crate) async fn wal_available(ctx: &Ctx) -> Result<bool, BoxError> {
+    if !cfg!(feature = "postgres-wal") {
+        return Ok(false);
+    }
+    let level = outbox::store::wal::wal_level(&ctx.db).await?;
+    if level != "logical" {
+        println!("bench: no WAL relay figures: the server runs with wal_level = {level}");
+    }
+    Ok(level == "logical")
+}
+
+/// The WAL relay's settings: a grace far beyond a run, so the stream publishes everything.
+#[cfg(feature = "postgres-wal")]
+pub(crate) fn wal_config(ctx: &Ctx) -> outbox::WalConfig {
+    outbox::WalConfig {
+        table_grace: Duration::from_secs(3_600),
+        ..outbox::WalConfig::new(ctx.url.clone()).slot(WAL_SLOT)
+    }
+}
+
+/// Wait until a WAL relay streams from the bench's slot.
+#[cfg(feature = "postgres-wal")]
+pub(crate) async fn wait_streaming(ctx: &Ctx) -> Result<(), BoxError> {
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        if outbox::store::wal::slot(&ctx.db, WAL_SLOT)
+            .await?
+            .is_some_and(|s| s.active)
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err("the WAL relay did not start streaming".into())
+}
+
+/// Drop the bench's slot (it would hold the server's WAL).
+#[cfg(feature = "postgres-wal")]
+pub(crate) async fn drop_wal_slot(ctx: &Ctx) -> Result<(), BoxError> {
+    outbox::store::wal::drop_slot(&ctx.db, WAL_SLOT, true).await?;
+    Ok(())
+}

@@ -95,7 +95,7 @@ fn distinct(transport: &MemoryTransport) -> usize {
     transport
         .messages()
         .iter()
-        .map(|m| m.event_id.clone())
+        .map(|m| m.event_id)
         .collect::<BTreeSet<_>>()
         .len()
 }

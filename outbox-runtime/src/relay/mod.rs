@@ -454,7 +454,7 @@ impl Relay {
         let mut heartbeat = None;
         let mut fast_path = None;
         #[allow(unused_mut)]
-        let mut wal = None;
+        let mut wal: Option<tokio::task::JoinHandle<()>> = None;
         if let Sink::Broker(transport) = &self.sink {
             transport.setup().await?;
             crate::metrics::broker_available(transport.name(), true);

@@ -1,5 +1,10 @@
 //! The WAL relay's SQL (PostgreSQL only): its publication and replication slot, the check of a
 //! batch read from the WAL against the rows, and the slots' retention for `outbox status`.
+//! Only the last is used without the `postgres-wal` feature.
+#![cfg_attr(
+    not(any(feature = "postgres-wal", feature = "test-util")),
+    allow(dead_code)
+)]
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 
@@ -146,7 +151,10 @@ pub async fn create_slot(db: &DatabaseConnection, name: &str) -> Result<bool, Db
 
 /// Drop a slot (an operator's `outbox wal drop-slot`, and tests). A slot a relay streams from
 /// cannot be dropped: its session is ended first when `force`.
-#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+#[cfg_attr(
+    all(feature = "postgres-wal", not(feature = "test-util")),
+    allow(dead_code)
+)]
 pub async fn drop_slot(db: &DatabaseConnection, name: &str, force: bool) -> Result<bool, DbErr> {
     let dialect = Dialect::of(db);
     if force {

@@ -411,13 +411,13 @@ impl Relay {
                             });
                         }
                     }
-                    ReplicationEvent::KeepAlive { wal_end, .. } => {
-                        // Between transactions with nothing unpublished, everything up to the
-                        // server's position is done: confirm it, so that the slot does not hold
-                        // WAL back while the outbox is idle.
-                        if open.is_none() && ready.is_empty() && !wal_end.is_zero() {
-                            client.update_applied_lsn(wal_end);
-                        }
+                    // Between transactions with nothing unpublished, everything up to the
+                    // server's position is done: confirm it, so that the slot does not hold WAL
+                    // back while the outbox is idle.
+                    ReplicationEvent::KeepAlive { wal_end, .. }
+                        if open.is_none() && ready.is_empty() && !wal_end.is_zero() =>
+                    {
+                        client.update_applied_lsn(wal_end);
                     }
                     _ => {}
                 }
@@ -470,8 +470,28 @@ impl Relay {
         batch: Vec<Committed>,
         shutdown: &CancellationToken,
     ) -> Result<bool, String> {
+        let mut events: Vec<ClaimedEvent> = batch.into_iter().flat_map(|c| c.events).collect();
+        // A large transaction goes in chunks of a batch, in order: each chunk's check sees what
+        // the chunks before it settled (a failure there holds its aggregate back here).
+        let chunk = self.config.batch_size.max(1);
+        while !events.is_empty() {
+            let rest = events.split_off(chunk.min(events.len()));
+            if !self.publish_wal_chunk(transport, events, shutdown).await? {
+                return Ok(false);
+            }
+            events = rest;
+        }
+        Ok(true)
+    }
+
+    /// One chunk of [`publish_wal_batch`](Self::publish_wal_batch): check, publish, settle.
+    async fn publish_wal_chunk(
+        &self,
+        transport: &dyn Transport,
+        events: Vec<ClaimedEvent>,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, String> {
         let read = Instant::now();
-        let events: Vec<ClaimedEvent> = batch.into_iter().flat_map(|c| c.events).collect();
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
         let checks = super::with_transient_retries(|| store::wal::check(&self.db, &ids))
             .await
