@@ -484,6 +484,30 @@ impl Relay {
         Ok(true)
     }
 
+    /// [`store::wal::check`] of rows read from the WAL. The server may stream a transaction a
+    /// moment before other sessions see it committed: rows the check does not find are asked
+    /// for again for a while (1, 2, 4 … ms, 250 ms in all). Rows still missing then were deleted
+    /// (retention purges only SENT rows, an operator only finished ones).
+    async fn check_visible(&self, ids: &[i64]) -> Result<Vec<store::wal::RowCheck>, String> {
+        let check = |ids: Vec<i64>| async move {
+            super::with_transient_retries(|| store::wal::check(&self.db, &ids))
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let mut checks = check(ids.to_vec()).await?;
+        let mut delay = Duration::from_millis(1);
+        let mut waited = Duration::ZERO;
+        while checks.len() < ids.len() && waited < Duration::from_millis(250) {
+            tokio::time::sleep(delay).await;
+            waited += delay;
+            delay = (delay * 2).min(Duration::from_millis(50));
+            let found: std::collections::HashSet<i64> = checks.iter().map(|c| c.id).collect();
+            let missing: Vec<i64> = ids.iter().copied().filter(|id| !found.contains(id)).collect();
+            checks.extend(check(missing).await?);
+        }
+        Ok(checks)
+    }
+
     /// One chunk of [`publish_wal_batch`](Self::publish_wal_batch): check, publish, settle.
     async fn publish_wal_chunk(
         &self,
@@ -493,9 +517,7 @@ impl Relay {
     ) -> Result<bool, String> {
         let read = Instant::now();
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-        let checks = super::with_transient_retries(|| store::wal::check(&self.db, &ids))
-            .await
-            .map_err(|e| e.to_string())?;
+        let checks = self.check_visible(&ids).await?;
         let (publish, left) = store::wal::choose(events, &checks, self.config.ordering);
         if left > 0 {
             crate::metrics::wal_left_to_table(transport.name(), left);
