@@ -26,6 +26,9 @@ enum Variant {
     Sdk(usize),
     /// As `Sdk`, with the cross-process wake-up off.
     SdkNoWake(usize),
+    /// The order insert and the event written only to the WAL (`pg_logical_emit_message`, on a
+    /// server with `wal_level = logical`): what a tableless outbox would cost.
+    Emit,
 }
 
 impl Variant {
@@ -35,6 +38,7 @@ impl Variant {
             Variant::Hand(n) => format!("hand{n}"),
             Variant::Sdk(n) => format!("sdk{n}"),
             Variant::SdkNoWake(n) => format!("sdk{n}_nowake"),
+            Variant::Emit => "emit1".into(),
         }
     }
 }
@@ -53,13 +57,17 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let woken = Outbox::new("bench-p1");
     let silent = Outbox::builder("bench-p1").notify_channel(None).build();
     let mut out = Vec::new();
+    let mut variants = VARIANTS.to_vec();
+    if crate::support::wal_available(ctx).await? {
+        variants.push(Variant::Emit);
+    }
     // Variants take turns in short slices, so that a noisy moment on a shared machine falls on
     // all of them rather than on one.
     let slice = ctx.sizes.p1_window / SLICES;
     for clients in CLIENTS {
-        let mut totals = vec![(0u64, 0f64, 0u64); VARIANTS.len()];
+        let mut totals = vec![(0u64, 0f64, 0u64); variants.len()];
         for _ in 0..SLICES {
-            for (i, variant) in VARIANTS.into_iter().enumerate() {
+            for (i, variant) in variants.iter().copied().enumerate() {
                 let db = ctx.db.clone();
                 let outbox = match variant {
                     Variant::SdkNoWake(_) => silent.clone(),
@@ -79,7 +87,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
                 totals[i].2 += result.latencies_us.iter().sum::<u64>();
             }
         }
-        for (variant, (ops, seconds, latency_us)) in VARIANTS.into_iter().zip(totals) {
+        for (variant, (ops, seconds, latency_us)) in variants.iter().copied().zip(totals) {
             let key = format!("p1.c{clients}.{}", variant.key());
             out.push(m(format!("{key}.tps"), ops as f64 / seconds, "tx/s"));
             out.push(m(
@@ -174,6 +182,18 @@ async fn transaction(
             insert_by_hand(&tx, &event, n).await?;
             tx.commit().await?;
         }
+        Variant::Emit => {
+            let tx = db.begin().await?;
+            insert_order(&tx, &event).await?;
+            let envelope = serde_json::to_string(&event)?;
+            tx.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_logical_emit_message(true, 'outbox', $1::text)",
+                [envelope.into()],
+            ))
+            .await?;
+            tx.commit().await?;
+        }
         Variant::Sdk(n) | Variant::SdkNoWake(n) => {
             let tx = outbox.begin(db).await?;
             insert_order(&tx, &event).await?;
@@ -216,6 +236,20 @@ pub(crate) fn specs() -> Vec<Spec> {
             spec("P1", format!("SDK 1 event, wake-up on, {c}"), k("sdk1"))
                 .against(format!("SDK 1 event, wake-up off, {c}"), k("sdk1_nowake"))
                 .target(Target::RatioAtLeast(0.90)),
+        );
+        // What a tableless outbox (the event only in the WAL) would save, against the order
+        // alone and the SDK (only on a server with wal_level = logical).
+        specs.push(
+            spec(
+                "P1",
+                format!("tableless: order + WAL message, {c}"),
+                k("emit1"),
+            )
+            .against(format!("order alone, {c}"), k("alone")),
+        );
+        specs.push(
+            spec("P1", format!("SDK 1 event (vs tableless), {c}"), k("sdk1"))
+                .against(format!("tableless: order + WAL message, {c}"), k("emit1")),
         );
     }
     specs.push(

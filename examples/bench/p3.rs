@@ -582,8 +582,13 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
                     format!("hand-written pipeline {label}"),
                     format!("p3.raw.r{rate}.{q}"),
                 );
+                // The fast path's and the WAL relay's targets are ratios to the hand-written
+                // pipeline; the wake-ups' are the ratios as they were set before.
                 if let Some(t) = target {
-                    row = row.target(Target::AtMost(t));
+                    row = row.target(match mode {
+                        "fast" | "wal" => Target::RatioAtMost(t),
+                        _ => Target::AtMost(t),
+                    });
                 }
                 specs.push(row);
             }
@@ -648,6 +653,11 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
                     "P3",
                     format!("… stage {what} {q}, {rate}/s, wake-ups"),
                     format!("p3.wake.r{rate}.{stage}.{q}"),
+                ));
+                specs.push(spec(
+                    "P3",
+                    format!("… stage {what} {q}, {rate}/s, WAL relay"),
+                    format!("p3.wal.r{rate}.{stage}.{q}"),
                 ));
             }
         }

@@ -373,3 +373,47 @@ async fn a_broker_outage_spends_no_attempt() {
     );
     store::wal::drop_slot(&t.db, slot, true).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_relay_takes_the_slot_over() {
+    let t = logical_db!("wal_standby");
+    let slot = "outbox_t_standby";
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let first = start(&t, &transport, wal(&t, slot, Duration::from_secs(600))).await;
+    let second = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(RelayConfig {
+            relay_id: "wal-standby".into(),
+            ..config()
+        })
+        .with_wal(wal(&t, slot, Duration::from_secs(600)))
+        .spawn();
+    commit(&t, &outbox, &[("a", 0), ("b", 0)]).await;
+    wait_all_sent(&t, 2, Duration::from_secs(30)).await;
+    assert!(
+        first.streams_wal() && second.streams_wal(),
+        "both are in WAL mode"
+    );
+    // The streaming relay stops; the standby takes the slot over and streams the rest.
+    first.shutdown().await.unwrap();
+    commit(&t, &outbox, &[("a", 1), ("b", 1), ("a", 2)]).await;
+    wait_all_sent(&t, 5, Duration::from_secs(30)).await;
+    assert!(
+        store::wal::slot(&t.db, slot)
+            .await
+            .unwrap()
+            .is_some_and(|s| s.active),
+        "the standby streams from the slot"
+    );
+    second.shutdown().await.unwrap();
+    assert_eq!(transport.messages().len(), 5, "each event published once");
+    assert_eq!(stream_order(&transport)["a"], vec![0, 1, 2]);
+    assert!(
+        outbox_rows(&t.db)
+            .await
+            .iter()
+            .all(|r| r.claim_token.is_none()),
+        "every event went by a stream"
+    );
+    store::wal::drop_slot(&t.db, slot, true).await.unwrap();
+}

@@ -261,7 +261,8 @@ impl Relay {
                 StreamEnd::Outage => failures = 0,
                 StreamEnd::Failed(error) => {
                     // A missing or invalidated slot cannot be streamed from again.
-                    match store::wal::slot(&self.db, &mode.config.slot).await {
+                    let state = store::wal::slot(&self.db, &mode.config.slot).await;
+                    match &state {
                         Ok(None) => {
                             return mode.fall_back(
                                 relay_id,
@@ -280,10 +281,19 @@ impl Relay {
                     }
                     failures = failures.saturating_add(1);
                     let delay = self.config.probe.delay(failures);
-                    tracing::warn!(
-                        relay = %relay_id, slot = %mode.config.slot, error = %error, retry_in = ?delay,
-                        "the WAL stream ended; streaming again from the slot's confirmed position"
-                    );
+                    if matches!(&state, Ok(Some(slot)) if slot.active) {
+                        // Another relay streams from the slot: stand by (the claim loop polls)
+                        // and take over when it goes.
+                        tracing::debug!(
+                            relay = %relay_id, slot = %mode.config.slot, retry_in = ?delay,
+                            "another relay streams from the slot; standing by"
+                        );
+                    } else {
+                        tracing::warn!(
+                            relay = %relay_id, slot = %mode.config.slot, error = %error, retry_in = ?delay,
+                            "the WAL stream ended; streaming again from the slot's confirmed position"
+                        );
+                    }
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
                         _ = tokio::time::sleep(delay) => {}
@@ -502,7 +512,11 @@ impl Relay {
             waited += delay;
             delay = (delay * 2).min(Duration::from_millis(50));
             let found: std::collections::HashSet<i64> = checks.iter().map(|c| c.id).collect();
-            let missing: Vec<i64> = ids.iter().copied().filter(|id| !found.contains(id)).collect();
+            let missing: Vec<i64> = ids
+                .iter()
+                .copied()
+                .filter(|id| !found.contains(id))
+                .collect();
             checks.extend(check(missing).await?);
         }
         Ok(checks)
