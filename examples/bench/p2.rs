@@ -165,16 +165,11 @@ async fn producers_beside_wal_relay(ctx: &Ctx) -> Result<f64, BoxError> {
         .with_wal(support::wal_config(ctx))
         .spawn();
     support::wait_streaming(ctx).await?;
-    let db = ctx.db.clone();
-    let beside = closed_loop(CLIENTS, ctx.sizes.p2_window, move |id: i64| {
-        let db = db.clone();
-        let outbox = outbox.clone();
-        async move {
-            let event = crate::support::OrderPlaced::sample(id, 1_000);
-            crate::support::place_order(&db, &outbox, &event).await?;
-            Ok::<_, BoxError>(())
-        }
-    })
+    let beside = closed_loop(
+        CLIENTS,
+        ctx.sizes.p2_window,
+        order_producer(ctx.db.clone(), outbox),
+    )
     .await?;
     wait_drained(&ctx.db, Instant::now(), Duration::from_secs(120)).await?;
     let published = relay.shutdown().await?.sent;
@@ -338,27 +333,36 @@ pub(crate) async fn stream_len(ctx: &Ctx, stream: &str) -> Result<u64, BoxError>
     Ok(stream.info().await?.state.messages)
 }
 
+/// A producing client of P2: each call commits one order with its event through `outbox`.
+fn order_producer(
+    db: DatabaseConnection,
+    outbox: Outbox,
+) -> impl Fn(i64) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BoxError>> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    move |id: i64| {
+        let db = db.clone();
+        let outbox = outbox.clone();
+        Box::pin(async move {
+            let event = crate::support::OrderPlaced::sample(id, 1_000);
+            crate::support::place_order(&db, &outbox, &event).await?;
+            Ok::<_, BoxError>(())
+        })
+    }
+}
+
 /// 16 clients committing an order with its event, alone and then beside a running relay that
 /// publishes what they commit (woken by the cross-process wake-up).
 async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     const CLIENTS: usize = 16;
     let outbox = Outbox::new("bench-p2");
-    let producer = move |db: DatabaseConnection, outbox: Outbox| {
-        move |id: i64| {
-            let db = db.clone();
-            let outbox = outbox.clone();
-            async move {
-                let event = crate::support::OrderPlaced::sample(id, 1_000);
-                crate::support::place_order(&db, &outbox, &event).await?;
-                Ok::<_, BoxError>(())
-            }
-        }
-    };
     ctx.reset().await?;
     let alone = closed_loop(
         CLIENTS,
         ctx.sizes.p2_window,
-        producer(ctx.db.clone(), outbox.clone()),
+        order_producer(ctx.db.clone(), outbox.clone()),
     )
     .await?;
 
@@ -370,7 +374,7 @@ async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let beside = closed_loop(
         CLIENTS,
         ctx.sizes.p2_window,
-        producer(ctx.db.clone(), outbox.clone()),
+        order_producer(ctx.db.clone(), outbox.clone()),
     )
     .await?;
     wait_drained(&ctx.db, Instant::now(), Duration::from_secs(120)).await?;
@@ -394,7 +398,7 @@ async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let beside_raw = closed_loop(
         CLIENTS,
         ctx.sizes.p2_window,
-        producer(ctx.db.clone(), outbox.clone()),
+        order_producer(ctx.db.clone(), outbox.clone()),
     )
     .await?;
     wait_drained(&ctx.db, Instant::now(), Duration::from_secs(120)).await?;

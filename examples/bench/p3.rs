@@ -261,31 +261,7 @@ async fn measure(
             relay.await??;
             consumer.abort();
         }
-        #[cfg(feature = "postgres-wal")]
-        Mode::Wal => {
-            let runtime = Runtime::builder(ctx.db.clone())
-                .source("bench-p3")
-                .transport_arc(transport.clone())
-                .wal(crate::support::wal_config(ctx))
-                .consumers([CONSUMER])
-                .expect_consumers([CONSUMER])
-                .start()
-                .await?;
-            crate::support::wait_streaming(ctx).await?;
-            let producer = Outbox::new("bench-p3");
-            committed = offer_orders(ctx, &producer, rate, warm_up).await?;
-            handled = wait_seen(committed.len(), &HANDLED).await?;
-            let report = runtime.shutdown().await;
-            let stats = report.consumer(CONSUMER);
-            if stats.dead > 0 || stats.handled as usize != committed.len() {
-                return Err(format!("the consumer ended with {stats:?}").into());
-            }
-            stage_times = stages(ctx).await?;
-            crate::support::drop_wal_slot(ctx).await?;
-        }
-        #[cfg(not(feature = "postgres-wal"))]
-        Mode::Wal => return Err("the WAL relay needs the postgres-wal feature".into()),
-        Mode::Fast | Mode::Wake | Mode::Poll => {
+        Mode::Fast | Mode::Wake | Mode::Poll | Mode::Wal => {
             let relay = if mode != Mode::Poll {
                 RelayConfig::default()
             } else {
@@ -296,23 +272,34 @@ async fn measure(
                     ..RelayConfig::default()
                 }
             };
-            let runtime = Runtime::builder(ctx.db.clone())
+            let builder = Runtime::builder(ctx.db.clone())
                 .source("bench-p3")
                 .transport_arc(transport.clone())
                 .relay_config(relay)
                 .consumers([CONSUMER])
-                .expect_consumers([CONSUMER])
-                .start()
-                .await?;
+                .expect_consumers([CONSUMER]);
+            // The WAL relay reads the commits from the server, whatever handle they went by.
+            #[cfg(feature = "postgres-wal")]
+            let builder = match mode {
+                Mode::Wal => builder.wal(crate::support::wal_config(ctx)),
+                _ => builder,
+            };
+            #[cfg(not(feature = "postgres-wal"))]
+            if mode == Mode::Wal {
+                return Err("the WAL relay needs the postgres-wal feature".into());
+            }
+            let runtime = builder.start().await?;
+            #[cfg(feature = "postgres-wal")]
+            if mode == Mode::Wal {
+                crate::support::wait_streaming(ctx).await?;
+            }
             // With the fast path, the producers commit through the runtime's handle. Otherwise
             // they are another process as far as the relay can tell: their own handle, reaching
             // it by the cross-process wake-up only (or not at all).
-            let producer = if mode == Mode::Fast {
-                runtime.outbox().clone()
-            } else if mode == Mode::Wake {
-                Outbox::new("bench-p3")
-            } else {
-                Outbox::builder("bench-p3").notify_channel(None).build()
+            let producer = match mode {
+                Mode::Fast => runtime.outbox().clone(),
+                Mode::Wake | Mode::Wal => Outbox::new("bench-p3"),
+                _ => Outbox::builder("bench-p3").notify_channel(None).build(),
             };
             committed = offer_orders(ctx, &producer, rate, warm_up).await?;
             handled = wait_seen(committed.len(), &HANDLED).await?;
@@ -322,6 +309,10 @@ async fn measure(
                 return Err(format!("the consumer ended with {stats:?}").into());
             }
             stage_times = stages(ctx).await?;
+            #[cfg(feature = "postgres-wal")]
+            if mode == Mode::Wal {
+                crate::support::drop_wal_slot(ctx).await?;
+            }
         }
         Mode::Raw => {
             let seen: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();

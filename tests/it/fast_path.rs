@@ -122,16 +122,7 @@ async fn start_polling(t: &TestDb) -> (Outbox, MemoryTransport, RelayHandle) {
 }
 
 async fn commit(t: &TestDb, outbox: &Outbox, lines: &[(&str, u32)]) {
-    let tx = begin(t, outbox).await;
-    for (cart, seq) in lines {
-        tx.enqueue(&LineAdded {
-            cart: (*cart).to_owned(),
-            seq: *seq,
-        })
-        .unwrap();
-    }
-    let report = tx.commit().await.unwrap();
-    assert_eq!(report.written, lines.len());
+    commit_lines(begin(t, outbox).await, lines).await;
 }
 
 async fn published_right_after_commit(t: TestDb) {

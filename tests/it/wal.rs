@@ -70,15 +70,7 @@ async fn start(t: &TestDb, transport: &MemoryTransport, wal: WalConfig) -> Relay
 }
 
 async fn commit(t: &TestDb, outbox: &Outbox, lines: &[(&str, u32)]) {
-    let tx = outbox.begin(&t.db).await.unwrap();
-    for (cart, seq) in lines {
-        tx.enqueue(&LineAdded {
-            cart: (*cart).to_owned(),
-            seq: *seq,
-        })
-        .unwrap();
-    }
-    let _ = tx.commit().await.unwrap();
+    commit_lines(outbox.begin(&t.db).await.unwrap(), lines).await;
 }
 
 /// Per cart, the lines in the order the transport received them (each event once).
@@ -416,4 +408,41 @@ async fn a_standby_relay_takes_the_slot_over() {
         "every event went by a stream"
     );
     store::wal::drop_slot(&t.db, slot, true).await.unwrap();
+}
+
+/// A slot no relay reads shows its lag in the metrics the runtime's sampler exports.
+#[test]
+fn a_stopped_relay_shows_as_slot_lag_in_the_metrics() {
+    let recorder: &'static _ = Box::leak(Box::new(
+        metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+    ));
+    on_own_runtime(
+        move || std::mem::forget(metrics::set_default_local_recorder(recorder)),
+        async move {
+            let t = logical_db!("wal_metrics");
+            let slot = "outbox_t_metrics";
+            // A slot, as a WAL relay that stopped leaves it; then commits it does not read.
+            store::wal::ensure_publication(&t.db, "outbox_events")
+                .await
+                .unwrap();
+            assert!(store::wal::create_slot(&t.db, slot).await.unwrap());
+            let outbox = Outbox::new("carts");
+            produce(&t, &outbox, 3, 3, 3).await;
+            outbox::metrics::sample(&t.db).await.unwrap();
+            let rendered = recorder.handle().render();
+            let lag = rendered
+                .lines()
+                .find(|l| l.starts_with(&format!("outbox_wal_slot_lag_bytes{{slot=\"{slot}\"}}")))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok());
+            assert!(lag.is_some_and(|lag| lag > 0.0), "{rendered}");
+            assert!(
+                rendered.contains(&format!(
+                    "outbox_wal_slot_retained_bytes{{slot=\"{slot}\"}}"
+                )),
+                "{rendered}"
+            );
+            store::wal::drop_slot(&t.db, slot, true).await.unwrap();
+        },
+    );
 }

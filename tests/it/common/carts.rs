@@ -45,6 +45,19 @@ pub async fn produce(
     all.len()
 }
 
+/// Enqueue one line per `(cart, seq)` in `tx` and commit it; every line is written.
+pub async fn commit_lines(tx: OutboxTransaction, lines: &[(&str, u32)]) {
+    for (cart, seq) in lines {
+        tx.enqueue(&LineAdded {
+            cart: (*cart).to_owned(),
+            seq: *seq,
+        })
+        .unwrap();
+    }
+    let report = tx.commit().await.unwrap();
+    assert_eq!(report.written, lines.len());
+}
+
 /// A handler's effect for a line: one `effect` row with its cart and `seq`.
 pub async fn record_line(
     tx: &InboxTransaction,

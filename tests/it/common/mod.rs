@@ -147,9 +147,8 @@ async fn fresh_server_db(
 static DB_NAMES: std::sync::Mutex<std::collections::BTreeSet<String>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
-/// A fresh, migrated database for `test` on `backend`, or `None` (skipped). Each name may be
-/// asked for once per process: two tests on one database would see each other's rows.
-pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
+/// The database of `test`, taken for it: each name may be asked for once per process.
+fn database_name(test: &str) -> String {
     let name = format!("ob_{}", test.replace(['-', ':'], "_")).to_lowercase();
     assert!(name.len() <= 63, "test database name too long: {name}");
     assert!(
@@ -159,6 +158,13 @@ pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
             .insert(name.clone()),
         "test database name used by two tests: {name}"
     );
+    name
+}
+
+/// A fresh, migrated database for `test` on `backend`, or `None` (skipped). Each name may be
+/// asked for once per process: two tests on one database would see each other's rows.
+pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
+    let name = database_name(test);
     let (url, db) = match backend {
         Backend::Postgres => {
             let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
@@ -211,15 +217,7 @@ pub fn postgres_logical_admin_url() -> String {
 /// or `None` (skipped). Replication slots left in a database of that name by an earlier run are
 /// dropped first (a database with a slot cannot be dropped).
 pub async fn logical_test_db(test: &str) -> Option<TestDb> {
-    let name = format!("ob_{}", test.replace(['-', ':'], "_")).to_lowercase();
-    assert!(name.len() <= 63, "test database name too long: {name}");
-    assert!(
-        DB_NAMES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.clone()),
-        "test database name used by two tests: {name}"
-    );
+    let name = database_name(test);
     let admin_url = postgres_logical_admin_url();
     match connect(&admin_url, 1).await {
         Ok(admin) => {
