@@ -98,16 +98,6 @@ async fn begin(t: &TestDb, outbox: &Outbox) -> OutboxTransaction {
     }
 }
 
-/// Per cart, the lines in the order the transport received them (each event once).
-fn stream_order(transport: &MemoryTransport) -> std::collections::HashMap<String, Vec<u32>> {
-    per_aggregate_order(
-        transport
-            .messages()
-            .iter()
-            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
-    )
-}
-
 /// A relay polling every 100 ms (for what the claim loop finds by polling: retries once due),
 /// on a new handle and transport.
 async fn start_polling(t: &TestDb) -> (Outbox, MemoryTransport, RelayHandle) {

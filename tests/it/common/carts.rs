@@ -87,6 +87,18 @@ pub fn per_aggregate_order<'a>(
     order
 }
 
+/// Per cart, the lines in the order the in-memory transport received them (each event once).
+pub fn stream_order(
+    transport: &outbox::transport::memory::MemoryTransport,
+) -> HashMap<String, Vec<u32>> {
+    per_aggregate_order(
+        transport
+            .messages()
+            .iter()
+            .map(|m| (m.event_id.to_string(), m.aggregate_id.clone(), &m.body[..])),
+    )
+}
+
 pub fn assert_strictly_increasing(order: &HashMap<String, Vec<u32>>, per_aggregate: u32) {
     for (aggregate, seqs) in order {
         assert_eq!(
