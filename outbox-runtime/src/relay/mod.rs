@@ -473,6 +473,14 @@ impl Relay {
             true => None,
             false => self.outbox.as_ref().map(Outbox::subscribe),
         };
+        #[cfg(feature = "postgres-wal")]
+        if self.wal.is_some() && matches!(self.sink, Sink::Local(_)) {
+            tracing::warn!(
+                relay = %self.config.relay_id,
+                "the WAL mode applies to relays that publish to a broker; this relay moves events \
+                 into local inboxes and polls the table"
+            );
+        }
         let hint = Arc::new(Notify::new());
         let listener = match self.wal_mode() {
             true => None,
