@@ -111,27 +111,15 @@ async fn wal_drain(ctx: &Ctx) -> Result<f64, BoxError> {
     outbox::store::wal::create_slot(&ctx.db, &config.slot).await?;
     pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
     let transport = Arc::new(ctx.transport("bench_p2wal").await?);
-    let t = Instant::now();
     let relay = Relay::new(ctx.db.clone(), transport.clone())
         .with_config(RelayConfig {
             batch_size: BATCH,
             listen: false,
             ..RelayConfig::default()
         })
-        .with_wal(config)
-        .spawn();
-    while relay.stats().sent < n {
-        if t.elapsed() > limit {
-            return Err(format!(
-                "the WAL relay sent {} of {n} in {limit:?}",
-                relay.stats().sent
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let elapsed = t.elapsed();
-    let published = relay.shutdown().await?.sent;
+        .with_wal(config);
+    let (elapsed, stats) = support::relay_until(relay, n, limit).await?;
+    let published = stats.sent;
     let stored = stream_len(ctx, transport.stream_name()).await?;
     ctx.drop_stream(&transport).await;
     support::drop_wal_slot(ctx).await?;

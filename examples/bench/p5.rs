@@ -257,28 +257,19 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
     ])
 }
 
-/// Run one relay until it has sent `n` events or `limit` has passed, watching its own counters
-/// (polling the table would load the database being measured); stop it, and return how long it
-/// ran and its final counters.
+/// [`crate::support::relay_until`] with one relay of this scenario's settings.
 async fn relay_until(
     ctx: &Ctx,
     transport: &Arc<NatsTransport>,
     n: u64,
     limit: Duration,
 ) -> Result<(Duration, RelayStatsSnapshot), BoxError> {
-    let t = Instant::now();
-    let relay = Relay::new(ctx.db.clone(), transport.clone())
-        .with_config(RelayConfig {
-            batch_size: BATCH,
-            listen: false,
-            ..RelayConfig::default()
-        })
-        .spawn();
-    while relay.stats().sent < n && t.elapsed() < limit {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let elapsed = t.elapsed();
-    Ok((elapsed, relay.shutdown().await?))
+    let relay = Relay::new(ctx.db.clone(), transport.clone()).with_config(RelayConfig {
+        batch_size: BATCH,
+        listen: false,
+        ..RelayConfig::default()
+    });
+    crate::support::relay_until(relay, n, limit).await
 }
 
 /// The peak of this process's resident set, sampled every 50 ms on a thread of its own.

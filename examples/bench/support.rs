@@ -579,3 +579,20 @@ pub(crate) async fn drop_wal_slot(ctx: &Ctx) -> Result<(), BoxError> {
     outbox::store::wal::drop_slot(&ctx.db, WAL_SLOT, true).await?;
     Ok(())
 }
+
+/// Run `relay` until it has sent `n` events or `limit` has passed, watching its own counters
+/// (polling the table would load the database being measured); stop it, and return how long it
+/// ran and its final counters.
+pub(crate) async fn relay_until(
+    relay: outbox::relay::Relay,
+    n: u64,
+    limit: Duration,
+) -> Result<(Duration, outbox::relay::RelayStatsSnapshot), BoxError> {
+    let t = Instant::now();
+    let relay = relay.spawn();
+    while relay.stats().sent < n && t.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = t.elapsed();
+    Ok((elapsed, relay.shutdown().await?))
+}

@@ -353,9 +353,18 @@ impl Relay {
     /// running beside the stream, for what the stream leaves to the table (events behind a
     /// failed one, retries) and as the fallback when the slot is lost. The fast path is off in
     /// this mode: commits write PENDING, and the stream publishes them.
+    /// A relay of the database-local transport has no WAL mode (it moves events into inboxes
+    /// in one transaction with the table): there the setting is ignored, with a warning.
     #[cfg(feature = "postgres-wal")]
     pub fn with_wal(mut self, config: WalConfig) -> Self {
-        self.wal = Some(Arc::new(wal::WalMode::new(config)));
+        match self.sink {
+            Sink::Broker(_) => self.wal = Some(Arc::new(wal::WalMode::new(config))),
+            Sink::Local(_) => tracing::warn!(
+                relay = %self.config.relay_id,
+                "the WAL mode applies to relays that publish to a broker; this relay moves events \
+                 into local inboxes and polls the table"
+            ),
+        }
         self
     }
 
@@ -372,7 +381,7 @@ impl Relay {
     /// The claim loop's minimum age of PENDING rows: the WAL stream's grace while it streams.
     fn pending_age(&self) -> Option<Duration> {
         #[cfg(feature = "postgres-wal")]
-        if let (Some(mode), Sink::Broker(_)) = (&self.wal, &self.sink) {
+        if let Some(mode) = &self.wal {
             return mode.pending_age();
         }
         None
@@ -381,7 +390,7 @@ impl Relay {
     /// Whether the relay has a WAL mode (streaming or fallen back).
     fn wal_mode(&self) -> bool {
         #[cfg(feature = "postgres-wal")]
-        if self.wal.is_some() && matches!(self.sink, Sink::Broker(_)) {
+        if self.wal.is_some() {
             return true;
         }
         false
@@ -473,14 +482,6 @@ impl Relay {
             true => None,
             false => self.outbox.as_ref().map(Outbox::subscribe),
         };
-        #[cfg(feature = "postgres-wal")]
-        if self.wal.is_some() && matches!(self.sink, Sink::Local(_)) {
-            tracing::warn!(
-                relay = %self.config.relay_id,
-                "the WAL mode applies to relays that publish to a broker; this relay moves events \
-                 into local inboxes and polls the table"
-            );
-        }
         let hint = Arc::new(Notify::new());
         let listener = match self.wal_mode() {
             true => None,

@@ -440,14 +440,15 @@ pub async fn settle(
         .iter()
         .copied()
         .partition(|id| reclaimed.contains(id));
-    if fence == Fence::Pending {
-        // Unclaimed rows handed back are PENDING as they were: nothing to write.
-        settled.released = settlement.released.len() as u64;
-    }
-    for (ids, refund) in [(plain, 0i64), (given_back, 1i64)]
-        .into_iter()
-        .filter(|_| fence != Fence::Pending)
-    {
+    // Unclaimed rows handed back are PENDING as they were: nothing to write.
+    let releases = match fence {
+        Fence::Claim(_) => vec![(plain, 0i64), (given_back, 1i64)],
+        Fence::Pending => {
+            settled.released = settlement.released.len() as u64;
+            Vec::new()
+        }
+    };
+    for (ids, refund) in releases {
         for chunk in ids.chunks(SETTLE_CHUNK) {
             let mut sql = Sql::new(dialect);
             sql.push(&format!(

@@ -111,7 +111,10 @@ impl WalConfig {
             return Err("the WAL relay URL must start with postgres://".into());
         }
         let decode = |s: &str| {
-            percent_decode(s).map_err(|()| "the WAL relay URL is not valid percent-encoding")
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|s| s.into_owned())
+                .map_err(|_| "the WAL relay URL is not valid UTF-8 once percent-decoded")
         };
         let mut config = ReplicationConfig::new(
             url.host_str().unwrap_or("localhost"),
@@ -143,23 +146,6 @@ impl WalConfig {
         config.feedback_observer = Some(pgwire_replication::FeedbackObserver::new(|_| {}));
         Ok(config)
     }
-}
-
-fn percent_decode(s: &str) -> Result<String, ()> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or(())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| ())
 }
 
 /// A relay's WAL mode: its settings and whether it fell back to polling.
@@ -387,9 +373,11 @@ impl Relay {
                 match event {
                     ReplicationEvent::Begin { .. } => open = Some(Vec::new()),
                     ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(&data) {
-                        Ok(Message::Relation { id, relation }) => relations.insert(id, relation),
+                        Ok(Message::Relation { id, relation }) => {
+                            relations.insert(id, relation);
+                        }
                         Ok(Message::Insert { relation, values }) => {
-                            let Some(relation) = relations.get(relation) else {
+                            let Some(relation) = relations.get(&relation) else {
                                 break StreamEnd::Failed(
                                     "an insert into a table the stream did not describe".into(),
                                 );

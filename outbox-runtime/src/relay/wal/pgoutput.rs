@@ -96,20 +96,7 @@ pub(super) fn decode(data: &[u8]) -> Result<Message, DecodeError> {
 }
 
 /// The relations seen on a stream, by id.
-#[derive(Debug, Default)]
-pub(super) struct Relations(HashMap<u32, Relation>);
-
-impl Relations {
-    /// Remember a Relation message.
-    pub(super) fn insert(&mut self, id: u32, relation: Relation) {
-        self.0.insert(id, relation);
-    }
-
-    /// The relation an Insert names.
-    pub(super) fn get(&self, id: u32) -> Option<&Relation> {
-        self.0.get(&id)
-    }
-}
+pub(super) type Relations = HashMap<u32, Relation>;
 
 struct Reader<'a> {
     data: &'a [u8],
