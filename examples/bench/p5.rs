@@ -100,7 +100,7 @@ async fn measure_all(ctx: &Ctx, runs: usize) -> Result<Vec<Measure>, BoxError> {
 /// random v4 ids make the unique index take random writes, doubling the build time of the 10M
 /// table) and the payload is one constant of the bench event's shape and size, since nobody reads
 /// these rows.
-async fn add_sent(db: &DatabaseConnection, n: u64, total: u64) -> Result<(), BoxError> {
+pub(crate) async fn add_sent(db: &DatabaseConnection, n: u64, total: u64) -> Result<(), BoxError> {
     let t = Instant::now();
     let first = total - n; // SENT rows already in the table, numbered from 1
     let payload = serde_json::to_string(&crate::support::OrderPlaced::sample(1, 1))?;
@@ -138,7 +138,7 @@ async fn add_sent(db: &DatabaseConnection, n: u64, total: u64) -> Result<(), Box
 /// Vacuum and analyze the table, then write every dirty page out: otherwise the measurement
 /// right after building the large table (gigabytes of fresh pages and WAL) runs beside the
 /// checkpointer and the kernel flushing them, and measures the disk.
-async fn vacuum(db: &DatabaseConnection) -> Result<(), BoxError> {
+pub(crate) async fn vacuum(db: &DatabaseConnection) -> Result<(), BoxError> {
     db.execute_unprepared("VACUUM ANALYZE outbox_event").await?;
     // Needs superuser or pg_checkpoint (PostgreSQL 15): without either, measure anyway.
     if let Err(e) = db.execute_unprepared("CHECKPOINT").await {
