@@ -44,7 +44,7 @@ use outbox::sea_orm::{
 };
 use outbox::store::claim::ClaimParams;
 use outbox::store::clock::skew_by;
-use outbox::store::inbox::{self as inbox_store, InboxClaim, InboxState, NewInboxRow};
+use outbox::store::inbox::{self as inbox_store, InboxClaim, InboxState, NewInboxRow, Recorded};
 use outbox::store::local::move_to_inbox;
 use outbox::store::relay::{self as relay_store, Claim, FailedEvent, Settlement};
 use outbox::store::{Dialect, Failure, database_now};
@@ -1984,28 +1984,38 @@ impl InboxModel {
             payload: b"{}",
             ..NewInboxRow::default()
         };
-        let behind = inbox_store::has_unfinished(&self.db, consumer, AGGREGATE_TYPE, aggregate)
+        let failure = match arrival {
+            Arrival::Stored => {
+                return inbox_store::insert(&self.db, &row, &InboxState::Pending)
+                    .await
+                    .map_err(fail);
+            }
+            Arrival::Inline(outcome) => outcome,
+        };
+        // Recorded in the handler's transaction: PENDING behind an unfinished message of its
+        // aggregate (committed without running the handler), else DONE and handled.
+        let tx = self.db.begin().await.map_err(fail)?;
+        let recorded = inbox_store::record_batch(&tx, std::slice::from_ref(&row), true)
             .await
             .map_err(fail)?;
-        let state = match arrival {
-            _ if behind => InboxState::Pending,
-            Arrival::Stored => InboxState::Pending,
-            Arrival::Inline(Outcome::Ok) => {
-                let tx = self.db.begin().await.map_err(fail)?;
-                let inserted = inbox_store::insert(&tx, &row, &InboxState::Done)
-                    .await
-                    .map_err(fail)?;
-                if inserted {
-                    tx.commit().await.map_err(fail)?;
-                    self.cov.done += 1;
-                } else {
-                    tx.rollback().await.map_err(fail)?;
-                }
-                return Ok(inserted);
+        match recorded.first() {
+            Some(Recorded::Pending) => {
+                tx.commit().await.map_err(fail)?;
+                return Ok(true);
             }
-            // The handler's transaction (with the inbox record) rolled back; record the failure.
-            Arrival::Inline(failure) => self.failure_state(failure, 1),
-        };
+            Some(Recorded::Done) if failure == Outcome::Ok => {
+                tx.commit().await.map_err(fail)?;
+                self.cov.done += 1;
+                return Ok(true);
+            }
+            Some(Recorded::Done) => tx.rollback().await.map_err(fail)?,
+            Some(Recorded::Duplicate) | None => {
+                tx.rollback().await.map_err(fail)?;
+                return Ok(false);
+            }
+        }
+        // The handler's transaction (with the inbox record) rolled back; record the failure.
+        let state = self.failure_state(failure, 1);
         inbox_store::insert(&self.db, &row, &state)
             .await
             .map_err(fail)

@@ -33,7 +33,7 @@ use crate::{
     error::OutboxError,
     store::{
         self, Failure,
-        inbox::{InboxState, MAX_MESSAGE_ID_CHARS, NewInboxRow},
+        inbox::{InboxState, MAX_MESSAGE_ID_CHARS, NewInboxRow, Recorded},
     },
     transport::Delivery,
     util::text::truncate,
@@ -139,14 +139,7 @@ impl Consumer {
             }
         };
 
-        let behind = self.ordering
-            && match (&envelope.aggregate_type, &envelope.subject) {
-                (Some(t), Some(id)) => {
-                    store::inbox::has_unfinished(&self.db, self.name, t, id).await?
-                }
-                _ => false,
-            };
-        if behind || self.mode == HandlerMode::Stored {
+        if self.mode == HandlerMode::Stored {
             if self.store(&row, &InboxState::Pending).await? {
                 self.count(Counter::stored);
                 self.wake.notify_one();
@@ -154,15 +147,29 @@ impl Consumer {
             return Ok(());
         }
 
-        // Inline: record and handle in one transaction.
+        // Inline: record and handle in one transaction. The row is recorded PENDING instead
+        // when an unfinished message of its aggregate waits (one statement where the dialect
+        // can: the look-up is part of the INSERT).
         let tx = self
             .outbox
             .begin(&self.db)
             .await
             .map_err(OutboxError::into_db_err)?;
-        if !store::inbox::insert(&tx, &row, &InboxState::Done).await? {
-            tx.rollback().await.map_err(OutboxError::into_db_err)?;
-            return self.recorded_already(&row).await;
+        let recorded = store::inbox::record_batch(&tx, std::slice::from_ref(&row), self.ordering)
+            .await?
+            .pop();
+        match recorded {
+            Some(Recorded::Done) => {}
+            Some(Recorded::Pending) => {
+                let _ = tx.commit().await.map_err(OutboxError::into_db_err)?;
+                self.count(Counter::stored);
+                self.wake.notify_one();
+                return Ok(());
+            }
+            Some(Recorded::Duplicate) | None => {
+                tx.rollback().await.map_err(OutboxError::into_db_err)?;
+                return self.recorded_already(&row).await;
+            }
         }
         let itx = self.attempt_tx(tx, &envelope.id, 1);
         let Err(error) = self.handle_and_commit(reg, itx, envelope).await? else {

@@ -480,32 +480,8 @@ pub async fn recorded<C: ConnectionTrait>(
     }
 }
 
-/// Whether `consumer` has an unfinished message (pending, in progress, waiting for a retry, or
-/// dead) for this aggregate: a new message of it must wait behind that one.
-pub async fn has_unfinished<C: ConnectionTrait>(
-    conn: &C,
-    consumer: &str,
-    aggregate_type: &str,
-    aggregate_id: &str,
-) -> Result<bool, DbErr> {
-    let dialect = Dialect::of(conn);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!(
-        "SELECT 1 AS x FROM {INBOX_TABLE} WHERE consumer = "
-    ))
-    .bind(consumer.to_owned().into())
-    .push(" AND aggregate_type = ")
-    .bind(aggregate_type.to_owned().into())
-    .push(" AND aggregate_id = ")
-    .bind(aggregate_id.to_owned().into())
-    .push(" AND ")
-    .push(&unfinished(&dialect, ""))
-    .push(" LIMIT 1");
-    Ok(conn.query_one_raw(sql.build()).await?.is_some())
-}
-
 /// Of `aggregates` (type, id), those with an unfinished message of `consumer`: one query for a
-/// batch of deliveries instead of [`has_unfinished`] per delivery.
+/// batch of deliveries instead of a query per delivery.
 pub async fn unfinished_aggregates<C: ConnectionTrait>(
     conn: &C,
     consumer: &str,
