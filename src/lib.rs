@@ -18,6 +18,24 @@ pub use outbox_runtime::transport::redis::RedisTransport;
 pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
 #[cfg(feature = "webhook")]
 pub use outbox_runtime::webhook;
+
+/// The operator console's REST API (feature `console`): see [`outbox_runtime::console`].
+#[cfg(feature = "console")]
+pub mod console {
+    pub use outbox_runtime::console::*;
+
+    /// The console over `db`, authenticated by `auth`, its doctor expecting this SDK's
+    /// migrations: the router to mount (see [`Console::router`]).
+    pub fn router(db: crate::sea_orm::DatabaseConnection, auth: ConsoleAuth) -> ConsoleRouter {
+        let migrations = crate::migrations()
+            .iter()
+            .map(|m| m.name().to_owned())
+            .collect::<Vec<_>>();
+        Console::new(db, auth)
+            .doctor_options(crate::admin::DoctorOptions::new(migrations))
+            .router()
+    }
+}
 pub use outbox_runtime::{
     CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, Event, EventId, EventMeta,
     EventRegistration, HandlerContext, HandlerError, HandlerMode, HandlerRegistration, Headers,

@@ -37,6 +37,8 @@ macro_rules! failpoint {
 }
 
 pub mod admin;
+#[cfg(feature = "console")]
+pub mod console;
 pub mod envelope;
 pub mod error;
 pub mod event;

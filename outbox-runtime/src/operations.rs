@@ -66,6 +66,7 @@ pub enum AdminError {
 
 /// Which table a row lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
     /// `outbox_event`: events waiting for (or done with) the relay.
@@ -275,10 +276,12 @@ impl fmt::Display for DeadLetterFilter {
 
 /// One dead letter, as [`dead_letters`](crate::admin::dead_letters) lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct DeadLetter {
     /// Its id: `outbox:12` or `inbox:7`.
     #[serde(rename = "id")]
+    #[cfg_attr(feature = "console", schema(value_type = String, example = "outbox:12"))]
     pub target: Target,
     /// The consumer (inbox messages).
     pub consumer: Option<String>,
@@ -300,6 +303,7 @@ pub struct DeadLetter {
 
 /// Every column of one outbox or inbox row, as [`dead_letter`](crate::admin::dead_letter) shows it.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct DeadLetterDetail {
     /// What the listing shows.
@@ -339,6 +343,7 @@ pub struct DeadLetterDetail {
 
 /// One row of the audit table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct AdminAction {
     /// Row id.

@@ -168,6 +168,7 @@ pub fn redelivery_horizon(
 
 /// What a purge deleted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct PurgeReport {
     /// SENT outbox events deleted.
@@ -182,6 +183,7 @@ pub struct PurgeReport {
     pub done_before: DateTime<Utc>,
     /// How long it took (seconds in JSON).
     #[serde(rename = "elapsed_secs", serialize_with = "secs")]
+    #[cfg_attr(feature = "console", schema(value_type = f64))]
     pub elapsed: Duration,
     /// The purge stopped early because another instance took the lease.
     pub lease_lost: bool,

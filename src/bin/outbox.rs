@@ -12,6 +12,7 @@
 //! outbox doctor
 //! outbox audit --limit 20
 //! outbox migrate
+//! OUTBOX_CONSOLE_TOKEN=… outbox serve --listen 127.0.0.1:8080   # feature `console`
 //! ```
 //!
 //! Human-readable tables by default, `--json` for scripts. Exit status: 0 done, 1 error, 2 bad
@@ -85,6 +86,28 @@ enum Command {
     },
     /// Apply the SDK's migrations (idempotent).
     Migrate,
+    /// Serve the operator console (web page and REST API) until interrupted. The token comes
+    /// from OUTBOX_CONSOLE_TOKEN or --token-file, never from the command line.
+    #[cfg(feature = "console")]
+    Serve(ServeArgs),
+}
+
+#[cfg(feature = "console")]
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address to listen on. Anything but a loopback address also needs --public.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// Accept a --listen address that is not loopback: the console is then reachable from the
+    /// network (put TLS in front of it).
+    #[arg(long)]
+    public: bool,
+    /// Who the token acts as, in the audit log (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    operator: Option<String>,
+    /// A file holding the console token (at least 16 characters); else OUTBOX_CONSOLE_TOKEN.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -217,6 +240,70 @@ async fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// `outbox serve`: the console on `--listen` until Ctrl-C or SIGTERM.
+#[cfg(feature = "console")]
+async fn serve(db: DatabaseConnection, args: ServeArgs) -> Result<(), Failure> {
+    use outbox::console::{Console, ConsoleAuth};
+
+    if !args.listen.ip().is_loopback() && !args.public {
+        return Err(format!(
+            "refusing to listen on {}, which is not a loopback address: pass --public to serve \
+             the console to the network",
+            args.listen
+        )
+        .into());
+    }
+    let token = match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?,
+        None => std::env::var("OUTBOX_CONSOLE_TOKEN").map_err(|_| {
+            "no console token: set OUTBOX_CONSOLE_TOKEN or pass --token-file (e.g. from `openssl rand -hex 32`)"
+        })?,
+    };
+    let operator = args
+        .operator
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "console".to_owned());
+    let auth = ConsoleAuth::bearer(operator, token.trim())?;
+    let migrations = outbox::migrations()
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect::<Vec<_>>();
+    let console = Console::new(db, auth)
+        .doctor_options(DoctorOptions::new(migrations).without_handler_check());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let address = listener.local_addr()?;
+    eprintln!("outbox console on http://{address}/ (Ctrl-C stops it)");
+    console.serve(listener, stopped()).await?;
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+#[cfg(feature = "console")]
+async fn stopped() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -463,6 +550,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                     )
                 );
             }
+        }
+        #[cfg(feature = "console")]
+        Command::Serve(args) => {
+            serve(db, args).await?;
         }
         Command::Migrate => {
             outbox::migrate(&db).await?;

@@ -75,17 +75,17 @@ fn placeholders(backend: DbBackend, sql: &str) -> String {
     out
 }
 
-fn ago(d: Duration) -> DateTime<Utc> {
+pub(crate) fn ago(d: Duration) -> DateTime<Utc> {
     Utc::now() - chrono::Duration::from_std(d).unwrap()
 }
 
-const MIN: Duration = Duration::from_secs(60);
+pub(crate) const MIN: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3_600);
 const DAY: Duration = Duration::from_secs(86_400);
 
 /// Insert an inbox row as the SDK records a delivery; returns its id.
 #[allow(clippy::too_many_arguments)]
-async fn inbox_row(
+pub(crate) async fn inbox_row(
     t: &TestDb,
     consumer: &str,
     message_id: &str,
@@ -131,15 +131,15 @@ async fn inbox_id(t: &TestDb, consumer: &str, message_id: &str) -> i64 {
 
 /// One inbox row's (status, attempts, last_error, next_attempt_at, processed_at).
 #[derive(Debug, Clone, PartialEq)]
-struct InboxState {
-    status: String,
-    attempts: i64,
-    last_error: Option<String>,
-    next_attempt_at: Option<DateTime<Utc>>,
-    processed_at: Option<DateTime<Utc>>,
+pub(crate) struct InboxState {
+    pub(crate) status: String,
+    pub(crate) attempts: i64,
+    pub(crate) last_error: Option<String>,
+    pub(crate) next_attempt_at: Option<DateTime<Utc>>,
+    pub(crate) processed_at: Option<DateTime<Utc>>,
 }
 
-async fn inbox_state(t: &TestDb, id: i64) -> InboxState {
+pub(crate) async fn inbox_state(t: &TestDb, id: i64) -> InboxState {
     let d = t.dialect();
     let backend = d.backend();
     let cast = if backend == DbBackend::MySql {
@@ -171,7 +171,7 @@ async fn inbox_state(t: &TestDb, id: i64) -> InboxState {
     }
 }
 
-async fn outbox_row(t: &TestDb, id: i64) -> OutboxRow {
+pub(crate) async fn outbox_row(t: &TestDb, id: i64) -> OutboxRow {
     outbox_rows(&t.db)
         .await
         .into_iter()
@@ -189,20 +189,20 @@ async fn outbox_row(t: &TestDb, id: i64) -> OutboxRow {
 /// invalid UTF-8 payload ("invalid sku 50%_off", 30 min ago), m-3 DONE, m-4 PENDING (5 min ago);
 /// `billing` has m-5 DEAD ("upstream TIMEOUT", 10 min ago) and m-6 RETRY (2 min ago).
 #[derive(Debug)]
-struct Fixture {
-    dead_cart: OutboxRow,
-    held_cart: OutboxRow,
-    dead_payment: OutboxRow,
-    sent: Vec<OutboxRow>,
-    m1: i64,
-    m2: i64,
-    m3: i64,
-    m4: i64,
-    m5: i64,
-    m6: i64,
+pub(crate) struct Fixture {
+    pub(crate) dead_cart: OutboxRow,
+    pub(crate) held_cart: OutboxRow,
+    pub(crate) dead_payment: OutboxRow,
+    pub(crate) sent: Vec<OutboxRow>,
+    pub(crate) m1: i64,
+    pub(crate) m2: i64,
+    pub(crate) m3: i64,
+    pub(crate) m4: i64,
+    pub(crate) m5: i64,
+    pub(crate) m6: i64,
 }
 
-async fn fixture(t: &TestDb) -> Fixture {
+pub(crate) async fn fixture(t: &TestDb) -> Fixture {
     let outbox = Outbox::new("admin-tests");
     let tx = outbox.begin(&t.db).await.unwrap();
     for seq in 0..2 {
@@ -940,7 +940,7 @@ async fn guarded_changes_touch_nothing_in_the_wrong_state(t: TestDb) {
     let _ = (f.m1, f.m2, f.m5, f.dead_payment);
 }
 
-fn migration_names() -> Vec<String> {
+pub(crate) fn migration_names() -> Vec<String> {
     outbox::migrations()
         .iter()
         .map(|m| m.name().to_owned())

@@ -21,6 +21,8 @@ mod claim_window;
 #[cfg(feature = "cli")]
 mod cli;
 mod conformance;
+#[cfg(feature = "console")]
+mod console;
 mod fast_path;
 mod inbox;
 #[cfg(feature = "nats")]

@@ -44,6 +44,7 @@ impl fmt::Display for Selector {
 
 /// The kind of an admin action, as recorded in `outbox_admin_action.action`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ActionKind {
     /// DEAD → PENDING (outbox) or RETRY (inbox).
@@ -70,6 +71,7 @@ impl ActionKind {
 
 /// A row an action left alone: it is in another state than the action expects, or gone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct Skipped {
     /// The row (`outbox:12`, `inbox:7`) or event id asked for.
@@ -77,6 +79,7 @@ pub struct Skipped {
     /// Its status, or `None` when there is no such row.
     pub status: Option<String>,
     /// The status the action applies to.
+    #[cfg_attr(feature = "console", schema(value_type = String))]
     pub expected: &'static str,
 }
 
@@ -95,6 +98,7 @@ impl fmt::Display for Skipped {
 
 /// What a state-changing admin action did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct ActionReport {
     /// The action.

@@ -32,7 +32,7 @@ impl Page {
         let limit = limit.clamp(1, Self::MAX_LIMIT);
         Page {
             limit,
-            offset: number.saturating_sub(1) * u64::from(limit),
+            offset: number.saturating_sub(1).saturating_mul(u64::from(limit)),
         }
     }
 }

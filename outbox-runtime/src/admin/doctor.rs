@@ -10,6 +10,7 @@ use crate::store::{InboxStatus, OutboxStatus, admin as sql, schema};
 
 /// How serious a [`Finding`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     /// A check passed.
@@ -35,11 +36,13 @@ impl std::fmt::Display for Severity {
 
 /// One result of [`doctor`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct Finding {
     /// How serious.
     pub severity: Severity,
     /// Which check: `tables`, `indexes`, `migrations`, `handlers`, `stuck` or `dead`.
+    #[cfg_attr(feature = "console", schema(value_type = String))]
     pub check: &'static str,
     /// What was found, and what to do about it.
     pub message: String,
@@ -47,6 +50,7 @@ pub struct Finding {
 
 /// Everything [`doctor`] found, in check order.
 #[derive(Debug, Clone, Default, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct DoctorReport {
     /// The findings.

@@ -17,6 +17,7 @@ pub type StatusCounts = BTreeMap<String, u64>;
 
 /// What [`status`] found.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct Status {
     /// When it was taken, by the database's clock (ages are measured from here).
@@ -35,6 +36,7 @@ pub struct Status {
 
 /// A WAL relay's replication slot in [`Status`].
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct WalSlotStatus {
     /// The slot's name (`WalConfig::slot`).
@@ -69,6 +71,7 @@ impl Status {
 
 /// The outbox side of [`Status`].
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct OutboxStatus {
     /// Rows per status.
@@ -81,6 +84,7 @@ pub struct OutboxStatus {
     pub oldest_unsent_at: Option<DateTime<Utc>>,
     /// How long the oldest backlog event has waited (seconds in JSON).
     #[serde(rename = "oldest_unsent_age_secs", serialize_with = "opt_secs")]
+    #[cfg_attr(feature = "console", schema(value_type = Option<f64>))]
     pub oldest_unsent_age: Option<Duration>,
     /// DEAD events, waiting for an operator (they hold back their aggregate's later events).
     pub dead: u64,
@@ -97,6 +101,7 @@ pub struct OutboxStatus {
 /// `outbox_relay` (written when it starts, when its circuit breaker opens or closes, and every
 /// `RelayConfig::heartbeat`).
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct RelayStatus {
     /// The relay's id (`RelayConfig::relay_id`).
@@ -114,11 +119,13 @@ pub struct RelayStatus {
     pub broker_seen_at: Option<DateTime<Utc>>,
     /// How long ago that was (seconds in JSON).
     #[serde(rename = "broker_seen_secs_ago", serialize_with = "opt_secs")]
+    #[cfg_attr(feature = "console", schema(value_type = Option<f64>))]
     pub broker_seen_ago: Option<Duration>,
     /// While the broker is unavailable: since when.
     pub unavailable_since: Option<DateTime<Utc>>,
     /// For how long (seconds in JSON).
     #[serde(rename = "unavailable_secs", serialize_with = "opt_secs")]
+    #[cfg_attr(feature = "console", schema(value_type = Option<f64>))]
     pub unavailable_for: Option<Duration>,
     /// Claimed events this relay handed back without an attempt during the current outage.
     pub held_back: u64,
@@ -134,6 +141,7 @@ pub struct RelayStatus {
 
 /// One consumer's side of [`Status`].
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct ConsumerStatus {
     /// Consumer name.
@@ -148,6 +156,7 @@ pub struct ConsumerStatus {
     pub oldest_unfinished_at: Option<DateTime<Utc>>,
     /// How long the oldest backlog message has waited: the consumer's lag (seconds in JSON).
     #[serde(rename = "lag_secs", serialize_with = "opt_secs")]
+    #[cfg_attr(feature = "console", schema(value_type = Option<f64>))]
     pub lag: Option<Duration>,
     /// DEAD messages, waiting for an operator.
     pub dead: u64,

@@ -366,7 +366,7 @@ pub(crate) enum Rows<'a> {
 async fn guarded_update(
     conn: &DatabaseTransaction,
     source: Source,
-    set: &dyn Fn(&mut Sql),
+    set: &(dyn Fn(&mut Sql) + Sync),
     from: &'static str,
     rows: Rows<'_>,
 ) -> Result<u64, DbErr> {

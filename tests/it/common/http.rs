@@ -55,14 +55,28 @@ impl Answer {
     }
 }
 
-/// `POST url` with `headers` and `body`; `Err` when no answer came (the connection failed).
+/// `POST url` with `headers` and a JSON `body`; `Err` when no answer came (the connection failed).
 pub async fn post(
     client: &HttpClient,
     url: &str,
     headers: &HeaderMap,
     body: Vec<u8>,
 ) -> Result<Answer, String> {
-    let mut request = Request::post(url)
+    send(client, hyper::Method::POST, url, headers, body).await
+}
+
+/// `method url` with `headers` (a JSON content type unless they say otherwise) and `body`;
+/// `Err` when no answer came (the connection failed).
+pub async fn send(
+    client: &HttpClient,
+    method: hyper::Method,
+    url: &str,
+    headers: &HeaderMap,
+    body: Vec<u8>,
+) -> Result<Answer, String> {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(url)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
         .unwrap();

@@ -1,0 +1,580 @@
+//! The console's JSON handlers, each documented in the OpenAPI document by `utoipa::path`.
+
+use std::{str::FromStr, sync::Arc};
+
+use axum::{
+    Extension, Json,
+    extract::{
+        DefaultBodyLimit, Path, Query, State,
+        rejection::{JsonRejection, PathRejection, QueryRejection},
+    },
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use sea_orm::DatabaseConnection;
+use serde::{Deserialize, Serialize};
+use utoipa::{
+    IntoParams, Modify, OpenApi, ToSchema,
+    openapi::security::{Http, HttpAuthScheme, SecurityScheme},
+};
+use utoipa_axum::{router::OpenApiRouter, routes};
+use uuid::Uuid;
+
+use super::{
+    Operator,
+    samples::{History, Sample},
+};
+use crate::{
+    admin::{
+        self, ActionReport, Actor, AdminAction, AdminError, DeadLetter, DeadLetterDetail,
+        DeadLetterFilter, DoctorOptions, DoctorReport, HumanDuration, Page, Selector, Source,
+        Status, Target,
+    },
+    retention::{self, PurgeReport, RetentionError, RetentionPolicy},
+};
+
+/// Largest request body.
+const BODY_LIMIT: usize = 64 * 1024;
+/// Most ids in one request.
+const MAX_IDS: usize = 1_000;
+/// Longest text parameter (a filter, a reason).
+const MAX_TEXT_CHARS: usize = 1_000;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) db: DatabaseConnection,
+    pub(super) doctor: DoctorOptions,
+    /// The OpenAPI document, as JSON.
+    pub(super) openapi: Arc<String>,
+    /// Backlog and lag over time.
+    pub(super) history: Arc<History>,
+}
+
+type St = State<Arc<Shared>>;
+
+/// An error answer: the HTTP status and what went wrong, for a person to read.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ApiError {
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong and, where it helps, what to do.
+    pub error: String,
+}
+
+impl ApiError {
+    pub(super) fn new(status: StatusCode, error: impl Into<String>) -> Self {
+        ApiError {
+            status: status.as_u16(),
+            error: error.into(),
+        }
+    }
+
+    fn bad_request(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, error)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self)).into_response()
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(error: AdminError) -> Self {
+        match &error {
+            AdminError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, error.to_string()),
+            AdminError::NotMigrated(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the outbox tables are missing or out of date: apply the SDK migrations",
+            ),
+            AdminError::Database { doing, error: e } => {
+                tracing::warn!(error = %e, doing, "console: database call failed");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("{doing} failed on the database; the service's log has the details"),
+                )
+            }
+            _ => Self::bad_request(error.to_string()),
+        }
+    }
+}
+
+impl From<RetentionError> for ApiError {
+    fn from(error: RetentionError) -> Self {
+        match error {
+            RetentionError::Database(e) => e.into(),
+            other => Self::bad_request(other.to_string()),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        // A body too large (413) or not JSON (415) keeps its status; JSON that does not fit
+        // the request is a malformed request like any other (400, not axum's 422).
+        let status = match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                rejection.status()
+            }
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Self::new(status, rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// A text parameter within bounds, `None` when empty.
+fn text(name: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()) {
+        Some(v) if v.chars().count() > MAX_TEXT_CHARS => Err(ApiError::bad_request(format!(
+            "`{name}` is longer than {MAX_TEXT_CHARS} characters"
+        ))),
+        other => Ok(other),
+    }
+}
+
+/// The actor of a write: the authenticated operator, with the request's reason (required).
+fn actor(operator: &Operator, reason: Option<String>) -> Result<Actor, ApiError> {
+    let reason = text("reason", reason)?.ok_or_else(|| {
+        ApiError::bad_request("a `reason` is required: it is recorded in the audit log")
+    })?;
+    Ok(Actor::new(operator.0.clone()).reason(reason))
+}
+
+fn ids_within_limit(n: usize) -> Result<(), ApiError> {
+    if n > MAX_IDS {
+        return Err(ApiError::bad_request(format!(
+            "{n} ids in one request; at most {MAX_IDS}"
+        )));
+    }
+    Ok(())
+}
+
+/// Filters of the dead-letter list (all optional; combined with AND).
+#[derive(Debug, Default, Deserialize, ToSchema, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FilterParams {
+    /// `outbox` or `inbox`.
+    source: Option<String>,
+    /// The consumer (inbox messages only).
+    consumer: Option<String>,
+    /// The event type.
+    event_type: Option<String>,
+    /// The aggregate id.
+    aggregate_id: Option<String>,
+    /// Text the last error contains.
+    error: Option<String>,
+}
+
+impl FilterParams {
+    fn filter(self) -> Result<DeadLetterFilter, ApiError> {
+        let mut filter = DeadLetterFilter::default();
+        if let Some(source) = text("source", self.source)? {
+            filter = filter.source(Source::from_str(&source).map_err(|_| {
+                ApiError::bad_request(format!("`source` is `outbox` or `inbox`, not `{source}`"))
+            })?);
+        }
+        if let Some(v) = text("consumer", self.consumer)? {
+            filter = filter.consumer(v);
+        }
+        if let Some(v) = text("event_type", self.event_type)? {
+            filter = filter.event_type(v);
+        }
+        if let Some(v) = text("aggregate_id", self.aggregate_id)? {
+            filter = filter.aggregate_id(v);
+        }
+        if let Some(v) = text("error", self.error)? {
+            filter = filter.error_contains(v);
+        }
+        Ok(filter)
+    }
+}
+
+/// One page of the dead-letter list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {
+    /// `outbox` or `inbox`.
+    source: Option<String>,
+    /// The consumer (inbox messages only).
+    consumer: Option<String>,
+    /// The event type.
+    event_type: Option<String>,
+    /// The aggregate id.
+    aggregate_id: Option<String>,
+    /// Text the last error contains.
+    error: Option<String>,
+    /// Rows per page, 1 to 1,000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// Page number, from 1 (default 1).
+    #[param(minimum = 1)]
+    page: Option<u64>,
+}
+
+/// A page of dead letters, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct DeadLetterPage {
+    /// The page number, from 1.
+    page: u64,
+    /// Rows per page.
+    limit: u32,
+    /// The dead letters on this page.
+    items: Vec<DeadLetter>,
+}
+
+/// Status now: counts per status, the oldest unsent event's age, per-consumer lag and stuck rows,
+/// the relays and their brokers, the WAL slots.
+#[utoipa::path(get, path = "/api/status", tag = "status",
+    responses((status = 200, body = Status), (status = 401, body = ApiError)))]
+async fn status(State(s): St) -> ApiResult<Status> {
+    let status = admin::status(&s.db).await?;
+    s.history.record(&status);
+    Ok(Json(status))
+}
+
+/// Which samples.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SamplesParams {
+    /// Only samples taken at or after this instant (RFC 3339).
+    since: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Backlog and lag over the last hours, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct Samples {
+    /// Seconds between two samples.
+    interval_secs: u64,
+    /// The samples, oldest first.
+    samples: Vec<Sample>,
+}
+
+/// Backlog, oldest unsent age, and each consumer's backlog and lag, sampled on an interval and
+/// kept in memory for the last hours (a restart of the service starts them again).
+#[utoipa::path(get, path = "/api/samples", tag = "status", params(SamplesParams),
+    responses((status = 200, body = Samples), (status = 400, body = ApiError),
+        (status = 401, body = ApiError)))]
+async fn samples(
+    State(s): St,
+    params: Result<Query<SamplesParams>, QueryRejection>,
+) -> ApiResult<Samples> {
+    let Query(p) = params?;
+    Ok(Json(Samples {
+        interval_secs: s.history.interval.as_secs(),
+        samples: s.history.since(p.since),
+    }))
+}
+
+/// Dead outbox events and inbox messages, newest first.
+#[utoipa::path(get, path = "/api/dead-letters", tag = "dead letters", params(ListParams),
+    responses((status = 200, body = DeadLetterPage), (status = 400, body = ApiError),
+        (status = 401, body = ApiError)))]
+async fn dead_letters(
+    State(s): St,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> ApiResult<DeadLetterPage> {
+    let Query(p) = params?;
+    let limit = p.limit.unwrap_or(50);
+    if !(1..=Page::MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "`limit` is 1 to {}, not {limit}",
+            Page::MAX_LIMIT
+        )));
+    }
+    let page = p.page.unwrap_or(1);
+    if page == 0 {
+        return Err(ApiError::bad_request("`page` counts from 1"));
+    }
+    let filter = FilterParams {
+        source: p.source,
+        consumer: p.consumer,
+        event_type: p.event_type,
+        aggregate_id: p.aggregate_id,
+        error: p.error,
+    }
+    .filter()?;
+    let items = admin::dead_letters(&s.db, &filter, Page::number(page, limit)).await?;
+    Ok(Json(DeadLetterPage { page, limit, items }))
+}
+
+/// One outbox or inbox row in full: envelope, payload, headers, attempts, last error, lease.
+#[utoipa::path(get, path = "/api/dead-letters/{id}", tag = "dead letters",
+    params(("id" = String, Path, description = "`outbox:12` or `inbox:7`", example = "outbox:12")),
+    responses((status = 200, body = DeadLetterDetail), (status = 400, body = ApiError),
+        (status = 401, body = ApiError), (status = 404, body = ApiError)))]
+async fn dead_letter(
+    State(s): St,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<DeadLetterDetail> {
+    let Path(id) = id?;
+    let target: Target = id.parse()?;
+    Ok(Json(admin::dead_letter(&s.db, target).await?))
+}
+
+/// What to replay: ids, a filter, or every dead letter (exactly one of them).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReplayRequest {
+    /// Rows: `outbox:12`, `inbox:7`.
+    #[schema(max_items = 1000)]
+    ids: Option<Vec<String>>,
+    /// Every dead letter matching this filter (not empty).
+    filter: Option<FilterParams>,
+    /// Every dead letter, outbox and inbox.
+    all: Option<bool>,
+    /// Why: recorded in the audit log.
+    reason: Option<String>,
+}
+
+/// Give dead letters another chance: outbox DEAD → PENDING, inbox DEAD → RETRY due now, with
+/// their attempts reset. Rows in another state are reported in `skipped`, not touched.
+#[utoipa::path(post, path = "/api/replay", tag = "actions", request_body = ReplayRequest,
+    responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)))]
+async fn replay(
+    State(s): St,
+    Extension(operator): Extension<Operator>,
+    body: Result<Json<ReplayRequest>, JsonRejection>,
+) -> ApiResult<ActionReport> {
+    let Json(r) = body?;
+    let actor = actor(&operator, r.reason)?;
+    let selector = match (r.ids, r.filter, r.all.unwrap_or(false)) {
+        (Some(ids), None, false) => {
+            ids_within_limit(ids.len())?;
+            let targets = ids
+                .iter()
+                .map(|id| id.parse::<Target>())
+                .collect::<Result<Vec<_>, _>>()?;
+            if targets.is_empty() {
+                return Err(ApiError::bad_request("`ids` is empty"));
+            }
+            Selector::Ids(targets)
+        }
+        (None, Some(filter), false) => Selector::Filter(filter.filter()?),
+        (None, None, true) => Selector::All,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `ids`, `filter` or `all: true`",
+            ));
+        }
+    };
+    Ok(Json(admin::replay(&s.db, &selector, &actor).await?))
+}
+
+/// Inbox rows to ignore.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct IgnoreRequest {
+    /// Inbox rows: `inbox:7` (or `7`).
+    #[schema(max_items = 1000)]
+    ids: Vec<String>,
+    /// Why: recorded in the audit log.
+    reason: Option<String>,
+}
+
+/// Decide not to handle dead inbox messages: DEAD → IGNORED. They no longer hold their aggregate
+/// back.
+#[utoipa::path(post, path = "/api/ignore", tag = "actions", request_body = IgnoreRequest,
+    responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)))]
+async fn ignore(
+    State(s): St,
+    Extension(operator): Extension<Operator>,
+    body: Result<Json<IgnoreRequest>, JsonRejection>,
+) -> ApiResult<ActionReport> {
+    let Json(r) = body?;
+    let actor = actor(&operator, r.reason)?;
+    ids_within_limit(r.ids.len())?;
+    let mut ids = Vec::with_capacity(r.ids.len());
+    for id in &r.ids {
+        let target = match id.trim().parse::<i64>() {
+            Ok(n) => Target::inbox(n),
+            Err(_) => id.parse::<Target>()?,
+        };
+        if target.source != Source::Inbox {
+            return Err(ApiError::bad_request(format!(
+                "ignore applies to inbox rows only; {target} is not one"
+            )));
+        }
+        ids.push(target.id);
+    }
+    Ok(Json(admin::ignore(&s.db, &ids, &actor).await?))
+}
+
+/// A SENT outbox event to publish again.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResendRequest {
+    /// The event id.
+    event_id: Uuid,
+    /// Why: recorded in the audit log.
+    reason: Option<String>,
+}
+
+/// Publish a SENT outbox event again (SENT → PENDING), under the same event id: consumers that
+/// still hold it in their inbox suppress it as a duplicate.
+#[utoipa::path(post, path = "/api/resend", tag = "actions", request_body = ResendRequest,
+    responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)))]
+async fn resend(
+    State(s): St,
+    Extension(operator): Extension<Operator>,
+    body: Result<Json<ResendRequest>, JsonRejection>,
+) -> ApiResult<ActionReport> {
+    let Json(r) = body?;
+    let actor = actor(&operator, r.reason)?;
+    Ok(Json(admin::resend(&s.db, r.event_id, &actor).await?))
+}
+
+/// What to purge.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PurgeRequest {
+    /// Delete SENT outbox events sent longer ago than this (default `7d`).
+    #[schema(example = "7d")]
+    sent_after: Option<String>,
+    /// Delete DONE and IGNORED inbox messages processed longer ago than this (default `14d`):
+    /// the inbox's deduplication window.
+    #[schema(example = "14d")]
+    done_after: Option<String>,
+    /// Refuse a `done_after` shorter than this (default `1d`): the broker's redelivery window,
+    /// the relay's retry span and how long after the fact events may be resent or replayed.
+    #[schema(example = "1d")]
+    redelivery_horizon: Option<String>,
+    /// Why: recorded in the audit log.
+    reason: Option<String>,
+}
+
+fn duration(name: &str, value: Option<String>, default: &str) -> Result<HumanDuration, ApiError> {
+    let value = text(name, value)?.unwrap_or_else(|| default.to_owned());
+    value
+        .parse::<HumanDuration>()
+        .map_err(|e| ApiError::bad_request(format!("`{name}`: {e}")))
+}
+
+/// Delete finished rows now, as the retention janitor does (never DEAD or unfinished rows).
+#[utoipa::path(post, path = "/api/purge", tag = "actions", request_body = PurgeRequest,
+    responses((status = 200, body = PurgeReport), (status = 400, body = ApiError),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)))]
+async fn purge(
+    State(s): St,
+    Extension(operator): Extension<Operator>,
+    body: Result<Json<PurgeRequest>, JsonRejection>,
+) -> ApiResult<PurgeReport> {
+    let Json(r) = body?;
+    let actor = actor(&operator, r.reason)?;
+    let policy = RetentionPolicy {
+        sent_after: duration("sent_after", r.sent_after, "7d")?.0,
+        done_after: duration("done_after", r.done_after, "14d")?.0,
+        ..RetentionPolicy::default()
+    };
+    let horizon = duration("redelivery_horizon", r.redelivery_horizon, "1d")?.0;
+    policy.validate(horizon)?;
+    Ok(Json(retention::purge_as(&s.db, &policy, &actor).await?))
+}
+
+/// Is the database ready for the SDK, and is anything stuck?
+#[utoipa::path(get, path = "/api/doctor", tag = "status",
+    responses((status = 200, body = DoctorReport), (status = 401, body = ApiError)))]
+async fn doctor(State(s): St) -> ApiResult<DoctorReport> {
+    Ok(Json(admin::doctor(&s.db, &s.doctor).await?))
+}
+
+/// How much of the audit log.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AuditParams {
+    /// The newest this many actions, 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+}
+
+/// Every admin action, newest first: what, which rows, how many, who, why, when.
+#[utoipa::path(get, path = "/api/audit", tag = "status", params(AuditParams),
+    responses((status = 200, body = Vec<AdminAction>), (status = 400, body = ApiError),
+        (status = 401, body = ApiError)))]
+async fn audit(
+    State(s): St,
+    params: Result<Query<AuditParams>, QueryRejection>,
+) -> ApiResult<Vec<AdminAction>> {
+    let Query(p) = params?;
+    let limit = p.limit.unwrap_or(100);
+    if !(1..=1_000).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "`limit` is 1 to 1000, not {limit}"
+        )));
+    }
+    Ok(Json(admin::audit_log(&s.db, limit).await?))
+}
+
+/// The OpenAPI document.
+pub(super) async fn openapi_json(State(s): St) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        s.openapi.as_ref().clone(),
+    )
+        .into_response()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "outbox console", description = "The outbox SDK's operator API."),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct Doc;
+
+/// Declares the bearer scheme every route requires.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The documented routes (state still to be given).
+pub(super) fn routes() -> OpenApiRouter<Arc<Shared>> {
+    OpenApiRouter::with_openapi(Doc::openapi())
+        .routes(routes!(status))
+        .routes(routes!(samples))
+        .routes(routes!(dead_letters))
+        .routes(routes!(dead_letter))
+        .routes(routes!(replay))
+        .routes(routes!(ignore))
+        .routes(routes!(resend))
+        .routes(routes!(purge))
+        .routes(routes!(doctor))
+        .routes(routes!(audit))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+}
+
+/// The OpenAPI document of [`routes`].
+pub(super) fn openapi() -> utoipa::openapi::OpenApi {
+    routes().split_for_parts().1
+}

@@ -1,0 +1,355 @@
+"use strict";
+// The outbox console page. Every value read from the API is put into the page as text
+// (textContent or an attribute), never parsed as markup.
+(function () {
+  const TOKEN_KEY = "outbox-console-token";
+  // The API lives beside the page, wherever the service mounted the console.
+  const base = window.location.pathname.replace(/\/?$/, "/");
+  const $ = (id) => document.getElementById(id);
+  const state = { token: sessionStorage.getItem(TOKEN_KEY), view: "overview", page: 1, limit: 25, filter: {}, selected: null, timer: null };
+
+  function el(tag, text, attrs) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    return node;
+  }
+
+  function say(text, error) {
+    const m = $("message");
+    m.textContent = text || "";
+    m.className = error ? "error" : "";
+  }
+
+  class Unauthorized extends Error {}
+
+  async function api(path, options) {
+    const init = { method: (options && options.method) || "GET", headers: { Authorization: "Bearer " + state.token } };
+    if (options && options.body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(options.body);
+    }
+    const response = await fetch(base + "api/" + path, init);
+    const body = await response.json().catch(() => ({}));
+    if (response.status === 401) throw new Unauthorized(body.error || "authentication required");
+    if (!response.ok) throw new Error(body.error || response.status + " " + response.statusText);
+    return body;
+  }
+
+  function age(secs) {
+    if (secs === null || secs === undefined) return "–";
+    if (secs < 1) return Math.round(secs * 1000) + " ms";
+    if (secs < 120) return secs.toFixed(secs < 10 ? 1 : 0) + " s";
+    if (secs < 7200) return Math.round(secs / 60) + " min";
+    if (secs < 172800) return (secs / 3600).toFixed(1) + " h";
+    return (secs / 86400).toFixed(1) + " d";
+  }
+
+  function when(iso) {
+    if (!iso) return "–";
+    const d = new Date(iso);
+    return isNaN(d) ? iso : d.toLocaleString();
+  }
+
+  function row(cells, attrs) {
+    const tr = el("tr", null, attrs);
+    for (const c of cells) {
+      const td = el("td", c.text, c.attrs);
+      if (c.className) td.className = c.className;
+      tr.appendChild(td);
+    }
+    return tr;
+  }
+
+  function fill(tableId, rows, empty) {
+    const body = $(tableId).querySelector("tbody");
+    body.replaceChildren();
+    if (rows.length === 0) {
+      const cols = $(tableId).querySelectorAll("th").length;
+      body.appendChild(row([{ text: empty, attrs: { colspan: String(cols) } }]));
+    }
+    for (const r of rows) body.appendChild(r);
+  }
+
+  // ---- login -------------------------------------------------------------------------------
+  function show(view) {
+    state.view = view;
+    for (const id of ["login", "overview", "dead", "audit"]) $(id).hidden = id !== view;
+    $("nav").hidden = view === "login";
+    for (const b of document.querySelectorAll("nav button[data-view]")) {
+      if (b.dataset.view === view) b.setAttribute("aria-current", "page");
+      else b.removeAttribute("aria-current");
+    }
+    clearInterval(state.timer);
+    if (view === "overview") {
+      refreshOverview();
+      state.timer = setInterval(refreshOverview, 15000);
+    } else if (view === "dead") refreshDead();
+    else if (view === "audit") refreshAudit();
+  }
+
+  function logout(text) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    state.token = null;
+    show("login");
+    say(text || "", Boolean(text));
+  }
+
+  async function guarded(work) {
+    try {
+      await work();
+    } catch (e) {
+      if (e instanceof Unauthorized) logout("The token was refused: " + e.message);
+      else say(e.message, true);
+    }
+  }
+
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    state.token = $("token").value.trim();
+    $("token").value = "";
+    guarded(async () => {
+      await api("status");
+      sessionStorage.setItem(TOKEN_KEY, state.token);
+      say("");
+      show("overview");
+    });
+  });
+  $("logout").addEventListener("click", () => logout(""));
+  for (const b of document.querySelectorAll("nav button[data-view]")) {
+    b.addEventListener("click", () => { say(""); show(b.dataset.view); });
+  }
+
+  // ---- overview ----------------------------------------------------------------------------
+  function refreshOverview() {
+    return guarded(async () => {
+      const [status, samples] = await Promise.all([api("status"), api("samples")]);
+      const o = status.outbox;
+      const deadTotal = o.dead + status.consumers.reduce((n, c) => n + c.dead, 0);
+      const stuckTotal = o.stuck + status.consumers.reduce((n, c) => n + c.stuck, 0);
+      $("c-backlog").textContent = o.backlog;
+      $("c-oldest").textContent = age(o.oldest_unsent_age_secs);
+      $("c-dead").textContent = deadTotal;
+      $("c-dead").className = "value" + (deadTotal > 0 ? " bad" : "");
+      $("c-stuck").textContent = stuckTotal;
+      $("c-stuck").className = "value" + (stuckTotal > 0 ? " bad" : "");
+      fill("outbox-counts", Object.entries(o.counts).map(([s, n]) =>
+        row([{ text: s }, { text: n, className: "num" }], { "data-status": s })), "no events");
+      fill("consumers", status.consumers.map((c) => row([
+        { text: c.consumer },
+        { text: c.backlog, className: "num" },
+        { text: age(c.lag_secs), className: "num" },
+        { text: c.dead, className: "num" + (c.dead > 0 ? " bad" : "") },
+        { text: c.stuck, className: "num" },
+        { text: c.counts.DONE || 0, className: "num" },
+      ], { "data-consumer": c.consumer })), "no consumer has received anything yet");
+      fill("relays", status.relays.filter((r) => r.current).map((r) => row([
+        { text: r.relay_id },
+        { text: r.transport },
+        { text: r.broker_available ? "available" : "unavailable for " + age(r.unavailable_secs), className: r.broker_available ? "good" : "bad" },
+        { text: r.held_back, className: "num" },
+        { text: r.last_error || "" },
+      ])), "no relay running");
+      drawCharts(samples.samples);
+    });
+  }
+
+  const COLORS = ["#0b5cad", "#b42318", "#1a7f37", "#8250df", "#bf8700", "#0a7480", "#cf222e", "#57606a"];
+
+  function chart(figureId, series, unit) {
+    const figure = $(figureId);
+    figure.replaceChildren();
+    const points = series.flatMap((s) => s.points);
+    if (new Set(points.map((p) => p[0])).size < 2) {
+      figure.appendChild(el("p", "The chart fills in as samples are taken.", { class: "legend" }));
+      return;
+    }
+    const NS = "http://www.w3.org/2000/svg";
+    const W = 600, H = 180, L = 48, B = 20, T = 8, R = 8;
+    const t0 = Math.min(...points.map((p) => p[0])), t1 = Math.max(...points.map((p) => p[0]));
+    const vmax = Math.max(1, ...points.map((p) => p[1]));
+    const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - R);
+    const y = (v) => T + (1 - v / vmax) * (H - T - B);
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("role", "img");
+    const text = (tx, ty, value, anchor) => {
+      const t = document.createElementNS(NS, "text");
+      t.setAttribute("x", tx); t.setAttribute("y", ty);
+      t.setAttribute("font-size", "10"); t.setAttribute("fill", "#5b6470");
+      if (anchor) t.setAttribute("text-anchor", anchor);
+      t.textContent = value;
+      svg.appendChild(t);
+    };
+    const axis = document.createElementNS(NS, "path");
+    axis.setAttribute("d", "M" + L + " " + T + " V" + (H - B) + " H" + (W - R));
+    axis.setAttribute("stroke", "#d7dce2"); axis.setAttribute("fill", "none");
+    svg.appendChild(axis);
+    text(L - 4, T + 8, unit === "s" ? age(vmax) : String(vmax), "end");
+    text(L - 4, H - B, "0", "end");
+    text(L, H - 4, new Date(t0).toLocaleTimeString());
+    text(W - R, H - 4, new Date(t1).toLocaleTimeString(), "end");
+    const legend = el("div", null, { class: "legend" });
+    series.forEach((s, i) => {
+      if (s.points.length === 0) return;
+      const line = document.createElementNS(NS, "polyline");
+      line.setAttribute("points", s.points.map((p) => x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" "));
+      line.setAttribute("fill", "none");
+      line.setAttribute("stroke", COLORS[i % COLORS.length]);
+      line.setAttribute("stroke-width", "2");
+      line.setAttribute("vector-effect", "non-scaling-stroke");
+      svg.appendChild(line);
+      const item = el("span", null);
+      const swatch = el("span", null, { class: "swatch" });
+      swatch.style.background = COLORS[i % COLORS.length];
+      item.appendChild(swatch);
+      item.appendChild(document.createTextNode(s.name));
+      legend.appendChild(item);
+    });
+    figure.appendChild(svg);
+    figure.appendChild(legend);
+  }
+
+  function drawCharts(samples) {
+    const at = (s) => new Date(s.at).getTime();
+    const consumers = [...new Set(samples.flatMap((s) => Object.keys(s.consumers)))];
+    chart("chart-backlog", [
+      { name: "outbox", points: samples.map((s) => [at(s), s.outbox_backlog]) },
+      ...consumers.map((c) => ({ name: c, points: samples.filter((s) => s.consumers[c]).map((s) => [at(s), s.consumers[c].backlog]) })),
+    ], "events");
+    chart("chart-lag", [
+      { name: "outbox (oldest unsent)", points: samples.map((s) => [at(s), s.outbox_oldest_unsent_secs || 0]) },
+      ...consumers.map((c) => ({ name: c, points: samples.filter((s) => s.consumers[c]).map((s) => [at(s), s.consumers[c].lag_secs || 0]) })),
+    ], "s");
+  }
+
+  // ---- dead letters ------------------------------------------------------------------------
+  $("filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = new FormData($("filters"));
+    state.filter = {};
+    for (const [k, v] of data.entries()) if (String(v).trim()) state.filter[k] = String(v).trim();
+    state.page = 1;
+    refreshDead();
+  });
+  $("prev").addEventListener("click", () => { if (state.page > 1) { state.page -= 1; refreshDead(); } });
+  $("next").addEventListener("click", () => { state.page += 1; refreshDead(); });
+
+  function refreshDead() {
+    return guarded(async () => {
+      const query = new URLSearchParams({ ...state.filter, page: String(state.page), limit: String(state.limit) });
+      const list = await api("dead-letters?" + query.toString());
+      $("page-no").textContent = "page " + list.page;
+      $("prev").disabled = list.page <= 1;
+      $("next").disabled = list.items.length < list.limit;
+      fill("dead-list", list.items.map((d) => {
+        const tr = row([
+          { text: d.id },
+          { text: d.consumer || "" },
+          { text: d.event_type || "" },
+          { text: [d.aggregate_type, d.aggregate_id].filter(Boolean).join(" ") },
+          { text: d.attempts, className: "num" },
+          { text: d.last_error || "" },
+          { text: when(d.arrived_at) },
+        ], { class: "clickable", "data-id": d.id, tabindex: "0" });
+        tr.addEventListener("click", () => openDetail(d.id));
+        tr.addEventListener("keydown", (e) => { if (e.key === "Enter") openDetail(d.id); });
+        return tr;
+      }), "no dead letters");
+      if (state.selected && !list.items.some((d) => d.id === state.selected)) $("detail").hidden = true;
+    });
+  }
+
+  function openDetail(id) {
+    return guarded(async () => {
+      const d = await api("dead-letters/" + encodeURIComponent(id));
+      state.selected = id;
+      for (const tr of $("dead-list").querySelectorAll("tbody tr")) tr.classList.toggle("selected", tr.dataset.id === id);
+      $("detail-title").textContent = d.id + " · " + d.status;
+      const dl = $("detail-fields");
+      dl.replaceChildren();
+      const fields = [
+        ["Status", d.status], ["Consumer", d.consumer], ["Message id", d.message_id], ["Event type", d.event_type],
+        ["Aggregate", [d.aggregate_type, d.aggregate_id].filter(Boolean).join(" ")], ["Attempts", d.attempts],
+        ["Last error", d.last_error], ["Arrived", when(d.arrived_at)], ["Next attempt", d.next_attempt_at && when(d.next_attempt_at)],
+        ["Source", d.source], ["Schema version", d.schema_version], ["Envelope error", d.envelope_error],
+      ];
+      for (const [k, v] of fields) {
+        if (v === null || v === undefined || v === "") continue;
+        dl.appendChild(el("dt", k));
+        dl.appendChild(el("dd", v));
+      }
+      let payload = d.payload;
+      try { payload = JSON.stringify(JSON.parse(d.payload), null, 2); } catch (_) { /* shown as received */ }
+      $("detail-payload").textContent = payload;
+      $("detail-envelope").textContent = d.envelope ? JSON.stringify(d.envelope, null, 2) : "–";
+      const dead = d.status === "DEAD";
+      $("do-replay").disabled = !dead;
+      $("do-ignore").disabled = !dead;
+      $("do-ignore").hidden = !id.startsWith("inbox:");
+      $("detail").hidden = false;
+    });
+  }
+
+  function askReason(title) {
+    return new Promise((resolve) => {
+      const dialog = $("reason-dialog");
+      $("reason-title").textContent = title;
+      $("reason").value = "";
+      const done = (value) => {
+        $("reason-form").removeEventListener("submit", onSubmit);
+        $("reason-cancel").removeEventListener("click", onCancel);
+        dialog.close();
+        resolve(value);
+      };
+      const onSubmit = (event) => {
+        event.preventDefault();
+        const reason = $("reason").value.trim();
+        if (reason) done(reason);
+      };
+      const onCancel = () => done(null);
+      $("reason-form").addEventListener("submit", onSubmit);
+      $("reason-cancel").addEventListener("click", onCancel);
+      dialog.showModal();
+    });
+  }
+
+  function describe(report, verb) {
+    const changed = report.outbox + report.inbox;
+    let text = verb + " " + changed + " row" + (changed === 1 ? "" : "s") + ".";
+    for (const s of report.skipped) {
+      text += " " + s.target + (s.status ? " is " + s.status + ", not " + s.expected + ": left unchanged." : " not found.");
+    }
+    return text;
+  }
+
+  async function act(path, verb, body) {
+    const reason = await askReason(verb + " " + state.selected + "?");
+    if (!reason) return;
+    await guarded(async () => {
+      const report = await api(path, { method: "POST", body: { ...body, reason } });
+      say(describe(report, verb === "Replay" ? "Replayed" : "Ignored"));
+      $("detail").hidden = true;
+      state.selected = null;
+      await refreshDead();
+    });
+  }
+
+  $("do-replay").addEventListener("click", () => act("replay", "Replay", { ids: [state.selected] }));
+  $("do-ignore").addEventListener("click", () => act("ignore", "Ignore", { ids: [state.selected] }));
+
+  // ---- audit -------------------------------------------------------------------------------
+  function refreshAudit() {
+    return guarded(async () => {
+      const actions = await api("audit?limit=200");
+      fill("audit-list", actions.map((a) => row([
+        { text: when(a.at) }, { text: a.action }, { text: a.target },
+        { text: a.rows_affected, className: "num" }, { text: a.actor || "" }, { text: a.reason || "" },
+      ], { "data-action": a.action })), "no action recorded yet");
+    });
+  }
+
+  if (state.token) show("overview");
+  else show("login");
+})();

@@ -1,0 +1,110 @@
+// Drives the operator console in headless Chromium (playwright-core) for tests/it/console.rs:
+// log in (a wrong token first), read the counts, open a dead letter whose payload holds markup,
+// replay it with a reason, find it in the audit trail, look at the page on a phone's screen.
+// Prints one JSON object with what it saw; the Rust test asserts on it and on the database.
+//
+// Environment: PLAYWRIGHT_CORE (the playwright-core package directory), CHROMIUM (executable),
+// CONSOLE_URL, CONSOLE_TOKEN, TARGET_ID (the dead letter to replay), SCREENSHOTS (a directory).
+"use strict";
+
+const path = require("path");
+const fs = require("fs");
+const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+
+const TIMEOUT = 15000;
+
+async function main() {
+  const shots = process.env.SCREENSHOTS;
+  fs.mkdirSync(shots, { recursive: true });
+  const profile = fs.mkdtempSync(path.join(require("os").tmpdir(), "outbox-console-chromium-"));
+  const browser = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM,
+    headless: true,
+    args: [
+      "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync",
+    ],
+    viewport: { width: 1280, height: 900 },
+  });
+  const seen = { errors: [], dialogs: 0 };
+  try {
+    const page = browser.pages()[0] || (await browser.newPage());
+    page.setDefaultTimeout(TIMEOUT);
+    page.on("pageerror", (e) => seen.errors.push(String(e)));
+    page.on("console", (m) => { if (m.type() === "error") seen.errors.push(m.text()); });
+    page.on("dialog", (d) => { seen.dialogs += 1; d.dismiss().catch(() => {}); });
+    const byId = (id) => page.getByTestId(id);
+
+    await page.goto(process.env.CONSOLE_URL);
+    await byId("login").waitFor();
+
+    // A wrong token is refused and says so.
+    await byId("token").fill("not-the-token-0123456789");
+    await byId("login-submit").click();
+    await page.waitForFunction(() => document.getElementById("message").textContent.includes("refused"));
+    seen.wrongTokenMessage = await byId("message").textContent();
+    // The 401 is an expected console error of the browser; keep only the page's own errors.
+    seen.errors = seen.errors.filter((e) => !e.includes("401"));
+
+    await byId("token").fill(process.env.CONSOLE_TOKEN);
+    await byId("login-submit").click();
+    await byId("overview").waitFor();
+    await page.waitForFunction(() => document.getElementById("c-backlog").textContent !== "");
+    seen.backlog = await byId("outbox-backlog").textContent();
+    seen.deadTotal = await byId("dead-total").textContent();
+    seen.outboxCounts = await page.$$eval("#outbox-counts tbody tr", (rows) =>
+      Object.fromEntries(rows.map((r) => [r.cells[0].textContent, r.cells[1].textContent])));
+    seen.consumers = await page.$$eval("#consumers tbody tr", (rows) =>
+      rows.map((r) => ({ consumer: r.cells[0].textContent, dead: r.cells[3].textContent })));
+    await page.screenshot({ path: path.join(shots, "overview.png"), fullPage: true });
+
+    // The dead letter with markup in its payload and error.
+    const target = process.env.TARGET_ID;
+    await byId("nav-dead").click();
+    const row = page.locator(`#dead-list tbody tr[data-id="${target}"]`);
+    await row.waitFor();
+    seen.listedError = await row.locator("td").nth(5).textContent();
+    seen.listed = await page.$$eval("#dead-list tbody tr", (rows) => rows.map((r) => r.dataset.id));
+    await row.click();
+    await byId("detail").waitFor();
+    await page.waitForFunction(() => document.getElementById("detail-payload").textContent !== "");
+    seen.payload = await byId("payload").textContent();
+    seen.elementsInPayload = await page.$$eval("#detail-payload *", (nodes) => nodes.length);
+    seen.scriptsInPage = await page.$$eval("script", (nodes) => nodes.length);
+    seen.imagesInPage = await page.$$eval("img", (nodes) => nodes.length);
+    seen.pwned = await page.evaluate(() => window.__pwned === true);
+    await page.screenshot({ path: path.join(shots, "dead-letter.png"), fullPage: true });
+
+    // Replay it with a reason.
+    await byId("replay").click();
+    await byId("reason-dialog").waitFor();
+    await byId("reason").fill("stock service fixed");
+    await byId("reason-ok").click();
+    await row.waitFor({ state: "detached" });
+    seen.afterReplay = await byId("message").textContent();
+    seen.listedAfter = await page.$$eval("#dead-list tbody tr", (rows) => rows.map((r) => r.dataset.id || ""));
+
+    // The audit trail.
+    await byId("nav-audit").click();
+    await page.locator("#audit-list tbody tr[data-action]").first().waitFor();
+    seen.audit = await page.$$eval("#audit-list tbody tr[data-action]", (rows) =>
+      rows.map((r) => ({ action: r.cells[1].textContent, target: r.cells[2].textContent, actor: r.cells[4].textContent, reason: r.cells[5].textContent })));
+    await page.screenshot({ path: path.join(shots, "audit.png"), fullPage: true });
+
+    // A phone's screen: nothing wider than the screen but the tables' own scroll boxes.
+    await page.setViewportSize({ width: 390, height: 844 });
+    await byId("nav-overview").click();
+    await page.waitForFunction(() => document.getElementById("c-backlog").textContent !== "");
+    seen.phoneOverflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    await page.screenshot({ path: path.join(shots, "phone.png"), fullPage: true });
+  } finally {
+    await browser.close();
+    fs.rmSync(profile, { recursive: true, force: true });
+  }
+  process.stdout.write(JSON.stringify(seen) + "\n");
+}
+
+main().catch((e) => {
+  process.stderr.write(String(e && e.stack ? e.stack : e) + "\n");
+  process.exit(1);
+});

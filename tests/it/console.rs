@@ -1,0 +1,871 @@
+//! The operator console's REST API over a real HTTP server and client, on PostgreSQL, MariaDB
+//! and SQLite, with the admin tests' fixture: authentication on every route (401, nothing
+//! changed), the cross-site check on writes (403, nothing changed), what the reads answer
+//! against the rows, the guarded and audited writes, malformed parameters (400 with a message),
+//! and the OpenAPI document.
+
+use hyper::{HeaderMap, Method, StatusCode, header::HeaderValue};
+use outbox::console::{Console, ConsoleAuth, Operator};
+use outbox::sea_orm::ConnectionTrait;
+use serde_json::{Value, json};
+
+use crate::admin::{Fixture, fixture, inbox_state, outbox_row};
+use crate::common::http::{Answer, HttpClient, client, send, serve};
+use crate::common::*;
+
+const TOKEN: &str = "console-test-token-0123456789";
+
+/// A console served on a loopback port, and a client.
+struct Served {
+    base: String,
+    client: HttpClient,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    async fn start(app: axum::Router) -> Self {
+        let (addr, task) = serve(app).await;
+        Served {
+            base: format!("http://{addr}"),
+            client: client(),
+            task,
+        }
+    }
+
+    /// `method path` with `token` (if any) and extra `headers`.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&'static str, &str)],
+        body: Option<Value>,
+    ) -> Answer {
+        let mut map = HeaderMap::new();
+        if let Some(token) = token {
+            map.insert(
+                "authorization",
+                HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+            );
+        }
+        for (name, value) in headers {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        send(
+            &self.client,
+            method,
+            &format!("{}{path}", self.base),
+            &map,
+            body,
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.call(Method::GET, path, Some(TOKEN), &[], None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Answer {
+        self.call(Method::POST, path, Some(TOKEN), &[], Some(body))
+            .await
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn console(t: &TestDb) -> axum::Router {
+    outbox::console::router(t.db.clone(), ConsoleAuth::bearer("ops", TOKEN).unwrap())
+}
+
+fn json_of(answer: &Answer) -> Value {
+    serde_json::from_str(&answer.body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", answer.status, answer.body))
+}
+
+/// A 400 whose message mentions `needle`.
+fn assert_bad_request(answer: &Answer, needle: &str) {
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+    let error = json_of(answer)["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(error.contains(needle), "{needle:?} not in {error:?}");
+}
+
+async fn statuses(t: &TestDb, f: &Fixture) -> (String, String, String) {
+    (
+        outbox_row(t, f.dead_cart.id).await.status,
+        inbox_state(t, f.m1).await.status,
+        outbox_row(t, f.sent[0].id).await.status,
+    )
+}
+
+async fn audit_rows(t: &TestDb) -> i64 {
+    count_rows(t, "outbox_admin_action").await
+}
+
+async fn count_rows(t: &TestDb, table: &str) -> i64 {
+    let row =
+        t.db.query_one_raw(outbox::sea_orm::Statement::from_string(
+            t.db.get_database_backend(),
+            format!("SELECT COUNT(*) AS n FROM {table}"),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get("", "n").unwrap()
+}
+
+async fn nothing_is_served_without_authentication(t: TestDb) {
+    let f = fixture(&t).await;
+    let served = Served::start(console(&t)).await;
+    let before = statuses(&t, &f).await;
+    let dead_cart = format!("outbox:{}", f.dead_cart.id);
+    let reads = [
+        "/api/status",
+        "/api/dead-letters",
+        "/api/audit",
+        "/api/doctor",
+        "/api/openapi.json",
+    ];
+    let detail = format!("/api/dead-letters/{dead_cart}");
+    for token in [None, Some("wrong-token-0123456789abcdef")] {
+        for path in reads.iter().copied().chain([detail.as_str()]) {
+            let answer = served.call(Method::GET, path, token, &[], None).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::UNAUTHORIZED,
+                "{path}: {}",
+                answer.body
+            );
+            assert!(
+                !answer.body.contains("cart-1"),
+                "{path} leaked a row: {}",
+                answer.body
+            );
+        }
+        let writes = [
+            ("/api/replay", json!({"all": true, "reason": "try"})),
+            (
+                "/api/ignore",
+                json!({"ids": [format!("inbox:{}", f.m1)], "reason": "try"}),
+            ),
+            (
+                "/api/resend",
+                json!({"event_id": f.sent[0].event_id, "reason": "try"}),
+            ),
+            (
+                "/api/purge",
+                json!({"sent_after": "0s", "done_after": "30d", "reason": "try"}),
+            ),
+        ];
+        for (path, body) in writes {
+            let answer = served
+                .call(Method::POST, path, token, &[], Some(body))
+                .await;
+            assert_eq!(
+                answer.status,
+                StatusCode::UNAUTHORIZED,
+                "{path}: {}",
+                answer.body
+            );
+            assert!(
+                answer.body.contains("error"),
+                "a 401 says why: {}",
+                answer.body
+            );
+        }
+    }
+    // A 401 names the scheme.
+    let answer = served
+        .call(Method::GET, "/api/status", None, &[], None)
+        .await;
+    assert_eq!(json_of(&answer)["status"], 401);
+    assert_eq!(statuses(&t, &f).await, before, "nothing changed");
+    assert_eq!(audit_rows(&t).await, 0, "nothing audited");
+    assert_eq!(count_rows(&t, "outbox_event").await, 8, "nothing purged");
+}
+
+async fn cross_site_writes_are_refused(t: TestDb) {
+    let f = fixture(&t).await;
+    let served = Served::start(console(&t)).await;
+    let body = json!({"ids": [format!("outbox:{}", f.dead_cart.id)], "reason": "csrf"});
+    for headers in [
+        &[("sec-fetch-site", "cross-site")][..],
+        &[("sec-fetch-site", "same-site")][..],
+        &[("origin", "https://attacker.example")][..],
+    ] {
+        let answer = served
+            .call(
+                Method::POST,
+                "/api/replay",
+                Some(TOKEN),
+                headers,
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{headers:?}: {}",
+            answer.body
+        );
+    }
+    assert_eq!(outbox_row(&t, f.dead_cart.id).await.status, "DEAD");
+    assert_eq!(audit_rows(&t).await, 0);
+    // The page's own requests, and scripts that send no browser headers, go through.
+    let host = served.base.trim_start_matches("http://").to_owned();
+    let origin = served.base.clone();
+    let answer = served
+        .call(
+            Method::POST,
+            "/api/replay",
+            Some(TOKEN),
+            &[
+                ("origin", &origin),
+                ("host", &host),
+                ("sec-fetch-site", "same-origin"),
+            ],
+            Some(body),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(outbox_row(&t, f.dead_cart.id).await.status, "PENDING");
+    // A form cannot post JSON: another content type is refused.
+    let answer = served
+        .call(
+            Method::POST,
+            "/api/ignore",
+            Some(TOKEN),
+            &[("content-type", "text/plain")],
+            Some(json!({"ids": [f.m1.to_string()], "reason": "form"})),
+        )
+        .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "{}",
+        answer.body
+    );
+    assert_eq!(inbox_state(&t, f.m1).await.status, "DEAD");
+}
+
+async fn reads_answer_what_the_tables_hold(t: TestDb) {
+    let f = fixture(&t).await;
+    let served = Served::start(console(&t)).await;
+
+    let status = served.get("/api/status").await;
+    assert_eq!(status.status, StatusCode::OK, "{}", status.body);
+    let status = json_of(&status);
+    assert_eq!(status["outbox"]["counts"]["SENT"], 5);
+    assert_eq!(status["outbox"]["counts"]["DEAD"], 2);
+    assert_eq!(status["outbox"]["counts"]["PENDING"], 1);
+    assert_eq!(status["outbox"]["dead"], 2);
+    assert_eq!(status["outbox"]["backlog"], 1);
+    let consumer = |name: &str| {
+        status["consumers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["consumer"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no consumer {name}: {status}"))
+    };
+    assert_eq!(consumer("inventory")["dead"], 2);
+    assert_eq!(consumer("inventory")["counts"]["DONE"], 1);
+    assert_eq!(consumer("billing")["dead"], 1);
+    assert_eq!(consumer("billing")["counts"]["RETRY"], 1);
+
+    // Every dead letter, newest first; filtered; paged.
+    let all = json_of(&served.get("/api/dead-letters").await);
+    let ids: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    let expected = [
+        format!("inbox:{}", f.m5),
+        format!("outbox:{}", f.dead_cart.id),
+        format!("inbox:{}", f.m2),
+        format!("outbox:{}", f.dead_payment.id),
+        format!("inbox:{}", f.m1),
+    ];
+    assert_eq!(ids, expected.iter().map(String::as_str).collect::<Vec<_>>());
+    let inventory = json_of(&served.get("/api/dead-letters?consumer=inventory").await);
+    assert_eq!(inventory["items"].as_array().unwrap().len(), 2);
+    let timeouts = json_of(&served.get("/api/dead-letters?error=timeout").await);
+    let ids: Vec<&str> = timeouts["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [expected[0].as_str(), expected[4].as_str()]);
+    let page = json_of(&served.get("/api/dead-letters?limit=2&page=2").await);
+    assert_eq!(page["page"], 2);
+    let ids: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [expected[2].as_str(), expected[3].as_str()]);
+    let outbox_only = json_of(&served.get("/api/dead-letters?source=outbox").await);
+    assert_eq!(outbox_only["items"].as_array().unwrap().len(), 2);
+
+    // One row in full.
+    let detail = served
+        .get(&format!("/api/dead-letters/outbox:{}", f.dead_cart.id))
+        .await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    let detail = json_of(&detail);
+    assert_eq!(detail["status"], "DEAD");
+    assert_eq!(detail["aggregate_id"], "cart-1");
+    assert_eq!(detail["envelope"]["type"], "line.added");
+    assert!(detail["payload"].as_str().unwrap().contains("cart-1"));
+    let missing = served.get("/api/dead-letters/outbox:999999").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+
+    // The audit log and doctor answer.
+    let doctor = served.get("/api/doctor").await;
+    assert_eq!(doctor.status, StatusCode::OK, "{}", doctor.body);
+    assert!(
+        json_of(&doctor)["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["check"] == "dead")
+    );
+    let audit = served.get("/api/audit").await;
+    assert_eq!(audit.status, StatusCode::OK, "{}", audit.body);
+    assert_eq!(json_of(&audit), json!([]));
+}
+
+async fn malformed_parameters_are_refused_with_a_message(t: TestDb) {
+    let f = fixture(&t).await;
+    let served = Served::start(console(&t)).await;
+    let long = format!("/api/dead-letters?error={}", "x".repeat(1_001));
+    let reads = [
+        ("/api/dead-letters/cart-1", "not a row id"),
+        ("/api/dead-letters/outbox:abc", "not a row id"),
+        ("/api/dead-letters?limit=0", "`limit`"),
+        ("/api/dead-letters?limit=5000", "`limit`"),
+        ("/api/dead-letters?limit=ten", "limit"),
+        ("/api/dead-letters?page=0", "`page`"),
+        ("/api/dead-letters?source=queue", "`source`"),
+        ("/api/dead-letters?colour=red", "colour"),
+        ("/api/audit?limit=-1", "limit"),
+        ("/api/samples?since=yesterday", "since"),
+        (long.as_str(), "longer than"),
+    ];
+    for (path, needle) in reads {
+        assert_bad_request(&served.get(path).await, needle);
+    }
+    // Writes: a reason is required, one selection exactly, ids that parse, JSON that fits.
+    let dead = format!("outbox:{}", f.dead_cart.id);
+    let writes = [
+        ("/api/replay", json!({"ids": [dead]}), "`reason`"),
+        (
+            "/api/replay",
+            json!({"ids": [dead], "reason": "  "}),
+            "`reason`",
+        ),
+        (
+            "/api/replay",
+            json!({"ids": [dead], "all": true, "reason": "r"}),
+            "exactly one",
+        ),
+        ("/api/replay", json!({"reason": "r"}), "exactly one"),
+        (
+            "/api/replay",
+            json!({"filter": {}, "reason": "r"}),
+            "empty filter",
+        ),
+        (
+            "/api/replay",
+            json!({"ids": ["row-7"], "reason": "r"}),
+            "not a row id",
+        ),
+        (
+            "/api/replay",
+            json!({"ids": [dead], "reason": "r", "force": true}),
+            "force",
+        ),
+        (
+            "/api/ignore",
+            json!({"ids": [dead], "reason": "r"}),
+            "inbox rows only",
+        ),
+        (
+            "/api/resend",
+            json!({"event_id": "nope", "reason": "r"}),
+            "event_id",
+        ),
+        ("/api/purge", json!({"done_after": "1h", "reason": "r"}), ""),
+        (
+            "/api/purge",
+            json!({"sent_after": "soon", "reason": "r"}),
+            "not a duration",
+        ),
+    ];
+    for (path, body, needle) in writes {
+        assert_bad_request(&served.post(path, body).await, needle);
+    }
+    let ids: Vec<String> = (0..1_001).map(|i| format!("outbox:{i}")).collect();
+    assert_bad_request(
+        &served
+            .post("/api/replay", json!({"ids": ids, "reason": "r"}))
+            .await,
+        "at most 1000",
+    );
+    let answer = served
+        .call(Method::POST, "/api/replay", Some(TOKEN), &[], None)
+        .await;
+    assert_bad_request(&answer, "");
+    let big = json!({"ids": [dead], "reason": "x".repeat(70_000)});
+    let answer = served.post("/api/replay", big).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        answer.body
+    );
+    assert_eq!(
+        outbox_row(&t, f.dead_cart.id).await.status,
+        "DEAD",
+        "nothing changed"
+    );
+    assert_eq!(audit_rows(&t).await, 0, "nothing audited");
+}
+
+async fn writes_are_guarded_and_audited_with_the_operator(t: TestDb) {
+    let f = fixture(&t).await;
+    let served = Served::start(console(&t)).await;
+
+    // Replay by id: the dead row moves, the SENT one is reported and left alone.
+    let sent = format!("outbox:{}", f.sent[0].id);
+    let answer = served
+        .post(
+            "/api/replay",
+            json!({"ids": [format!("outbox:{}", f.dead_cart.id), sent], "reason": "stock fixed"}),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let report = json_of(&answer);
+    assert_eq!(report["outbox"], 1);
+    assert_eq!(
+        report["skipped"],
+        json!([{"target": sent, "status": "SENT", "expected": "DEAD"}])
+    );
+    assert_eq!(outbox_row(&t, f.dead_cart.id).await.status, "PENDING");
+    assert_eq!(outbox_row(&t, f.sent[0].id).await.status, "SENT");
+
+    // Replaying it again: it changed state meanwhile, so it is reported, not touched.
+    let again = json_of(
+        &served
+            .post(
+                "/api/replay",
+                json!({"ids": [format!("outbox:{}", f.dead_cart.id)], "reason": "twice"}),
+            )
+            .await,
+    );
+    assert_eq!(again["outbox"], 0);
+    assert_eq!(again["skipped"][0]["status"], "PENDING");
+
+    // By filter.
+    let by_filter = json_of(
+        &served
+            .post(
+                "/api/replay",
+                json!({"filter": {"consumer": "billing"}, "reason": "billing back"}),
+            )
+            .await,
+    );
+    assert_eq!(by_filter["inbox"], 1);
+    assert_eq!(inbox_state(&t, f.m5).await.status, "RETRY");
+
+    // Ignore, resend.
+    let ignored = json_of(
+        &served
+            .post(
+                "/api/ignore",
+                json!({"ids": [format!("inbox:{}", f.m1), f.m4.to_string()], "reason": "obsolete"}),
+            )
+            .await,
+    );
+    assert_eq!(ignored["inbox"], 1);
+    assert_eq!(ignored["skipped"][0]["status"], "PENDING");
+    assert_eq!(inbox_state(&t, f.m1).await.status, "IGNORED");
+    assert_eq!(inbox_state(&t, f.m4).await.status, "PENDING");
+    let resent = json_of(
+        &served
+            .post(
+                "/api/resend",
+                json!({"event_id": f.sent[1].event_id, "reason": "broker lost it"}),
+            )
+            .await,
+    );
+    assert_eq!(resent["outbox"], 1);
+    assert_eq!(outbox_row(&t, f.sent[1].id).await.status, "PENDING");
+
+    // Purge: nothing is old enough, and it is still recorded.
+    let purged = served.post("/api/purge", json!({"reason": "weekly"})).await;
+    assert_eq!(purged.status, StatusCode::OK, "{}", purged.body);
+    assert_eq!(json_of(&purged)["outbox_deleted"], 0);
+
+    // Every write is in the audit log with the operator and the reason, newest first.
+    let audit = json_of(&served.get("/api/audit").await);
+    let rows: Vec<(String, String, String)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap().to_owned(),
+                a["actor"].as_str().unwrap().to_owned(),
+                a["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("purge", "weekly"),
+        ("resend", "broker lost it"),
+        ("ignore", "obsolete"),
+        ("replay", "billing back"),
+        ("replay", "twice"),
+        ("replay", "stock fixed"),
+    ];
+    assert_eq!(
+        rows,
+        expected
+            .iter()
+            .map(|(a, r)| (a.to_string(), "ops".to_owned(), r.to_string()))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        json_of(&served.get("/api/audit?limit=2").await)
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+async fn a_service_layer_can_authenticate_instead(t: TestDb) {
+    let f = fixture(&t).await;
+    let inner = Console::new(t.db.clone(), ConsoleAuth::extension()).router();
+    // Without the service's layer: no operator, 401.
+    let bare = Served::start(inner.clone()).await;
+    assert_eq!(
+        bare.get("/api/status").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    // The service's own authentication (here: a header of its single sign-on proxy) names the
+    // operator.
+    let app = inner.layer(axum::middleware::from_fn(
+        |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+            let user = request
+                .headers()
+                .get("x-sso-user")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if let Some(user) = user {
+                request.extensions_mut().insert(Operator(user));
+            }
+            next.run(request).await
+        },
+    ));
+    let served = Served::start(app).await;
+    assert_eq!(
+        served.get("/api/status").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let answer = served
+        .call(
+            Method::POST,
+            "/api/replay",
+            None,
+            &[("x-sso-user", "alice")],
+            Some(json!({"ids": [format!("outbox:{}", f.dead_payment.id)], "reason": "card fixed"})),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let audit = served
+        .call(
+            Method::GET,
+            "/api/audit",
+            None,
+            &[("x-sso-user", "alice")],
+            None,
+        )
+        .await;
+    assert_eq!(json_of(&audit)[0]["actor"], "alice");
+}
+
+backend_tests! {
+    nothing_served_without_authentication => nothing_is_served_without_authentication;
+    cross_site_writes_refused => cross_site_writes_are_refused;
+    reads_answer_the_tables => reads_answer_what_the_tables_hold;
+    malformed_parameters => malformed_parameters_are_refused_with_a_message;
+    writes_guarded_and_audited => writes_are_guarded_and_audited_with_the_operator;
+    service_layer_authenticates => a_service_layer_can_authenticate_instead;
+}
+
+/// The document every route is described in, with its parameters and the bearer scheme.
+#[test]
+fn the_openapi_document_describes_every_route() {
+    let doc = serde_json::to_value(Console::openapi()).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented: Vec<String> = Vec::new();
+    for (path, item) in paths {
+        for method in item.as_object().unwrap().keys() {
+            documented.push(format!("{} {path}", method.to_uppercase()));
+        }
+    }
+    documented.sort();
+    assert_eq!(
+        documented,
+        [
+            "GET /api/audit",
+            "GET /api/dead-letters",
+            "GET /api/dead-letters/{id}",
+            "GET /api/doctor",
+            "GET /api/samples",
+            "GET /api/status",
+            "POST /api/ignore",
+            "POST /api/purge",
+            "POST /api/replay",
+            "POST /api/resend",
+        ]
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    assert_eq!(doc["security"], json!([{"bearer": []}]));
+    let list = &paths["/api/dead-letters"]["get"]["parameters"];
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    for name in [
+        "source",
+        "consumer",
+        "event_type",
+        "aggregate_id",
+        "error",
+        "limit",
+        "page",
+    ] {
+        assert!(names.contains(&name), "{name} not documented: {names:?}");
+    }
+    for schema in [
+        "Status",
+        "DeadLetter",
+        "DeadLetterDetail",
+        "ActionReport",
+        "ApiError",
+        "PurgeReport",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "no schema {schema}"
+        );
+    }
+}
+
+/// Where the browser test finds Node, playwright-core and Chromium (`.ci/run` installs them).
+struct BrowserTools {
+    chromium: std::path::PathBuf,
+    playwright_core: std::path::PathBuf,
+}
+
+fn browser_tools() -> Option<BrowserTools> {
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/usr/bin/chromium".into());
+    let playwright_core = std::env::var_os("PLAYWRIGHT_CORE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(&std::env::var("HOME").unwrap_or_default())
+                .join(".cache/outbox/node/node_modules/playwright-core")
+        });
+    let node = std::process::Command::new("node").arg("--version").output();
+    let missing = match () {
+        _ if !chromium.exists() => Some(format!("{} (Debian's chromium)", chromium.display())),
+        _ if !playwright_core.exists() => Some(format!(
+            "{} (npm's playwright-core)",
+            playwright_core.display()
+        )),
+        _ if !node.is_ok_and(|o| o.status.success()) => Some("node".to_owned()),
+        _ => None,
+    };
+    match missing {
+        None => Some(BrowserTools {
+            chromium,
+            playwright_core,
+        }),
+        Some(what) if services_required() => {
+            panic!("the browser test needs {what} (OUTBOX_REQUIRE_SERVICES=1); .ci/run installs it")
+        }
+        Some(what) => {
+            eprintln!("\n*** SKIPPED: the browser test needs {what}; .ci/run installs it ***\n");
+            None
+        }
+    }
+}
+
+async fn the_page_works_in_a_real_browser(t: TestDb) {
+    let Some(tools) = browser_tools() else {
+        return;
+    };
+    let f = fixture(&t).await;
+    // A dead letter whose payload and error hold markup that would run if it were parsed.
+    let html = crate::admin::inbox_row(
+        &t,
+        "inventory",
+        "m-html",
+        "line.added",
+        "cart-html",
+        br#"{"note":"<script>window.__pwned=true;alert(1)</script><img src=x onerror=\"window.__pwned=true\">"}"#,
+        outbox::store::inbox::InboxState::Failed(outbox::store::Failure::Dead {
+            attempts: 4,
+            error: "<b>upstream</b> said <script>window.__pwned=true</script>".into(),
+        }),
+        crate::admin::ago(crate::admin::MIN),
+    )
+    .await;
+    let target = format!("inbox:{html}");
+    let served = Served::start(console(&t)).await;
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/console.cjs");
+    let mut command = std::process::Command::new("node");
+    command
+        .arg(script)
+        .env("PLAYWRIGHT_CORE", &tools.playwright_core)
+        .env("CHROMIUM", &tools.chromium)
+        .env("CONSOLE_URL", format!("{}/", served.base))
+        .env("CONSOLE_TOKEN", TOKEN)
+        .env("TARGET_ID", &target)
+        .env("SCREENSHOTS", &shots);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the browser run failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+
+    // It logged in (after refusing a wrong token) and shows what the tables hold.
+    assert!(
+        seen["wrongTokenMessage"]
+            .as_str()
+            .unwrap()
+            .contains("refused"),
+        "{seen}"
+    );
+    let expected = outbox::admin::status(&t.db).await.unwrap();
+    assert_eq!(
+        seen["backlog"],
+        expected.outbox.backlog.to_string(),
+        "{seen}"
+    );
+    let dead_before = expected.dead_total() + 1; // the replayed one was dead then
+    assert!(dead_before >= 5);
+    assert_eq!(seen["deadTotal"], dead_before.to_string(), "{seen}");
+    for (status, n) in &expected.outbox.counts {
+        assert_eq!(
+            seen["outboxCounts"][status],
+            n.to_string(),
+            "{status}: {seen}"
+        );
+    }
+    assert!(
+        seen["consumers"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"consumer": "inventory", "dead": "3"})),
+        "{seen}"
+    );
+
+    // The markup is text: shown as written, nothing parsed, nothing run.
+    assert!(
+        seen["payload"]
+            .as_str()
+            .unwrap()
+            .contains("<script>window.__pwned=true;alert(1)</script>"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["listedError"],
+        "<b>upstream</b> said <script>window.__pwned=true</script>"
+    );
+    assert_eq!(seen["elementsInPayload"], 0, "{seen}");
+    assert_eq!(
+        seen["scriptsInPage"], 1,
+        "only the page's own script: {seen}"
+    );
+    assert_eq!(seen["imagesInPage"], 0, "{seen}");
+    assert_eq!(seen["pwned"], false, "{seen}");
+    assert_eq!(seen["dialogs"], 0, "{seen}");
+    assert_eq!(seen["errors"], json!([]), "{seen}");
+
+    // Replayed with its reason: it left the list, the row is due again, the audit trail says who
+    // and why.
+    assert!(
+        seen["listed"].as_array().unwrap().contains(&json!(target)),
+        "{seen}"
+    );
+    assert!(
+        !seen["listedAfter"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(target)),
+        "{seen}"
+    );
+    assert!(
+        seen["afterReplay"]
+            .as_str()
+            .unwrap()
+            .starts_with("Replayed 1 row"),
+        "{seen}"
+    );
+    assert_eq!(inbox_state(&t, html).await.status, "RETRY");
+    assert_eq!(seen["audit"][0]["action"], "replay");
+    assert_eq!(seen["audit"][0]["actor"], "ops");
+    assert_eq!(seen["audit"][0]["reason"], "stock service fixed");
+    assert!(
+        seen["audit"][0]["target"]
+            .as_str()
+            .unwrap()
+            .contains(&target),
+        "{seen}"
+    );
+
+    // On a phone's screen nothing is wider than the screen.
+    assert!(seen["phoneOverflow"].as_i64().unwrap() <= 0, "{seen}");
+    for shot in ["overview.png", "dead-letter.png", "audit.png", "phone.png"] {
+        assert!(shots.join(shot).exists(), "no screenshot {shot}");
+    }
+    let _ = f;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_in_a_real_browser() {
+    let test = backend_test_name(module_path!(), "browser");
+    if let Some(db) = test_db(Backend::SqliteFile, &test).await {
+        the_page_works_in_a_real_browser(db).await;
+    }
+}
