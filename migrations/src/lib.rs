@@ -50,6 +50,11 @@ struct Script {
     mysql: &'static [&'static str],
     sqlite: &'static [&'static str],
     down: Down,
+    /// Run in one transaction on every backend. A script whose statements depend on the schema
+    /// changes of the ones before it (SQLite's table rebuild: its `RENAME` after its `DROP`)
+    /// needs one connection; SeaORM runs SQLite migrations without a transaction, statement by
+    /// statement on whichever pooled connection is free.
+    one_transaction: bool,
 }
 
 /// How a migration is undone.
@@ -74,6 +79,10 @@ impl MigrationName for Script {
 #[allow(elided_lifetimes_in_paths)]
 #[async_trait::async_trait]
 impl MigrationTrait for Script {
+    fn use_transaction(&self) -> Option<bool> {
+        self.one_transaction.then_some(true)
+    }
+
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let script = match manager.get_database_backend() {
             DbBackend::Postgres => self.postgres,

@@ -11,6 +11,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
+    one_transaction: false,
 };
 
 const POSTGRES_UP: &[&str] = &[r#"CREATE TABLE outbox_relay (

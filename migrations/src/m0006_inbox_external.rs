@@ -24,6 +24,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::Each(POSTGRES_DOWN, MYSQL_DOWN, POSTGRES_DOWN),
+    one_transaction: false,
 };
 
 const POSTGRES_UP: &[&str] = &[

@@ -20,6 +20,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::Each(POSTGRES_DOWN, MYSQL_DOWN, SQLITE_DOWN),
+    one_transaction: true,
 };
 
 const POSTGRES_UP: &[&str] =

@@ -348,3 +348,33 @@ backend_tests! {
     composed => composed_into_an_app_migrator;
     upgrade => upgrade_keeps_rows_and_a_rolling_upgrade_working;
 }
+
+/// A fresh SQLite file migrated through a pool of several connections (as `outbox migrate`
+/// opens it): the inbox's table rebuild in `outbox_0007` runs on one connection, so its `RENAME`
+/// sees its `DROP`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_sqlite_file_migrates_through_a_pool() {
+    let dir = std::env::temp_dir().join(format!("outbox-pool-migrate-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("pool.db").display());
+    let mut options = sea_orm::ConnectOptions::new(url);
+    options
+        .sqlx_logging(false)
+        .max_connections(4)
+        .min_connections(4);
+    let db = sea_orm::Database::connect(options).await.unwrap();
+    outbox::migrate(&db).await.unwrap();
+    for table in [
+        "outbox_event",
+        "inbox_event",
+        "outbox_admin_action",
+        "outbox_relay",
+    ] {
+        assert!(table_exists(&db, table).await, "{table} missing");
+    }
+    assert!(!table_exists(&db, "inbox_event_rebuilt").await);
+    // Idempotent.
+    outbox::migrate(&db).await.unwrap();
+    db.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
