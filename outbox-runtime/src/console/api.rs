@@ -37,6 +37,8 @@ use crate::{
 const BODY_LIMIT: usize = 64 * 1024;
 /// Most ids in one request.
 const MAX_IDS: usize = 1_000;
+/// Highest page number of the dead-letter list.
+const MAX_PAGE: u64 = 1_000_000;
 /// Longest text parameter (a filter, a reason).
 const MAX_TEXT_CHARS: usize = 1_000;
 
@@ -145,6 +147,10 @@ fn text(name: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
         Some(v) if v.chars().count() > MAX_TEXT_CHARS => Err(ApiError::bad_request(format!(
             "`{name}` is longer than {MAX_TEXT_CHARS} characters"
         ))),
+        // No database stores NUL in text, and no filter or reason needs it.
+        Some(v) if v.contains('\0') => Err(ApiError::bad_request(format!(
+            "`{name}` contains a NUL character"
+        ))),
         other => Ok(other),
     }
 }
@@ -225,8 +231,8 @@ pub(super) struct ListParams {
     /// Rows per page, 1 to 1,000 (default 50).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
-    /// Page number, from 1 (default 1).
-    #[param(minimum = 1)]
+    /// Page number, from 1 (default 1) to 1,000,000.
+    #[param(minimum = 1, maximum = 1000000)]
     page: Option<u64>,
 }
 
@@ -302,8 +308,10 @@ async fn dead_letters(
         )));
     }
     let page = p.page.unwrap_or(1);
-    if page == 0 {
-        return Err(ApiError::bad_request("`page` counts from 1"));
+    if !(1..=MAX_PAGE).contains(&page) {
+        return Err(ApiError::bad_request(format!(
+            "`page` counts from 1 to {MAX_PAGE}, not {page}"
+        )));
     }
     let filter = FilterParams {
         source: p.source,
