@@ -283,13 +283,14 @@ async fn reads_answer_what_the_tables_hold(t: TestDb) {
     assert_eq!(consumer("billing")["counts"]["RETRY"], 1);
 
     // Every dead letter, newest first; filtered; paged.
-    let all = json_of(&served.get("/api/dead-letters").await);
-    let ids: Vec<&str> = all["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["id"].as_str().unwrap())
-        .collect();
+    let listed = |page: Value| -> Vec<String> {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
     let expected = [
         format!("inbox:{}", f.m5),
         format!("outbox:{}", f.dead_cart.id),
@@ -297,28 +298,18 @@ async fn reads_answer_what_the_tables_hold(t: TestDb) {
         format!("outbox:{}", f.dead_payment.id),
         format!("inbox:{}", f.m1),
     ];
-    assert_eq!(ids, expected.iter().map(String::as_str).collect::<Vec<_>>());
-    let inventory = json_of(&served.get("/api/dead-letters?consumer=inventory").await);
-    assert_eq!(inventory["items"].as_array().unwrap().len(), 2);
-    let timeouts = json_of(&served.get("/api/dead-letters?error=timeout").await);
-    let ids: Vec<&str> = timeouts["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, [expected[0].as_str(), expected[4].as_str()]);
-    let page = json_of(&served.get("/api/dead-letters?limit=2&page=2").await);
-    assert_eq!(page["page"], 2);
-    let ids: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, [expected[2].as_str(), expected[3].as_str()]);
-    let outbox_only = json_of(&served.get("/api/dead-letters?source=outbox").await);
-    assert_eq!(outbox_only["items"].as_array().unwrap().len(), 2);
+    let cases = [
+        ("/api/dead-letters", vec![0, 1, 2, 3, 4]),
+        ("/api/dead-letters?consumer=inventory", vec![2, 4]),
+        ("/api/dead-letters?error=timeout", vec![0, 4]),
+        ("/api/dead-letters?limit=2&page=2", vec![2, 3]),
+        ("/api/dead-letters?source=outbox", vec![1, 3]),
+        ("/api/dead-letters?source=inbox&limit=2&page=2", vec![4]),
+    ];
+    for (path, want) in cases {
+        let want: Vec<String> = want.iter().map(|i| expected[*i].clone()).collect();
+        assert_eq!(listed(json_of(&served.get(path).await)), want, "{path}");
+    }
 
     // One row in full.
     let detail = served
@@ -716,14 +707,26 @@ fn browser_tools() -> Option<BrowserTools> {
             chromium,
             playwright_core,
         }),
-        Some(what) if services_required() => {
-            panic!("the browser test needs {what} (OUTBOX_REQUIRE_SERVICES=1); .ci/run installs it")
-        }
-        Some(what) => {
-            eprintln!("\n*** SKIPPED: the browser test needs {what}; .ci/run installs it ***\n");
-            None
-        }
+        Some(what) => missing_tool("the browser test", &what),
     }
+}
+
+/// A tool a test needs is not installed: a failure with `OUTBOX_REQUIRE_SERVICES=1`, else a
+/// loud skip.
+fn missing_tool<T>(test: &str, what: &str) -> Option<T> {
+    if services_required() {
+        panic!("{test} needs {what} (OUTBOX_REQUIRE_SERVICES=1); .ci/run installs it");
+    }
+    eprintln!("\n*** SKIPPED: {test} needs {what}; .ci/run installs it ***\n");
+    None
+}
+
+/// Run `command` to its end off the runtime's threads.
+async fn output_of(mut command: std::process::Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 async fn the_page_works_in_a_real_browser(t: TestDb) {
@@ -759,10 +762,7 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         .env("CONSOLE_TOKEN", TOKEN)
         .env("TARGET_ID", &target)
         .env("SCREENSHOTS", &shots);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .unwrap();
+    let output = output_of(command).await;
     assert!(
         output.status.success(),
         "the browser run failed: {}",
@@ -883,14 +883,10 @@ fn schemathesis() -> Option<std::path::PathBuf> {
     if dir.join("schemathesis").exists() {
         return Some(dir);
     }
-    if services_required() {
-        panic!(
-            "the API fuzz test needs schemathesis in {} (OUTBOX_REQUIRE_SERVICES=1); .ci/run installs it",
-            dir.display()
-        );
-    }
-    eprintln!("\n*** SKIPPED: the API fuzz test needs schemathesis; .ci/run installs it ***\n");
-    None
+    missing_tool(
+        "the API fuzz test",
+        &format!("schemathesis in {}", dir.display()),
+    )
 }
 
 /// A property-based run against the served OpenAPI document: every operation with generated
@@ -914,10 +910,7 @@ async fn generated_requests_get_no_server_error(t: TestDb) {
             "--seed",
             &std::env::var("OUTBOX_FUZZ_SEED").unwrap_or_else(|_| "20261203".into()),
         ]);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .unwrap();
+    let output = output_of(command).await;
     let report = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
