@@ -4,6 +4,8 @@
 //! against the rows, the guarded and audited writes, malformed parameters (400 with a message),
 //! and the OpenAPI document.
 
+use std::time::Duration;
+
 use hyper::{HeaderMap, Method, StatusCode, header::HeaderValue};
 use outbox::console::{Console, ConsoleAuth, Operator};
 use outbox::sea_orm::ConnectionTrait;
@@ -602,7 +604,40 @@ async fn a_service_layer_can_authenticate_instead(t: TestDb) {
     assert_eq!(json_of(&audit)[0]["actor"], "alice");
 }
 
+async fn samples_follow_the_status_over_time(t: TestDb) {
+    let _ = fixture(&t).await;
+    let app = Console::new(t.db.clone(), ConsoleAuth::bearer("ops", TOKEN).unwrap())
+        .samples(Duration::from_secs(1), Duration::from_secs(3_600))
+        .router();
+    let served = Served::start(app).await;
+    let start = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let answer = served.get("/api/samples").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let samples = json_of(&answer);
+    assert_eq!(samples["interval_secs"], 1);
+    let list = samples["samples"].as_array().unwrap();
+    assert!(list.len() >= 2, "one sample a second: {samples}");
+    let status = outbox::admin::status(&t.db).await.unwrap();
+    let last = list.last().unwrap();
+    assert_eq!(last["outbox_backlog"], status.outbox.backlog);
+    assert_eq!(last["outbox_dead"], 2);
+    assert_eq!(last["consumers"]["inventory"]["dead"], 2);
+    assert_eq!(last["consumers"]["billing"]["backlog"], 1);
+    let times: Vec<&str> = list.iter().map(|s| s["at"].as_str().unwrap()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {times:?}"
+    );
+    // `since` keeps the newer ones.
+    let later =
+        (start + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let none = json_of(&served.get(&format!("/api/samples?since={later}")).await);
+    assert_eq!(none["samples"], json!([]));
+}
+
 backend_tests! {
+    samples_over_time => samples_follow_the_status_over_time;
     nothing_served_without_authentication => nothing_is_served_without_authentication;
     cross_site_writes_refused => cross_site_writes_are_refused;
     reads_answer_the_tables => reads_answer_what_the_tables_hold;
@@ -750,7 +785,12 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
     )
     .await;
     let target = format!("inbox:{html}");
-    let served = Served::start(console(&t)).await;
+    let app = Console::new(t.db.clone(), ConsoleAuth::bearer("ops", TOKEN).unwrap())
+        .samples(Duration::from_secs(1), Duration::from_secs(3_600))
+        .router();
+    let served = Served::start(app).await;
+    // A few samples for the charts.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/console.cjs");
     let mut command = std::process::Command::new("node");

@@ -3,9 +3,9 @@
 use std::{str::FromStr, sync::Arc};
 
 use axum::{
-    Extension, Json,
+    Json,
     extract::{
-        DefaultBodyLimit, Path, Query, State,
+        DefaultBodyLimit, FromRequest, Path, Query, State,
         rejection::{JsonRejection, PathRejection, QueryRejection},
     },
     http::StatusCode,
@@ -152,6 +152,49 @@ fn text(name: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
             "`{name}` contains a NUL character"
         ))),
         other => Ok(other),
+    }
+}
+
+/// A write's request body, with the actor it is audited under: the authenticated operator and
+/// the body's reason (required).
+pub(super) struct Write<T> {
+    actor: Actor,
+    body: T,
+}
+
+/// A write's body, which carries the reason for the audit log.
+trait Reasoned {
+    fn take_reason(&mut self) -> Option<String>;
+}
+
+macro_rules! reasoned {
+    ($($request:ty),+) => {$(
+        impl Reasoned for $request {
+            fn take_reason(&mut self) -> Option<String> {
+                self.reason.take()
+            }
+        }
+    )+};
+}
+reasoned!(ReplayRequest, IgnoreRequest, ResendRequest, PurgeRequest);
+
+impl<S, T> FromRequest<S> for Write<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned + Reasoned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        // The authentication layer put it there; without it the route is not reachable.
+        let operator = request
+            .extensions()
+            .get::<Operator>()
+            .cloned()
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "authentication required"))?;
+        let Json(mut body) = Json::<T>::from_request(request, state).await?;
+        let actor = actor(&operator, body.take_reason())?;
+        Ok(Write { actor, body })
     }
 }
 
@@ -361,11 +404,8 @@ pub(super) struct ReplayRequest {
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn replay(
     State(s): St,
-    Extension(operator): Extension<Operator>,
-    body: Result<Json<ReplayRequest>, JsonRejection>,
+    Write { actor, body: r }: Write<ReplayRequest>,
 ) -> ApiResult<ActionReport> {
-    let Json(r) = body?;
-    let actor = actor(&operator, r.reason)?;
     let selector = match (r.ids, r.filter, r.all.unwrap_or(false)) {
         (Some(ids), None, false) => {
             ids_within_limit(ids.len())?;
@@ -407,11 +447,8 @@ pub(super) struct IgnoreRequest {
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn ignore(
     State(s): St,
-    Extension(operator): Extension<Operator>,
-    body: Result<Json<IgnoreRequest>, JsonRejection>,
+    Write { actor, body: r }: Write<IgnoreRequest>,
 ) -> ApiResult<ActionReport> {
-    let Json(r) = body?;
-    let actor = actor(&operator, r.reason)?;
     ids_within_limit(r.ids.len())?;
     let mut ids = Vec::with_capacity(r.ids.len());
     for id in &r.ids {
@@ -446,11 +483,8 @@ pub(super) struct ResendRequest {
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn resend(
     State(s): St,
-    Extension(operator): Extension<Operator>,
-    body: Result<Json<ResendRequest>, JsonRejection>,
+    Write { actor, body: r }: Write<ResendRequest>,
 ) -> ApiResult<ActionReport> {
-    let Json(r) = body?;
-    let actor = actor(&operator, r.reason)?;
     Ok(Json(admin::resend(&s.db, r.event_id, &actor).await?))
 }
 
@@ -486,11 +520,8 @@ fn duration(name: &str, value: Option<String>, default: &str) -> Result<HumanDur
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn purge(
     State(s): St,
-    Extension(operator): Extension<Operator>,
-    body: Result<Json<PurgeRequest>, JsonRejection>,
+    Write { actor, body: r }: Write<PurgeRequest>,
 ) -> ApiResult<PurgeReport> {
-    let Json(r) = body?;
-    let actor = actor(&operator, r.reason)?;
     let policy = RetentionPolicy {
         sent_after: duration("sent_after", r.sent_after, "7d")?.0,
         done_after: duration("done_after", r.done_after, "14d")?.0,
