@@ -174,13 +174,23 @@ struct Who {
 impl Who {
     fn actor(&self) -> Actor {
         Actor {
-            name: self
-                .actor
-                .clone()
-                .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty())),
+            name: named_or_user(self.actor.clone()),
             reason: self.reason.clone(),
         }
     }
+}
+
+/// `name`, else the user running the CLI (`$USER`).
+fn named_or_user(name: Option<String>) -> Option<String> {
+    name.or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+}
+
+/// The names of the SDK's migrations, in order.
+fn sdk_migrations() -> Vec<String> {
+    outbox::migrations()
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect()
 }
 
 #[derive(Debug, Args)]
@@ -263,17 +273,10 @@ async fn serve(db: DatabaseConnection, args: ServeArgs) -> Result<(), Failure> {
             "no console token: set OUTBOX_CONSOLE_TOKEN or pass --token-file (e.g. from `openssl rand -hex 32`)"
         })?,
     };
-    let operator = args
-        .operator
-        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
-        .unwrap_or_else(|| "console".to_owned());
+    let operator = named_or_user(args.operator).unwrap_or_else(|| "console".to_owned());
     let auth = ConsoleAuth::bearer(operator, token.trim())?;
-    let migrations = outbox::migrations()
-        .iter()
-        .map(|m| m.name().to_owned())
-        .collect::<Vec<_>>();
     let console = Console::new(db, auth)
-        .doctor_options(DoctorOptions::new(migrations).without_handler_check());
+        .doctor_options(DoctorOptions::new(sdk_migrations()).without_handler_check());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
@@ -506,11 +509,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
         }
         Command::Doctor => {
-            let migrations = outbox::migrations()
-                .iter()
-                .map(|m| m.name().to_owned())
-                .collect::<Vec<_>>();
-            let options = DoctorOptions::new(migrations).without_handler_check();
+            let options = DoctorOptions::new(sdk_migrations()).without_handler_check();
             let report = admin::doctor(&db, &options).await?;
             if json {
                 print_json!(&report);
@@ -557,10 +556,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Migrate => {
             outbox::migrate(&db).await?;
-            let names: Vec<String> = outbox::migrations()
-                .iter()
-                .map(|m| m.name().to_owned())
-                .collect();
+            let names = sdk_migrations();
             if json {
                 print_json!(&serde_json::json!({ "applied": names }));
             } else {

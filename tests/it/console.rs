@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use hyper::{HeaderMap, Method, StatusCode, header::HeaderValue};
 use outbox::console::{Console, ConsoleAuth, Operator};
-use outbox::sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 
 use crate::admin::{Fixture, fixture, inbox_state, outbox_row};
@@ -109,19 +108,7 @@ async fn statuses(t: &TestDb, f: &Fixture) -> (String, String, String) {
 }
 
 async fn audit_rows(t: &TestDb) -> i64 {
-    count_rows(t, "outbox_admin_action").await
-}
-
-async fn count_rows(t: &TestDb, table: &str) -> i64 {
-    let row =
-        t.db.query_one_raw(outbox::sea_orm::Statement::from_string(
-            t.db.get_database_backend(),
-            format!("SELECT COUNT(*) AS n FROM {table}"),
-        ))
-        .await
-        .unwrap()
-        .unwrap();
-    row.try_get("", "n").unwrap()
+    scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_admin_action").await
 }
 
 async fn nothing_is_served_without_authentication(t: TestDb) {
@@ -129,17 +116,40 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
     let served = Served::start(console(&t)).await;
     let before = statuses(&t, &f).await;
     let dead_cart = format!("outbox:{}", f.dead_cart.id);
-    let reads = [
-        "/api/status",
-        "/api/dead-letters",
-        "/api/audit",
-        "/api/doctor",
-        "/api/openapi.json",
-    ];
     let detail = format!("/api/dead-letters/{dead_cart}");
+    let requests = [
+        (Method::GET, "/api/status", None),
+        (Method::GET, "/api/dead-letters", None),
+        (Method::GET, "/api/audit", None),
+        (Method::GET, "/api/doctor", None),
+        (Method::GET, "/api/openapi.json", None),
+        (Method::GET, detail.as_str(), None),
+        (
+            Method::POST,
+            "/api/replay",
+            Some(json!({"all": true, "reason": "try"})),
+        ),
+        (
+            Method::POST,
+            "/api/ignore",
+            Some(json!({"ids": [format!("inbox:{}", f.m1)], "reason": "try"})),
+        ),
+        (
+            Method::POST,
+            "/api/resend",
+            Some(json!({"event_id": f.sent[0].event_id, "reason": "try"})),
+        ),
+        (
+            Method::POST,
+            "/api/purge",
+            Some(json!({"sent_after": "0s", "done_after": "30d", "reason": "try"})),
+        ),
+    ];
     for token in [None, Some("wrong-token-0123456789abcdef")] {
-        for path in reads.iter().copied().chain([detail.as_str()]) {
-            let answer = served.call(Method::GET, path, token, &[], None).await;
+        for (method, path, body) in &requests {
+            let answer = served
+                .call(method.clone(), path, token, &[], body.clone())
+                .await;
             assert_eq!(
                 answer.status,
                 StatusCode::UNAUTHORIZED,
@@ -149,32 +159,6 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
             assert!(
                 !answer.body.contains("cart-1"),
                 "{path} leaked a row: {}",
-                answer.body
-            );
-        }
-        let writes = [
-            ("/api/replay", json!({"all": true, "reason": "try"})),
-            (
-                "/api/ignore",
-                json!({"ids": [format!("inbox:{}", f.m1)], "reason": "try"}),
-            ),
-            (
-                "/api/resend",
-                json!({"event_id": f.sent[0].event_id, "reason": "try"}),
-            ),
-            (
-                "/api/purge",
-                json!({"sent_after": "0s", "done_after": "30d", "reason": "try"}),
-            ),
-        ];
-        for (path, body) in writes {
-            let answer = served
-                .call(Method::POST, path, token, &[], Some(body))
-                .await;
-            assert_eq!(
-                answer.status,
-                StatusCode::UNAUTHORIZED,
-                "{path}: {}",
                 answer.body
             );
             assert!(
@@ -191,7 +175,11 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
     assert_eq!(json_of(&answer)["status"], 401);
     assert_eq!(statuses(&t, &f).await, before, "nothing changed");
     assert_eq!(audit_rows(&t).await, 0, "nothing audited");
-    assert_eq!(count_rows(&t, "outbox_event").await, 8, "nothing purged");
+    assert_eq!(
+        scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_event").await,
+        8,
+        "nothing purged"
+    );
 }
 
 async fn cross_site_writes_are_refused(t: TestDb) {

@@ -18,6 +18,7 @@
 //! | method and path | what |
 //! |---|---|
 //! | `GET /api/status` | counts per status, oldest unsent age, per-consumer lag, stuck rows, relays, WAL slots |
+//! | `GET /api/samples` | backlog and lag over the last hours, sampled on an interval and kept in memory |
 //! | `GET /api/dead-letters` | dead letters, newest first: `source`, `consumer`, `event_type`, `aggregate_id`, `error`, `limit`, `page` |
 //! | `GET /api/dead-letters/{id}` | one row in full (`outbox:12`, `inbox:7`): envelope, payload, attempts, last error |
 //! | `POST /api/replay` | dead letters by id, by filter or all: outbox DEAD → PENDING, inbox DEAD → RETRY |
