@@ -49,6 +49,15 @@ pub enum AdminError {
     /// A selection by id with no id.
     #[error("no row ids given to {0}")]
     NoIds(&'static str),
+    /// A selection of sent events with no criterion.
+    #[error(
+        "refusing to resend every sent event with an empty filter: narrow it (event type, \
+         aggregate type, aggregate id, sent after, sent before) or name the event ids"
+    )]
+    EmptySentFilter,
+    /// An inbox-only action given a filter limited to the outbox.
+    #[error("{0} applies to inbox messages only, but the filter selects the outbox")]
+    InboxOnly(&'static str),
     /// A filter on a consumer, which only inbox rows have, limited to the outbox.
     #[error("a consumer filter selects inbox messages, but the selection is limited to the outbox")]
     ConsumerOnOutbox,
@@ -274,6 +283,93 @@ impl fmt::Display for DeadLetterFilter {
     }
 }
 
+/// Which SENT outbox events [`resend`](crate::admin::resend) publishes again: every criterion
+/// set must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SentFilter {
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    pub aggregate_id: Option<String>,
+    /// Only events sent at or after this instant.
+    pub sent_after: Option<DateTime<Utc>>,
+    /// Only events sent before this instant.
+    pub sent_before: Option<DateTime<Utc>>,
+}
+
+impl SentFilter {
+    /// Only this event type.
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Only this aggregate type.
+    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
+        self.aggregate_type = Some(aggregate_type.into());
+        self
+    }
+
+    /// Only this aggregate id.
+    pub fn aggregate_id(mut self, aggregate_id: impl Into<String>) -> Self {
+        self.aggregate_id = Some(aggregate_id.into());
+        self
+    }
+
+    /// Only events sent at or after `at`.
+    pub fn sent_after(mut self, at: DateTime<Utc>) -> Self {
+        self.sent_after = Some(at);
+        self
+    }
+
+    /// Only events sent before `at`.
+    pub fn sent_before(mut self, at: DateTime<Utc>) -> Self {
+        self.sent_before = Some(at);
+        self
+    }
+
+    /// Whether no criterion narrows the selection.
+    pub fn is_empty(&self) -> bool {
+        self.event_type.is_none()
+            && self.aggregate_type.is_none()
+            && self.aggregate_id.is_none()
+            && self.sent_after.is_none()
+            && self.sent_before.is_none()
+    }
+}
+
+impl fmt::Display for SentFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(event_type) = &self.event_type {
+            parts.push(format!("event type = {event_type:?}"));
+        }
+        if let Some(aggregate_type) = &self.aggregate_type {
+            parts.push(format!("aggregate type = {aggregate_type:?}"));
+        }
+        if let Some(aggregate_id) = &self.aggregate_id {
+            parts.push(format!("aggregate id = {aggregate_id:?}"));
+        }
+        if let Some(at) = &self.sent_after {
+            parts.push(format!(
+                "sent at or after {}",
+                crate::envelope::format_time(at)
+            ));
+        }
+        if let Some(at) = &self.sent_before {
+            parts.push(format!("sent before {}", crate::envelope::format_time(at)));
+        }
+        if parts.is_empty() {
+            f.write_str("every sent event")
+        } else {
+            write!(f, "sent events where {}", parts.join(", "))
+        }
+    }
+}
+
 /// One dead letter, as [`dead_letters`](crate::admin::dead_letters) lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
@@ -339,6 +435,24 @@ pub struct DeadLetterDetail {
     pub sent_at: Option<DateTime<Utc>>,
     /// When it was handled or ignored (inbox).
     pub processed_at: Option<DateTime<Utc>>,
+    /// Its failed attempts, oldest first (the newest 100): what each attempt left it as and why.
+    /// `last_error` is the newest of them.
+    pub failures: Vec<FailureRecord>,
+}
+
+/// One failed attempt of an outbox event or inbox message, from the error history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
+#[non_exhaustive]
+pub struct FailureRecord {
+    /// The row's attempt count after this failure.
+    pub attempt: i64,
+    /// What the failure left it as: `RETRY` or `DEAD`.
+    pub status: String,
+    /// The error.
+    pub error: String,
+    /// When, by the database's clock.
+    pub at: DateTime<Utc>,
 }
 
 /// One row of the audit table.

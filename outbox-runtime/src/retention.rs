@@ -6,6 +6,8 @@
 //! anything unfinished or DEAD. Each batch of at most [`RetentionPolicy::batch_size`] rows is its
 //! own short transaction, followed by a [`pause`](RetentionPolicy::pause), so a purge of
 //! millions of rows never holds a long lock and relays and consumers keep running alongside.
+//! Then it deletes the error history (`outbox_failure`) of rows that are finished or gone, older
+//! than the same windows; a DEAD or unfinished row keeps its whole history.
 //!
 //! **The dedup window.** An inbox row is what makes a redelivered message a no-op. Delete it,
 //! and a copy of the message arriving later is handled again. So `done_after` must be at least
@@ -47,7 +49,7 @@ use sea_orm::DatabaseConnection;
 use serde::Serialize;
 
 use crate::{
-    admin::{ActionKind, Actor, AdminError, HumanDuration, db_error, secs},
+    admin::{ActionKind, Actor, AdminError, HumanDuration, Source, db_error, secs},
     relay::RelayConfig,
     store::{self, admin as sql, lease, lease::LeaseHolder, retention as purge_sql},
     util::backoff::Backoff,
@@ -175,6 +177,9 @@ pub struct PurgeReport {
     pub outbox_deleted: u64,
     /// DONE and IGNORED inbox messages deleted.
     pub inbox_deleted: u64,
+    /// Entries of the error history deleted: those of finished (or deleted) rows older than the
+    /// table's window. Not counted in [`PurgeReport::deleted`].
+    pub failures_deleted: u64,
     /// Delete transactions run.
     pub batches: u64,
     /// Outbox events sent before this instant were eligible.
@@ -292,6 +297,7 @@ async fn run(
     let mut report = PurgeReport {
         outbox_deleted: 0,
         inbox_deleted: 0,
+        failures_deleted: 0,
         batches: 0,
         sent_before: cutoff(now, policy.sent_after),
         done_before: cutoff(now, policy.done_after),
@@ -299,7 +305,13 @@ async fn run(
         lease_lost: false,
         audit_id: None,
     };
-    'tables: for outbox in [true, false] {
+    // The rows first, then the history of what is finished or gone.
+    'tables: for (source, history) in [
+        (Source::Outbox, false),
+        (Source::Inbox, false),
+        (Source::Outbox, true),
+        (Source::Inbox, true),
+    ] {
         loop {
             if let Some(instance_id) = leader
                 && report.batches > 0
@@ -312,20 +324,26 @@ async fn run(
                 report.lease_lost = true;
                 break 'tables;
             }
-            let deleted = if outbox {
-                purge_sql::purge_sent(db, report.sent_before, policy.batch_size)
+            let cutoff = match source {
+                Source::Outbox => report.sent_before,
+                Source::Inbox => report.done_before,
+            };
+            let deleted = match (source, history) {
+                (_, true) => store::failures::purge(db, source, cutoff, policy.batch_size)
                     .await
-                    .map_err(db_error("deleting sent outbox events"))?
-            } else {
-                purge_sql::purge_finished(db, report.done_before, policy.batch_size)
+                    .map_err(db_error("deleting the error history of finished rows"))?,
+                (Source::Outbox, false) => purge_sql::purge_sent(db, cutoff, policy.batch_size)
                     .await
-                    .map_err(db_error("deleting processed inbox messages"))?
+                    .map_err(db_error("deleting sent outbox events"))?,
+                (Source::Inbox, false) => purge_sql::purge_finished(db, cutoff, policy.batch_size)
+                    .await
+                    .map_err(db_error("deleting processed inbox messages"))?,
             };
             report.batches += 1;
-            if outbox {
-                report.outbox_deleted += deleted;
-            } else {
-                report.inbox_deleted += deleted;
+            match (source, history) {
+                (_, true) => report.failures_deleted += deleted,
+                (Source::Outbox, false) => report.outbox_deleted += deleted,
+                (Source::Inbox, false) => report.inbox_deleted += deleted,
             }
             if deleted < policy.batch_size as u64 {
                 break;

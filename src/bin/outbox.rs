@@ -7,7 +7,9 @@
 //! outbox replay --id outbox:12 --id inbox:17 --actor alice --reason "stock service fixed"
 //! outbox replay --consumer inventory --type order.placed
 //! outbox ignore inbox:18 inbox:19 --reason "order was cancelled"
+//! outbox ignore --consumer inventory --error "unknown sku" --reason "discontinued items"
 //! outbox resend 0193c1e4-4f9b-7c3a-9d1e-2b5f8a6c0e71
+//! outbox resend --type order.placed --sent-after 2026-12-03T10:00:00Z --sent-before 2026-12-03T11:00:00Z
 //! outbox purge --sent-after 7d --done-after 14d
 //! outbox doctor
 //! outbox audit --limit 20
@@ -25,7 +27,8 @@ use outbox::{
     EventId,
     admin::{
         self, ActionReport, Actor, DeadLetter, DeadLetterDetail, DeadLetterFilter, DoctorOptions,
-        DoctorReport, HumanDuration, Page, Selector, Severity, Source, Status, Target,
+        DoctorReport, HumanDuration, Page, Resend, Selector, SentFilter, Severity, Source, Status,
+        Target,
     },
     retention::{self, PurgeReport, RetentionPolicy},
     sea_orm::{ConnectOptions, Database, DatabaseConnection},
@@ -59,21 +62,10 @@ enum Command {
     Dead(DeadCommand),
     /// Give dead letters another chance: outbox DEAD → PENDING, inbox DEAD → RETRY due now.
     Replay(ReplayArgs),
-    /// Decide not to handle dead inbox messages: DEAD → IGNORED.
-    Ignore {
-        /// Inbox message ids (`inbox:7` or `7`).
-        #[arg(required = true, value_name = "ID")]
-        ids: Vec<String>,
-        #[command(flatten)]
-        who: Who,
-    },
-    /// Publish a sent outbox event again: SENT → PENDING.
-    Resend {
-        /// The event id (a UUID).
-        event_id: EventId,
-        #[command(flatten)]
-        who: Who,
-    },
+    /// Decide not to handle dead inbox messages: DEAD → IGNORED (by id, by filter, or --all).
+    Ignore(IgnoreArgs),
+    /// Publish sent outbox events again: SENT → PENDING (by event id or by filter).
+    Resend(ResendArgs),
     /// Delete SENT outbox events and DONE/IGNORED inbox messages older than the retention now.
     Purge(PurgeArgs),
     /// Check tables, columns, indexes, migrations, stuck rows and dead letters.
@@ -205,6 +197,76 @@ struct ReplayArgs {
     all: bool,
     #[command(flatten)]
     who: Who,
+}
+
+#[derive(Debug, Args)]
+struct IgnoreArgs {
+    /// Inbox message ids (`inbox:7` or `7`).
+    #[arg(value_name = "ID")]
+    ids: Vec<String>,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Every dead inbox message.
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    who: Who,
+}
+
+#[derive(Debug, Args)]
+struct ResendArgs {
+    /// Event ids (UUIDs).
+    #[arg(value_name = "EVENT_ID")]
+    event_ids: Vec<EventId>,
+    /// Only this event type.
+    #[arg(long = "type", value_name = "TYPE")]
+    event_type: Option<String>,
+    /// Only this aggregate type.
+    #[arg(long, value_name = "AGGREGATE_TYPE")]
+    aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    #[arg(long, value_name = "AGGREGATE_ID")]
+    aggregate: Option<String>,
+    /// Only events sent at or after this instant (RFC 3339, e.g. 2026-12-03T10:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    sent_after: Option<outbox::sea_orm::prelude::DateTimeUtc>,
+    /// Only events sent before this instant (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    sent_before: Option<outbox::sea_orm::prelude::DateTimeUtc>,
+    #[command(flatten)]
+    who: Who,
+}
+
+impl ResendArgs {
+    fn filter(&self) -> SentFilter {
+        let mut filter = SentFilter::default();
+        filter.event_type = self.event_type.clone();
+        filter.aggregate_type = self.aggregate_type.clone();
+        filter.aggregate_id = self.aggregate.clone();
+        filter.sent_after = self.sent_after;
+        filter.sent_before = self.sent_before;
+        filter
+    }
+}
+
+/// One way of selecting rows, from ids, filters and `--all`.
+fn selection(
+    ids: Vec<Target>,
+    filter: DeadLetterFilter,
+    all: bool,
+    verb: &str,
+) -> Result<Selector, Failure> {
+    match (ids.is_empty(), filter.is_empty(), all) {
+        (false, true, false) => Ok(Selector::Ids(ids)),
+        (true, false, false) => Ok(Selector::Filter(filter)),
+        (true, true, true) => Ok(Selector::All),
+        (true, true, false) => Err(format!(
+            "say what to {verb}: ids, filters (--consumer, --type, --aggregate, --error, \
+             --source), or --all"
+        )
+        .into()),
+        _ => Err("choose one way to select: ids, filters, or --all".into()),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -458,38 +520,40 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
         }
         Command::Replay(args) => {
-            let filter = args.filter.filter();
-            let selector = match (args.ids.is_empty(), filter.is_empty(), args.all) {
-                (false, true, false) => Selector::Ids(
-                    args.ids
-                        .iter()
-                        .map(|id| id.parse())
-                        .collect::<Result<_, _>>()?,
-                ),
-                (true, false, false) => Selector::Filter(filter),
-                (true, true, true) => Selector::All,
-                (true, true, false) => {
-                    return Err("say what to replay: --id ID (repeatable), filters \
-                                (--consumer, --type, --aggregate, --error, --source), or --all"
-                        .into());
-                }
-                _ => {
-                    return Err("choose one way to select: --id, filters, or --all".into());
-                }
-            };
+            let ids = args
+                .ids
+                .iter()
+                .map(|id| id.parse())
+                .collect::<Result<_, _>>()?;
+            let selector = selection(ids, args.filter.filter(), args.all, "replay")?;
             let report = admin::replay(&db, &selector, &args.who.actor()).await?;
             return report_action(&report, json, "replayed");
         }
-        Command::Ignore { ids, who } => {
-            let ids = ids
+        Command::Ignore(args) => {
+            let ids = args
+                .ids
                 .iter()
-                .map(|id| parse_inbox_id(id))
-                .collect::<Result<Vec<_>, _>>()?;
-            let report = admin::ignore(&db, &ids, &who.actor()).await?;
+                .map(|id| parse_inbox_id(id).map(Target::inbox))
+                .collect::<Result<_, _>>()?;
+            let selector = selection(ids, args.filter.filter(), args.all, "ignore")?;
+            let report = admin::ignore(&db, &selector, &args.who.actor()).await?;
             return report_action(&report, json, "ignored");
         }
-        Command::Resend { event_id, who } => {
-            let report = admin::resend(&db, event_id, &who.actor()).await?;
+        Command::Resend(args) => {
+            let filter = args.filter();
+            let which = match (args.event_ids.is_empty(), filter.is_empty()) {
+                (false, true) => Resend::Events(args.event_ids.clone()),
+                (true, false) => Resend::Filter(filter),
+                (true, true) => {
+                    return Err("say what to resend: event ids, or filters (--type, \
+                                --aggregate-type, --aggregate, --sent-after, --sent-before)"
+                        .into());
+                }
+                (false, false) => {
+                    return Err("choose one way to select: event ids or filters".into());
+                }
+            };
+            let report = admin::resend(&db, &which, &args.who.actor()).await?;
             return report_action(&report, json, "resent");
         }
         Command::Purge(args) => {
@@ -895,6 +959,19 @@ fn render_detail(d: &DeadLetterDetail) -> String {
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in fields {
         let _ = writeln!(out, "{key:<width$}  {value}");
+    }
+    if !d.failures.is_empty() {
+        let _ = writeln!(out, "\nfailures (oldest first):");
+        for failure in &d.failures {
+            let _ = writeln!(
+                out,
+                "  {}  attempt {:<3} {:<5}  {}",
+                failure.at.to_rfc3339(),
+                failure.attempt,
+                failure.status,
+                failure.error
+            );
+        }
     }
     if let Some(headers) = &d.headers {
         let _ = writeln!(out, "\nheaders:\n{}", pretty(headers));

@@ -1,10 +1,12 @@
 // Drives the operator console in headless Chromium (playwright-core) for tests/it/console.rs:
 // log in (a wrong token first), read the counts, open a dead letter whose payload holds markup,
-// replay it with a reason, find it in the audit trail, look at the page on a phone's screen.
+// read its error history, replay it with a reason, ignore a consumer's dead letters by filter,
+// find both in the audit trail, look at the page on a phone's screen.
 // Prints one JSON object with what it saw; the Rust test asserts on it and on the database.
 //
 // Environment: PLAYWRIGHT_CORE (the playwright-core package directory), CHROMIUM (executable),
-// CONSOLE_URL, CONSOLE_TOKEN, TARGET_ID (the dead letter to replay), SCREENSHOTS (a directory).
+// CONSOLE_URL, CONSOLE_TOKEN, TARGET_ID (the dead letter to replay), BULK_ID (a dead letter of
+// the consumer `billing`, ignored by filter), SCREENSHOTS (a directory).
 "use strict";
 
 const path = require("path");
@@ -73,6 +75,9 @@ async function main() {
     seen.scriptsInPage = await page.$$eval("script", (nodes) => nodes.length);
     seen.imagesInPage = await page.$$eval("img", (nodes) => nodes.length);
     seen.pwned = await page.evaluate(() => window.__pwned === true);
+    seen.failures = await page.$$eval("#failures tbody tr", (rows) =>
+      rows.map((r) => ({ attempt: r.cells[1].textContent, status: r.cells[2].textContent, error: r.cells[3].textContent })));
+    seen.elementsInFailures = await page.$$eval("#failures td *", (nodes) => nodes.length);
     await page.screenshot({ path: path.join(shots, "dead-letter.png"), fullPage: true });
 
     // Replay it with a reason.
@@ -83,6 +88,20 @@ async function main() {
     await row.waitFor({ state: "detached" });
     seen.afterReplay = await byId("message").textContent();
     seen.listedAfter = await page.$$eval("#dead-list tbody tr", (rows) => rows.map((r) => r.dataset.id || ""));
+
+    // Every dead inbox message of one consumer, ignored at once through the filter.
+    await page.locator("#filters input[name=consumer]").fill("billing");
+    await page.locator("#filters button[type=submit]").click();
+    const bulkTarget = page.locator(`#dead-list tbody tr[data-id="${process.env.BULK_ID}"]`);
+    await bulkTarget.waitFor();
+    seen.listedFiltered = await page.$$eval("#dead-list tbody tr", (rows) => rows.map((r) => r.dataset.id || ""));
+    await byId("ignore-matching").click();
+    await byId("reason-dialog").waitFor();
+    seen.bulkQuestion = await page.locator("#reason-title").textContent();
+    await byId("reason").fill("billing retired");
+    await byId("reason-ok").click();
+    await bulkTarget.waitFor({ state: "detached" });
+    seen.afterBulk = await byId("message").textContent();
 
     // The audit trail.
     await byId("nav-audit").click();

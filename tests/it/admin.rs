@@ -8,8 +8,8 @@ use crate::common::carts::*;
 use crate::common::*;
 use chrono::{DateTime, Utc};
 use outbox::admin::{
-    self, Actor, AdminError, DeadLetterFilter, DoctorOptions, Page, Selector, Severity, Source,
-    Target,
+    self, Actor, AdminError, DeadLetterFilter, DoctorOptions, Page, Resend, Selector, SentFilter,
+    Severity, Source, Target,
 };
 use outbox::prelude::*;
 use outbox::relay::{Backoff, Relay, RelayConfig};
@@ -754,7 +754,11 @@ async fn ignore_finishes_dead_inbox_messages(t: TestDb) {
     let before = Utc::now();
     let report = admin::ignore(
         &t.db,
-        &[f.m1, f.m3, 9_999_999],
+        &Selector::Ids(vec![
+            Target::inbox(f.m1),
+            Target::inbox(f.m3),
+            Target::inbox(9_999_999),
+        ]),
         &Actor::new("carol").reason("order cancelled"),
     )
     .await
@@ -805,9 +809,13 @@ async fn resend_publishes_a_sent_event_again(t: TestDb) {
         .find(|r| r.aggregate_id == "cart-0" && r.payload["seq"] == 0)
         .unwrap()
         .clone();
-    let report = admin::resend(&t.db, sent.event_id, &Actor::new("dave"))
-        .await
-        .unwrap();
+    let report = admin::resend(
+        &t.db,
+        &Resend::Events(vec![sent.event_id]),
+        &Actor::new("dave"),
+    )
+    .await
+    .unwrap();
     assert_eq!((report.outbox, report.inbox), (1, 0));
     assert!(report.skipped.is_empty());
     let row = outbox_row(&t, sent.id).await;
@@ -830,14 +838,18 @@ async fn resend_publishes_a_sent_event_again(t: TestDb) {
     assert!(row.sent_at.is_some());
 
     // A DEAD event is not SENT: left alone; an unknown id is reported.
-    let report = admin::resend(&t.db, f.dead_cart.event_id, &Actor::anonymous())
-        .await
-        .unwrap();
+    let report = admin::resend(
+        &t.db,
+        &Resend::Events(vec![f.dead_cart.event_id]),
+        &Actor::anonymous(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.affected(), 0);
     assert_eq!(report.skipped[0].status.as_deref(), Some("DEAD"));
     assert_eq!(outbox_row(&t, f.dead_cart.id).await.status, "DEAD");
     let unknown = uuid::Uuid::now_v7();
-    let report = admin::resend(&t.db, unknown, &Actor::anonymous())
+    let report = admin::resend(&t.db, &Resend::Events(vec![unknown]), &Actor::anonymous())
         .await
         .unwrap();
     assert_eq!(report.affected(), 0);
@@ -910,7 +922,7 @@ async fn guarded_changes_touch_nothing_in_the_wrong_state(t: TestDb) {
         .await
         .unwrap_err();
     assert!(matches!(err, AdminError::NoIds("replay")), "{err}");
-    let err = admin::ignore(&t.db, &[], &Actor::anonymous())
+    let err = admin::ignore(&t.db, &Selector::Ids(vec![]), &Actor::anonymous())
         .await
         .unwrap_err();
     assert!(matches!(err, AdminError::NoIds("ignore")), "{err}");
@@ -932,9 +944,13 @@ async fn guarded_changes_touch_nothing_in_the_wrong_state(t: TestDb) {
             .all(|r| r.status == "SENT")
     );
     // Ignoring the RETRY message does nothing.
-    let report = admin::ignore(&t.db, &[f.m6], &Actor::anonymous())
-        .await
-        .unwrap();
+    let report = admin::ignore(
+        &t.db,
+        &Selector::Ids(vec![Target::inbox(f.m6)]),
+        &Actor::anonymous(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.affected(), 0);
     assert_eq!(inbox_state(&t, f.m6).await.status, "RETRY");
     let _ = (f.m1, f.m2, f.m5, f.dead_payment);
@@ -1135,8 +1151,10 @@ async fn purge_deletes_old_rows_in_batches_and_keeps_the_rest(t: TestDb) {
     let report = retention::purge(&t.db, &policy).await.unwrap();
     assert_eq!(report.outbox_deleted, 10_000, "{report:?}");
     assert_eq!(report.inbox_deleted, 5_003, "{report:?}");
-    // Ten full outbox batches and an empty one; five full inbox batches and a partial one.
-    assert_eq!(report.batches, 17, "{report:?}");
+    // Ten full outbox batches and an empty one; five full inbox batches and a partial one; one
+    // of each table's error history (the dead messages keep theirs).
+    assert_eq!(report.batches, 19, "{report:?}");
+    assert_eq!(report.failures_deleted, 0, "{report:?}");
     assert!(!report.lease_lost);
     assert!(report.sent_before <= ago(7 * DAY) && report.sent_before > ago(7 * DAY + MIN));
 
@@ -1198,11 +1216,11 @@ async fn purge_deletes_old_rows_in_batches_and_keeps_the_rest(t: TestDb) {
         ("purge", 15_003, Some("retention"))
     );
 
-    // Nothing left to delete: one empty batch per table, nothing recorded.
+    // Nothing left to delete: one empty batch per table and history, nothing recorded.
     let again = retention::purge(&t.db, &policy).await.unwrap();
     assert_eq!(
         (again.deleted(), again.batches, again.audit_id),
-        (0, 2, None)
+        (0, 4, None)
     );
     assert_eq!(admin::audit_log(&t.db, 5).await.unwrap().len(), 1);
 }
@@ -1281,12 +1299,361 @@ async fn only_one_instance_purges_at_a_time(t: TestDb) {
     );
 }
 
+async fn ignore_and_resend_by_filter(t: TestDb) {
+    let f = fixture(&t).await;
+    let ops = || Actor::new("ops").reason("bulk fix");
+    // Ignore refuses what is not the inbox.
+    let err = admin::ignore(
+        &t.db,
+        &Selector::Ids(vec![Target::inbox(f.m1), Target::outbox(f.dead_cart.id)]),
+        &ops(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, AdminError::WrongTable { .. }), "{err}");
+    let err = admin::ignore(
+        &t.db,
+        &Selector::Filter(DeadLetterFilter::default().source(Source::Outbox)),
+        &ops(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, AdminError::InboxOnly("ignore")), "{err}");
+    let err = admin::ignore(
+        &t.db,
+        &Selector::Filter(DeadLetterFilter::default()),
+        &ops(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, AdminError::EmptyFilter("ignore")), "{err}");
+    assert_eq!(inbox_state(&t, f.m1).await.status, "DEAD");
+
+    // By filter: inventory's dead messages whose error mentions a timeout (m1, not m2; m5 is
+    // billing's).
+    let report = admin::ignore(
+        &t.db,
+        &Selector::Filter(
+            DeadLetterFilter::default()
+                .consumer("inventory")
+                .error_contains("timeout"),
+        ),
+        &ops(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.outbox, report.inbox), (0, 1));
+    assert_eq!(inbox_state(&t, f.m1).await.status, "IGNORED");
+    assert_eq!(inbox_state(&t, f.m2).await.status, "DEAD");
+    assert_eq!(inbox_state(&t, f.m5).await.status, "DEAD");
+    let audit = admin::audit_log(&t.db, 1).await.unwrap();
+    assert_eq!(audit[0].action, "ignore");
+    assert_eq!(
+        audit[0].target,
+        r#"dead letters where consumer = "inventory", error contains "timeout""#
+    );
+    assert_eq!(audit[0].reason.as_deref(), Some("bulk fix"));
+
+    // All: every dead inbox message left, and nothing else (the RETRY one, the outbox's dead).
+    let report = admin::ignore(&t.db, &Selector::All, &ops()).await.unwrap();
+    assert_eq!((report.outbox, report.inbox), (0, 2));
+    assert_eq!(inbox_state(&t, f.m2).await.status, "IGNORED");
+    assert_eq!(inbox_state(&t, f.m5).await.status, "IGNORED");
+    assert_eq!(inbox_state(&t, f.m6).await.status, "RETRY");
+    assert_eq!(inbox_state(&t, f.m4).await.status, "PENDING");
+    assert_eq!(outbox_row(&t, f.dead_cart.id).await.status, "DEAD");
+    let audit = admin::audit_log(&t.db, 1).await.unwrap();
+    assert_eq!(audit[0].target, "every dead inbox message");
+
+    // Resend by filter: an empty one is refused.
+    let err = admin::resend(&t.db, &Resend::Filter(SentFilter::default()), &ops())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AdminError::EmptySentFilter), "{err}");
+    // One aggregate's sent events; its dead and held events are not SENT and stay.
+    let sent_of = |cart: &str| -> Vec<i64> {
+        f.sent
+            .iter()
+            .filter(|r| r.aggregate_id == cart)
+            .map(|r| r.id)
+            .collect()
+    };
+    let report = admin::resend(
+        &t.db,
+        &Resend::Filter(SentFilter::default().aggregate_id("cart-0")),
+        &ops(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.outbox, report.inbox), (2, 0));
+    for id in sent_of("cart-0") {
+        let row = outbox_row(&t, id).await;
+        assert_eq!((row.status.as_str(), row.sent_at), ("PENDING", None));
+    }
+    for id in sent_of("cart-2") {
+        assert_eq!(outbox_row(&t, id).await.status, "SENT");
+    }
+    // A window on sent_at: only cart-2's first event was sent three hours ago.
+    let cart2 = sent_of("cart-2");
+    exec(
+        &t.db,
+        "UPDATE outbox_event SET sent_at = ? WHERE id = ?",
+        vec![t.dialect().timestamp(ago(180 * MIN)), cart2[0].into()],
+    )
+    .await;
+    let window = SentFilter::default()
+        .aggregate_type("cart")
+        .sent_after(ago(240 * MIN))
+        .sent_before(ago(120 * MIN));
+    let report = admin::resend(&t.db, &Resend::Filter(window), &ops())
+        .await
+        .unwrap();
+    assert_eq!(report.outbox, 1);
+    assert_eq!(outbox_row(&t, cart2[0]).await.status, "PENDING");
+    assert_eq!(outbox_row(&t, cart2[1]).await.status, "SENT");
+    let audit = admin::audit_log(&t.db, 1).await.unwrap();
+    assert!(
+        audit[0]
+            .target
+            .starts_with(r#"sent events where aggregate type = "cart", sent at or after "#),
+        "{}",
+        audit[0].target
+    );
+    // Nothing sent in the future.
+    let report = admin::resend(
+        &t.db,
+        &Resend::Filter(SentFilter::default().sent_after(Utc::now() + chrono::Duration::hours(1))),
+        &ops(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.affected(), 0);
+    // Several event ids: the SENT one moves, the DEAD one is reported.
+    let payment = f.sent.iter().find(|r| r.aggregate_id == "pay-0").unwrap();
+    let report = admin::resend(
+        &t.db,
+        &Resend::Events(vec![payment.event_id, f.dead_cart.event_id]),
+        &ops(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.outbox, 1);
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].status.as_deref(), Some("DEAD"));
+    assert_eq!(outbox_row(&t, payment.id).await.status, "PENDING");
+}
+
+/// Run the relay until `id`'s row has `status`, letting backoffs pass.
+async fn relay_until(t: &TestDb, transport: &MemoryTransport, id: i64, status: &str) {
+    let relay = relay(t, transport);
+    for _ in 0..200 {
+        relay.run_once().await.unwrap();
+        if outbox_row(t, id).await.status == status {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("outbox:{id} never became {status}");
+}
+
+fn history(detail: &admin::DeadLetterDetail) -> Vec<(i64, &str)> {
+    detail
+        .failures
+        .iter()
+        .map(|f| (f.attempt, f.status.as_str()))
+        .collect()
+}
+
+async fn error_history_keeps_every_failed_attempt(t: TestDb) {
+    let f = fixture(&t).await;
+    // The fixture's dead letters: a permanent refusal is one entry; an inbox row recorded DEAD
+    // is one entry with its attempts.
+    let cart = admin::dead_letter(&t.db, Target::outbox(f.dead_cart.id))
+        .await
+        .unwrap();
+    assert_eq!(history(&cart), [(1, "DEAD")]);
+    assert_eq!(
+        cart.failures[0].error,
+        cart.summary.last_error.clone().unwrap()
+    );
+    let m1 = admin::dead_letter(&t.db, Target::inbox(f.m1))
+        .await
+        .unwrap();
+    assert_eq!(history(&m1), [(4, "DEAD")]);
+    assert_eq!(m1.failures[0].error, "Stock service timeout");
+    let m3 = admin::dead_letter(&t.db, Target::inbox(f.m3))
+        .await
+        .unwrap();
+    assert!(m3.failures.is_empty());
+
+    // A publish refused three times (the budget): two retries, then DEAD.
+    let outbox = Outbox::new("admin-tests");
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.enqueue(&LineAdded {
+        cart: "cart-h".into(),
+        seq: 0,
+    })
+    .unwrap();
+    let _ = tx.commit().await.unwrap();
+    let id = outbox_rows(&t.db)
+        .await
+        .iter()
+        .find(|r| r.aggregate_id == "cart-h")
+        .unwrap()
+        .id;
+    let transport = MemoryTransport::new();
+    transport.fail_matching(Some(|m: &OutgoingMessage| m.aggregate_id == "cart-h"));
+    relay_until(&t, &transport, id, "DEAD").await;
+    let detail = admin::dead_letter(&t.db, Target::outbox(id)).await.unwrap();
+    assert_eq!(history(&detail), [(1, "RETRY"), (2, "RETRY"), (3, "DEAD")]);
+    assert!(detail.failures.iter().all(|f| f.error.contains("injected")));
+    assert!(detail.failures.windows(2).all(|w| w[0].at <= w[1].at));
+    assert_eq!(
+        detail.failures.last().map(|f| f.error.clone()),
+        detail.summary.last_error
+    );
+
+    // Replayed and dead again: the earlier death stays in the history.
+    admin::replay(
+        &t.db,
+        &Selector::Ids(vec![Target::outbox(id)]),
+        &Actor::anonymous(),
+    )
+    .await
+    .unwrap();
+    relay_until(&t, &transport, id, "DEAD").await;
+    let detail = admin::dead_letter(&t.db, Target::outbox(id)).await.unwrap();
+    assert_eq!(
+        history(&detail),
+        [
+            (1, "RETRY"),
+            (2, "RETRY"),
+            (3, "DEAD"),
+            (1, "RETRY"),
+            (2, "RETRY"),
+            (3, "DEAD")
+        ]
+    );
+    // Fixed and sent: the history is kept, `last_error` cleared.
+    transport.clear_faults();
+    admin::replay(
+        &t.db,
+        &Selector::Ids(vec![Target::outbox(id)]),
+        &Actor::anonymous(),
+    )
+    .await
+    .unwrap();
+    relay_until(&t, &transport, id, "SENT").await;
+    let detail = admin::dead_letter(&t.db, Target::outbox(id)).await.unwrap();
+    assert_eq!(detail.failures.len(), 6);
+    assert_eq!(detail.summary.last_error, None);
+
+    // A worker's failures, fenced by its claim: a stale token appends nothing.
+    let m = inbox_row(
+        &t,
+        "history",
+        "m-h",
+        "line.added",
+        "cart-h",
+        b"{}",
+        InitialState::Pending,
+        ago(MIN),
+    )
+    .await;
+    let claim_params = ClaimParams {
+        owner: "w",
+        batch_size: 10,
+        lease: Duration::from_secs(30),
+        ordering: true,
+        max_attempts: 5,
+    };
+    let claim = outbox::store::inbox::claim(&t.db, "history", &claim_params)
+        .await
+        .unwrap();
+    let retry = Failure::Retry {
+        attempts: 1,
+        delay: Duration::ZERO,
+        error: "stock service down".into(),
+    };
+    assert!(
+        !outbox::store::inbox::mark_failed(&t.db, m, uuid::Uuid::new_v4(), &retry)
+            .await
+            .unwrap()
+    );
+    assert!(
+        outbox::store::inbox::mark_failed(&t.db, m, claim.token, &retry)
+            .await
+            .unwrap()
+    );
+    let claim = outbox::store::inbox::claim(&t.db, "history", &claim_params)
+        .await
+        .unwrap();
+    let dead = Failure::Dead {
+        attempts: 2,
+        error: "unknown sku".into(),
+    };
+    assert!(
+        outbox::store::inbox::mark_failed(&t.db, m, claim.token, &dead)
+            .await
+            .unwrap()
+    );
+    let detail = admin::dead_letter(&t.db, Target::inbox(m)).await.unwrap();
+    let errors: Vec<(i64, &str, &str)> = detail
+        .failures
+        .iter()
+        .map(|f| (f.attempt, f.status.as_str(), f.error.as_str()))
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            (1, "RETRY", "stock service down"),
+            (2, "DEAD", "unknown sku")
+        ]
+    );
+
+    // Retention: history older than the window goes with finished rows (the sent event, the
+    // ignored message) and stays with dead ones.
+    admin::ignore(
+        &t.db,
+        &Selector::Ids(vec![Target::inbox(f.m2)]),
+        &Actor::anonymous(),
+    )
+    .await
+    .unwrap();
+    exec(
+        &t.db,
+        "UPDATE outbox_failure SET failed_at = ?",
+        vec![t.dialect().timestamp(ago(30 * DAY))],
+    )
+    .await;
+    let report = retention::purge(&t.db, &RetentionPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(report.failures_deleted, 7, "{report:?}");
+    let kept = admin::dead_letter(&t.db, Target::outbox(id)).await.unwrap();
+    assert!(kept.failures.is_empty());
+    let m2 = admin::dead_letter(&t.db, Target::inbox(f.m2))
+        .await
+        .unwrap();
+    assert!(m2.failures.is_empty());
+    for (target, entries) in [
+        (Target::outbox(f.dead_cart.id), 1),
+        (Target::inbox(f.m1), 1),
+        (Target::inbox(m), 2),
+    ] {
+        let detail = admin::dead_letter(&t.db, target).await.unwrap();
+        assert_eq!(detail.failures.len(), entries, "{target}");
+    }
+}
+
 backend_tests! {
     admin_status_counts => status_reports_counts_ages_and_stuck_rows;
     admin_dead_list => dead_letters_filter_and_paginate;
     admin_dead_show => dead_letter_shows_a_row_in_full;
     admin_replay => replay_moves_dead_letters_back_and_the_relay_publishes_them;
     admin_ignore => ignore_finishes_dead_inbox_messages;
+    admin_by_filter => ignore_and_resend_by_filter;
+    admin_error_history => error_history_keeps_every_failed_attempt;
     admin_resend => resend_publishes_a_sent_event_again;
     admin_guarded => guarded_changes_touch_nothing_in_the_wrong_state;
     admin_doctor => doctor_finds_missing_indexes_migrations_and_stuck_rows;
@@ -1399,8 +1766,9 @@ async fn purge_a_million_rows_while_relaying_on_postgres() {
     let produced = producer.await.unwrap() as usize;
 
     assert_eq!(report.outbox_deleted, ROWS as u64, "{report:?}");
-    // 5,000 rows per batch: 200 full batches, one empty, one for the inbox.
-    assert_eq!(report.batches, 202, "{report:?}");
+    // 5,000 rows per batch: 200 full batches, one empty, one for the inbox, one for each error
+    // history.
+    assert_eq!(report.batches, 204, "{report:?}");
     assert!(
         published_during_purge * 2 >= produced,
         "the relay kept up during the purge: {published_during_purge} of {produced} published \

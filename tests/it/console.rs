@@ -137,7 +137,7 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
         (
             Method::POST,
             "/api/resend",
-            Some(json!({"event_id": f.sent[0].event_id, "reason": "try"})),
+            Some(json!({"event_ids": [f.sent[0].event_id], "reason": "try"})),
         ),
         (
             Method::POST,
@@ -311,6 +311,13 @@ async fn reads_answer_what_the_tables_hold(t: TestDb) {
     assert_eq!(detail["aggregate_id"], "cart-1");
     assert_eq!(detail["envelope"]["type"], "line.added");
     assert!(detail["payload"].as_str().unwrap().contains("cart-1"));
+    // Its error history: the one refusal that killed it.
+    let failures = detail["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{detail}");
+    assert_eq!(failures[0]["attempt"], 1);
+    assert_eq!(failures[0]["status"], "DEAD");
+    assert_eq!(failures[0]["error"], detail["last_error"]);
+    assert!(failures[0]["at"].as_str().is_some());
     let missing = served.get("/api/dead-letters/outbox:999999").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
 
@@ -387,9 +394,31 @@ async fn malformed_parameters_are_refused_with_a_message(t: TestDb) {
             "inbox rows only",
         ),
         (
+            "/api/ignore",
+            json!({"filter": {"source": "outbox"}, "reason": "r"}),
+            "inbox messages only",
+        ),
+        ("/api/ignore", json!({"reason": "r"}), "exactly one"),
+        (
             "/api/resend",
-            json!({"event_id": "nope", "reason": "r"}),
-            "event_id",
+            json!({"event_ids": ["nope"], "reason": "r"}),
+            "event_ids",
+        ),
+        (
+            "/api/resend",
+            json!({"event_ids": [], "reason": "r"}),
+            "`event_ids` is empty",
+        ),
+        ("/api/resend", json!({"reason": "r"}), "exactly one"),
+        (
+            "/api/resend",
+            json!({"filter": {}, "reason": "r"}),
+            "empty filter",
+        ),
+        (
+            "/api/resend",
+            json!({"filter": {"sent_after": "yesterday"}, "reason": "r"}),
+            "sent_after",
         ),
         ("/api/purge", json!({"done_after": "1h", "reason": "r"}), ""),
         (
@@ -491,12 +520,36 @@ async fn writes_are_guarded_and_audited_with_the_operator(t: TestDb) {
         &served
             .post(
                 "/api/resend",
-                json!({"event_id": f.sent[1].event_id, "reason": "broker lost it"}),
+                json!({"event_ids": [f.sent[1].event_id], "reason": "broker lost it"}),
             )
             .await,
     );
     assert_eq!(resent["outbox"], 1);
     assert_eq!(outbox_row(&t, f.sent[1].id).await.status, "PENDING");
+
+    // Ignore and resend by filter.
+    let ignored = json_of(
+        &served
+            .post(
+                "/api/ignore",
+                json!({"filter": {"consumer": "inventory", "error": "SKU"}, "reason": "sku gone"}),
+            )
+            .await,
+    );
+    assert_eq!(ignored["inbox"], 1, "{ignored}");
+    assert_eq!(inbox_state(&t, f.m2).await.status, "IGNORED");
+    let payment = f.sent.iter().find(|r| r.aggregate_id == "pay-0").unwrap();
+    let resent = json_of(
+        &served
+            .post(
+                "/api/resend",
+                json!({"filter": {"aggregate_type": "payment", "sent_after": "2000-01-01T00:00:00Z"},
+                       "reason": "billing rebuilt"}),
+            )
+            .await,
+    );
+    assert_eq!(resent["outbox"], 1, "{resent}");
+    assert_eq!(outbox_row(&t, payment.id).await.status, "PENDING");
 
     // Purge: nothing is old enough, and it is still recorded.
     let purged = served.post("/api/purge", json!({"reason": "weekly"})).await;
@@ -519,6 +572,8 @@ async fn writes_are_guarded_and_audited_with_the_operator(t: TestDb) {
         .collect();
     let expected = [
         ("purge", "weekly"),
+        ("resend", "billing rebuilt"),
+        ("ignore", "sku gone"),
         ("resend", "broker lost it"),
         ("ignore", "obsolete"),
         ("replay", "billing back"),
@@ -789,6 +844,7 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         .env("CONSOLE_URL", format!("{}/", served.base))
         .env("CONSOLE_TOKEN", TOKEN)
         .env("TARGET_ID", &target)
+        .env("BULK_ID", format!("inbox:{}", f.m5))
         .env("SCREENSHOTS", &shots);
     let output = output_of(command).await;
     assert!(
@@ -812,8 +868,9 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         expected.outbox.backlog.to_string(),
         "{seen}"
     );
-    let dead_before = expected.dead_total() + 1; // the replayed one was dead then
-    assert!(dead_before >= 5);
+    // The replayed one and the one ignored by filter were dead then.
+    let dead_before = expected.dead_total() + 2;
+    assert!(dead_before >= 6);
     assert_eq!(seen["deadTotal"], dead_before.to_string(), "{seen}");
     for (status, n) in &expected.outbox.counts {
         assert_eq!(
@@ -851,6 +908,14 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
     assert_eq!(seen["pwned"], false, "{seen}");
     assert_eq!(seen["dialogs"], 0, "{seen}");
     assert_eq!(seen["errors"], json!([]), "{seen}");
+    // Its error history, as text too.
+    assert_eq!(
+        seen["failures"],
+        json!([{"attempt": "4", "status": "DEAD",
+                "error": "<b>upstream</b> said <script>window.__pwned=true</script>"}]),
+        "{seen}"
+    );
+    assert_eq!(seen["elementsInFailures"], 0, "{seen}");
 
     // Replayed with its reason: it left the list, the row is due again, the audit trail says who
     // and why.
@@ -873,11 +938,36 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         "{seen}"
     );
     assert_eq!(inbox_state(&t, html).await.status, "RETRY");
-    assert_eq!(seen["audit"][0]["action"], "replay");
-    assert_eq!(seen["audit"][0]["actor"], "ops");
-    assert_eq!(seen["audit"][0]["reason"], "stock service fixed");
+    // Ignored by filter: billing's one dead letter, listed alone, then gone; inventory's stay.
+    assert_eq!(
+        seen["listedFiltered"],
+        json!([format!("inbox:{}", f.m5)]),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["bulkQuestion"],
+        "Ignore every dead inbox message where consumer = billing?"
+    );
     assert!(
-        seen["audit"][0]["target"]
+        seen["afterBulk"]
+            .as_str()
+            .unwrap()
+            .starts_with("Ignored 1 row"),
+        "{seen}"
+    );
+    assert_eq!(inbox_state(&t, f.m5).await.status, "IGNORED");
+    assert_eq!(inbox_state(&t, f.m1).await.status, "DEAD");
+    assert_eq!(seen["audit"][0]["action"], "ignore");
+    assert_eq!(seen["audit"][0]["reason"], "billing retired");
+    assert_eq!(
+        seen["audit"][0]["target"],
+        r#"dead letters where consumer = "billing""#
+    );
+    assert_eq!(seen["audit"][1]["action"], "replay");
+    assert_eq!(seen["audit"][1]["actor"], "ops");
+    assert_eq!(seen["audit"][1]["reason"], "stock service fixed");
+    assert!(
+        seen["audit"][1]["target"]
             .as_str()
             .unwrap()
             .contains(&target),
@@ -889,7 +979,6 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
     for shot in ["overview.png", "dead-letter.png", "audit.png", "phone.png"] {
         assert!(shots.join(shot).exists(), "no screenshot {shot}");
     }
-    let _ = f;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -926,7 +1015,11 @@ async fn generated_requests_get_no_server_error(t: TestDb) {
     let _ = fixture(&t).await;
     let served = Served::start(console(&t)).await;
     let mut command = std::process::Command::new("python3");
+    // schemathesis keeps a cache in its working directory: the target's, not the checkout.
+    let workdir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("schemathesis");
+    std::fs::create_dir_all(&workdir).unwrap();
     command
+        .current_dir(&workdir)
         .env("PYTHONPATH", &path)
         .args(["-m", "schemathesis.cli", "run"])
         .arg(format!("{}/api/openapi.json", served.base))

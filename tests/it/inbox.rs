@@ -324,6 +324,33 @@ async fn permanent_failures_dead_after_limit_others_flow(t: TestDb) {
         10,
         "every healthy message handled"
     );
+    // Every failed attempt is in the error history, oldest first, the last one DEAD.
+    let listed = outbox::admin::dead_letters(
+        &t.db,
+        &outbox::admin::DeadLetterFilter::default().consumer("t-limited"),
+        outbox::admin::Page::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(listed.len(), 1);
+    let detail = outbox::admin::dead_letter(&t.db, listed[0].target)
+        .await
+        .unwrap();
+    let history: Vec<(i64, &str)> = detail
+        .failures
+        .iter()
+        .map(|f| (f.attempt, f.status.as_str()))
+        .collect();
+    assert_eq!(history, [(1, "RETRY"), (2, "RETRY"), (3, "DEAD")]);
+    assert!(
+        detail
+            .failures
+            .iter()
+            .all(|f| f.error.contains("cannot reserve stock for poison-1")),
+        "{:?}",
+        detail.failures
+    );
+    assert!(detail.failures.windows(2).all(|w| w[0].at <= w[1].at));
 }
 
 async fn per_aggregate_order_under_keyed_concurrency(t: TestDb) {

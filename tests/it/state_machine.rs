@@ -1354,9 +1354,13 @@ impl OutboxModel {
         target: &OutRow,
         before: &BTreeMap<i64, OutRow>,
     ) -> Result<(), TestCaseError> {
-        let report = admin::resend(&self.db, target.event_id, &actor())
-            .await
-            .map_err(fail)?;
+        let report = admin::resend(
+            &self.db,
+            &admin::Resend::Events(vec![target.event_id]),
+            &actor(),
+        )
+        .await
+        .map_err(fail)?;
         let after = self.rows().await?;
         let a = &after[&target.id];
         if target.status == "SENT" {
@@ -2292,7 +2296,12 @@ impl InboxModel {
             )
             .await
         } else {
-            admin::ignore(&self.db, &[target.id], &actor()).await
+            admin::ignore(
+                &self.db,
+                &Selector::Ids(vec![Target::inbox(target.id)]),
+                &actor(),
+            )
+            .await
         }
         .map_err(fail)?;
         let after = self.rows().await?;

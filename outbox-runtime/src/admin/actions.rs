@@ -7,7 +7,9 @@ use sea_orm::DatabaseConnection;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{Actor, AdminAction, AdminError, DeadLetterFilter, Source, Target, db_error};
+use super::{
+    Actor, AdminAction, AdminError, DeadLetterFilter, SentFilter, Source, Target, db_error,
+};
 use crate::store::{
     admin::{self as sql, Rows, lock_statuses},
     status::{OutboxStatus, WorkStatus},
@@ -16,14 +18,14 @@ use crate::store::{
 /// The state replay and ignore expect, in either table.
 const DEAD: &str = WorkStatus::Dead.as_str();
 
-/// What [`replay`] changes.
+/// What [`replay`] and [`ignore`] change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Selector {
     /// These rows.
     Ids(Vec<Target>),
     /// Every dead letter matching a filter; an empty filter is refused (use [`Selector::All`]).
     Filter(DeadLetterFilter),
-    /// Every dead letter, outbox and inbox.
+    /// Every dead letter, outbox and inbox (for [`ignore`]: every dead inbox message).
     All,
 }
 
@@ -276,59 +278,139 @@ async fn finish(
 
 /// Decide not to handle dead inbox messages: DEAD → IGNORED, with `processed_at` set so that
 /// retention purges them after the dedup window. They no longer hold their aggregate back.
+/// Selected by inbox id, by a filter (limited to the inbox), or all of them; rows not DEAD are
+/// left alone (and, when selected by id, reported in [`ActionReport::skipped`]).
 pub async fn ignore(
     db: &DatabaseConnection,
-    ids: &[i64],
+    selector: &Selector,
     actor: &Actor,
 ) -> Result<ActionReport, AdminError> {
-    if ids.is_empty() {
-        return Err(AdminError::NoIds("ignore"));
+    const ACTION: &str = "ignore";
+    match selector {
+        Selector::Ids(ids) if ids.is_empty() => return Err(AdminError::NoIds(ACTION)),
+        Selector::Ids(ids) => {
+            if let Some(target) = ids.iter().find(|t| t.source != Source::Inbox) {
+                return Err(AdminError::WrongTable {
+                    action: ACTION,
+                    expected: Source::Inbox,
+                    target: *target,
+                });
+            }
+        }
+        Selector::Filter(filter) if filter.is_empty() => {
+            return Err(AdminError::EmptyFilter(ACTION));
+        }
+        Selector::Filter(filter) => {
+            if filter.sources()? == [Source::Outbox] {
+                return Err(AdminError::InboxOnly(ACTION));
+            }
+        }
+        Selector::All => {}
     }
-    let targets: Vec<Target> = ids.iter().map(|id| Target::inbox(*id)).collect();
-    let (_, ids) = split(&targets);
     let txn = crate::store::tx::begin_admin(db)
         .await
         .map_err(db_error("beginning the ignore"))?;
     let mut report = ActionReport::new(ActionKind::Ignore);
-    let ready = partition(&txn, Source::Inbox, &ids, DEAD, &mut report.skipped).await?;
-    if !ready.is_empty() {
-        report.inbox = sql::ignore_inbox(&txn, &ready)
+    let doing = "ignoring dead inbox messages";
+    let all = DeadLetterFilter::default();
+    let ready;
+    let selected = match selector {
+        Selector::Ids(targets) => {
+            let (_, ids) = split(targets);
+            ready = partition(&txn, Source::Inbox, &ids, DEAD, &mut report.skipped).await?;
+            (!ready.is_empty()).then_some(Rows::Ids(&ready))
+        }
+        Selector::Filter(filter) => Some(Rows::Filter(filter)),
+        Selector::All => Some(Rows::Filter(&all)),
+    };
+    if let Some(selected) = selected {
+        report.inbox = sql::ignore_inbox(&txn, selected)
             .await
-            .map_err(db_error("ignoring dead inbox messages"))?;
+            .map_err(db_error(doing))?;
     }
-    let target = Selector::Ids(targets).to_string();
+    let target = match selector {
+        Selector::All => "every dead inbox message".to_owned(),
+        other => other.to_string(),
+    };
     finish(txn, &mut report, &target, actor).await?;
     Ok(report)
 }
 
-/// Publish a SENT outbox event again: SENT → PENDING with `sent_at` cleared. An event in another
-/// state is left alone and reported in [`ActionReport::skipped`].
+/// What [`resend`] publishes again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resend {
+    /// These events, by event id.
+    Events(Vec<Uuid>),
+    /// Every SENT event matching a filter; an empty filter is refused.
+    Filter(SentFilter),
+}
+
+impl fmt::Display for Resend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resend::Events(ids) => write!(
+                f,
+                "outbox event {}",
+                ids.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Resend::Filter(filter) => write!(f, "{filter}"),
+        }
+    }
+}
+
+/// Publish SENT outbox events again: SENT → PENDING with `sent_at` cleared, by event id or by a
+/// filter. Events in another state are left alone (and, when named by id, reported in
+/// [`ActionReport::skipped`]).
 pub async fn resend(
     db: &DatabaseConnection,
-    event_id: Uuid,
+    which: &Resend,
     actor: &Actor,
 ) -> Result<ActionReport, AdminError> {
+    match which {
+        Resend::Events(ids) if ids.is_empty() => return Err(AdminError::NoIds("resend")),
+        Resend::Filter(filter) if filter.is_empty() => return Err(AdminError::EmptySentFilter),
+        _ => {}
+    }
     let txn = crate::store::tx::begin_admin(db)
         .await
         .map_err(db_error("beginning the resend"))?;
     let mut report = ActionReport::new(ActionKind::Resend);
-    let found = sql::lock_by_event_ids(&txn, &[event_id])
-        .await
-        .map_err(db_error("looking the event up"))?;
-    let target = format!("outbox event {event_id}");
-    match found.get(&event_id) {
-        Some((id, status)) if status == OutboxStatus::Sent.as_str() => {
-            report.outbox = sql::resend_outbox(&txn, &[*id])
+    let doing = "resending events";
+    match which {
+        Resend::Events(event_ids) => {
+            let mut wanted = event_ids.clone();
+            wanted.sort_unstable();
+            wanted.dedup();
+            let found = sql::lock_by_event_ids(&txn, &wanted)
                 .await
-                .map_err(db_error("resending the event"))?;
+                .map_err(db_error("looking the events up"))?;
+            let mut ready = Vec::with_capacity(wanted.len());
+            for event_id in &wanted {
+                match found.get(event_id) {
+                    Some((id, status)) if status == OutboxStatus::Sent.as_str() => ready.push(*id),
+                    other => report.skipped.push(Skipped {
+                        target: format!("outbox event {event_id}"),
+                        status: other.map(|(_, status)| status.clone()),
+                        expected: OutboxStatus::Sent.as_str(),
+                    }),
+                }
+            }
+            if !ready.is_empty() {
+                report.outbox = sql::resend_outbox(&txn, Rows::Ids(&ready))
+                    .await
+                    .map_err(db_error(doing))?;
+            }
         }
-        other => report.skipped.push(Skipped {
-            target: target.clone(),
-            status: other.map(|(_, status)| status.clone()),
-            expected: OutboxStatus::Sent.as_str(),
-        }),
+        Resend::Filter(filter) => {
+            report.outbox = sql::resend_outbox(&txn, Rows::Sent(filter))
+                .await
+                .map_err(db_error(doing))?;
+        }
     }
-    finish(txn, &mut report, &target, actor).await?;
+    finish(txn, &mut report, &which.to_string(), actor).await?;
     Ok(report)
 }
 

@@ -139,7 +139,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0007` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0008` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -233,6 +233,18 @@ const TABLES: &[TableSpec] = &[
             "started_at",
             "heartbeat_at",
             "expires_at",
+        ],
+    },
+    TableSpec {
+        name: "outbox_failure",
+        columns: &[
+            "id",
+            "queue",
+            "row_id",
+            "attempt",
+            "status",
+            "error",
+            "failed_at",
         ],
     },
 ];

@@ -31,10 +31,13 @@
 //! backoff: the next relay round publishes it (and then the events of its aggregate it held
 //! back). An inbox message goes DEAD → RETRY due now with `attempts = 0`: the consumer's worker
 //! handles it at its next round. In both, `last_error` is kept, so an operator still sees why it
-//! died, until the row succeeds (a relay's SENT and a worker's DONE clear it).
+//! died, until the row succeeds (a relay's SENT and a worker's DONE clear it). Every failed
+//! attempt is also kept in the error history (`outbox_failure`), which [`dead_letter`] returns
+//! as [`DeadLetterDetail::failures`]: a replayed row's earlier deaths stay visible.
 //!
-//! **Resend** moves a SENT outbox event back to PENDING (`sent_at` cleared), so the relay
-//! publishes it again with the same event id: for a broker that lost messages. Consumers whose
+//! **Resend** moves SENT outbox events back to PENDING (`sent_at` cleared), by event id or by a
+//! [`SentFilter`] (event type, aggregate, when sent), so the relay publishes them again with the
+//! same event ids: for a broker or a consumer that lost messages. Consumers whose
 //! inbox still holds the event id suppress it as a duplicate.
 
 mod actions;
@@ -49,9 +52,12 @@ use sea_orm::DbErr;
 use serde::Serializer;
 
 pub use crate::operations::{
-    Actor, AdminAction, AdminError, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target,
+    Actor, AdminAction, AdminError, DeadLetter, DeadLetterDetail, DeadLetterFilter, FailureRecord,
+    SentFilter, Source, Target,
 };
-pub use actions::{ActionKind, ActionReport, Selector, Skipped, audit_log, ignore, replay, resend};
+pub use actions::{
+    ActionKind, ActionReport, Resend, Selector, Skipped, audit_log, ignore, replay, resend,
+};
 pub use dead_letters::{Page, dead_letter, dead_letters};
 pub use doctor::{DoctorOptions, DoctorReport, Finding, Severity, doctor};
 pub use duration::HumanDuration;

@@ -27,8 +27,8 @@ use super::{
 use crate::{
     admin::{
         self, ActionReport, Actor, AdminAction, AdminError, DeadLetter, DeadLetterDetail,
-        DeadLetterFilter, DoctorOptions, DoctorReport, HumanDuration, Page, Selector, Source,
-        Status, Target,
+        DeadLetterFilter, DoctorOptions, DoctorReport, HumanDuration, Page, Resend, Selector,
+        SentFilter, Source, Status, Target,
     },
     retention::{self, PurgeReport, RetentionError, RetentionPolicy},
 };
@@ -397,6 +397,33 @@ pub(super) struct ReplayRequest {
     reason: Option<String>,
 }
 
+/// One way of selecting dead letters: ids (parsed by `parse`), a filter, or all of them.
+fn selector(
+    ids: Option<Vec<String>>,
+    filter: Option<FilterParams>,
+    all: Option<bool>,
+    parse: impl Fn(&str) -> Result<Target, ApiError>,
+) -> Result<Selector, ApiError> {
+    match (ids, filter, all.unwrap_or(false)) {
+        (Some(ids), None, false) => {
+            ids_within_limit(ids.len())?;
+            let targets = ids
+                .iter()
+                .map(|id| parse(id))
+                .collect::<Result<Vec<_>, _>>()?;
+            if targets.is_empty() {
+                return Err(ApiError::bad_request("`ids` is empty"));
+            }
+            Ok(Selector::Ids(targets))
+        }
+        (None, Some(filter), false) => Ok(Selector::Filter(filter.filter()?)),
+        (None, None, true) => Ok(Selector::All),
+        _ => Err(ApiError::bad_request(
+            "give exactly one of `ids`, `filter` or `all: true`",
+        )),
+    }
+}
+
 /// Give dead letters another chance: outbox DEAD → PENDING, inbox DEAD → RETRY due now, with
 /// their attempts reset. Rows in another state are reported in `skipped`, not touched.
 #[utoipa::path(post, path = "/api/replay", tag = "actions", request_body = ReplayRequest,
@@ -406,42 +433,27 @@ async fn replay(
     State(s): St,
     Write { actor, body: r }: Write<ReplayRequest>,
 ) -> ApiResult<ActionReport> {
-    let selector = match (r.ids, r.filter, r.all.unwrap_or(false)) {
-        (Some(ids), None, false) => {
-            ids_within_limit(ids.len())?;
-            let targets = ids
-                .iter()
-                .map(|id| id.parse::<Target>())
-                .collect::<Result<Vec<_>, _>>()?;
-            if targets.is_empty() {
-                return Err(ApiError::bad_request("`ids` is empty"));
-            }
-            Selector::Ids(targets)
-        }
-        (None, Some(filter), false) => Selector::Filter(filter.filter()?),
-        (None, None, true) => Selector::All,
-        _ => {
-            return Err(ApiError::bad_request(
-                "give exactly one of `ids`, `filter` or `all: true`",
-            ));
-        }
-    };
+    let selector = selector(r.ids, r.filter, r.all, |id| Ok(id.parse::<Target>()?))?;
     Ok(Json(admin::replay(&s.db, &selector, &actor).await?))
 }
 
-/// Inbox rows to ignore.
+/// Which dead inbox messages to ignore: ids, a filter, or all of them (exactly one).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct IgnoreRequest {
     /// Inbox rows: `inbox:7` (or `7`).
     #[schema(max_items = 1000)]
-    ids: Vec<String>,
+    ids: Option<Vec<String>>,
+    /// Every dead inbox message matching this filter (not empty, not limited to the outbox).
+    filter: Option<FilterParams>,
+    /// Every dead inbox message.
+    all: Option<bool>,
     /// Why: recorded in the audit log.
     reason: Option<String>,
 }
 
 /// Decide not to handle dead inbox messages: DEAD → IGNORED. They no longer hold their aggregate
-/// back.
+/// back. Rows in another state are reported in `skipped`, not touched.
 #[utoipa::path(post, path = "/api/ignore", tag = "actions", request_body = IgnoreRequest,
     responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
@@ -449,9 +461,7 @@ async fn ignore(
     State(s): St,
     Write { actor, body: r }: Write<IgnoreRequest>,
 ) -> ApiResult<ActionReport> {
-    ids_within_limit(r.ids.len())?;
-    let mut ids = Vec::with_capacity(r.ids.len());
-    for id in &r.ids {
+    let selector = selector(r.ids, r.filter, r.all, |id| {
         let target = match id.trim().parse::<i64>() {
             Ok(n) => Target::inbox(n),
             Err(_) => id.parse::<Target>()?,
@@ -461,23 +471,65 @@ async fn ignore(
                 "ignore applies to inbox rows only; {target} is not one"
             )));
         }
-        ids.push(target.id);
-    }
-    Ok(Json(admin::ignore(&s.db, &ids, &actor).await?))
+        Ok(target)
+    })?;
+    Ok(Json(admin::ignore(&s.db, &selector, &actor).await?))
 }
 
-/// A SENT outbox event to publish again.
+/// Which SENT outbox events to resend (all criteria given must hold; at least one).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SentFilterParams {
+    /// The event type.
+    event_type: Option<String>,
+    /// The aggregate type.
+    aggregate_type: Option<String>,
+    /// The aggregate id.
+    aggregate_id: Option<String>,
+    /// Only events sent at or after this instant (RFC 3339).
+    sent_after: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only events sent before this instant (RFC 3339).
+    sent_before: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl SentFilterParams {
+    fn filter(self) -> Result<SentFilter, ApiError> {
+        let mut filter = SentFilter::default();
+        if let Some(v) = text("event_type", self.event_type)? {
+            filter = filter.event_type(v);
+        }
+        if let Some(v) = text("aggregate_type", self.aggregate_type)? {
+            filter = filter.aggregate_type(v);
+        }
+        if let Some(v) = text("aggregate_id", self.aggregate_id)? {
+            filter = filter.aggregate_id(v);
+        }
+        if let Some(at) = self.sent_after {
+            filter = filter.sent_after(at);
+        }
+        if let Some(at) = self.sent_before {
+            filter = filter.sent_before(at);
+        }
+        Ok(filter)
+    }
+}
+
+/// SENT outbox events to publish again: event ids or a filter (exactly one).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ResendRequest {
-    /// The event id.
-    event_id: Uuid,
+    /// The event ids.
+    #[schema(max_items = 1000)]
+    event_ids: Option<Vec<Uuid>>,
+    /// Every SENT event matching this filter (not empty).
+    filter: Option<SentFilterParams>,
     /// Why: recorded in the audit log.
     reason: Option<String>,
 }
 
-/// Publish a SENT outbox event again (SENT → PENDING), under the same event id: consumers that
-/// still hold it in their inbox suppress it as a duplicate.
+/// Publish SENT outbox events again (SENT → PENDING), under the same event ids: consumers that
+/// still hold them in their inbox suppress them as duplicates. Events in another state are
+/// reported in `skipped`, not touched.
 #[utoipa::path(post, path = "/api/resend", tag = "actions", request_body = ResendRequest,
     responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
@@ -485,7 +537,22 @@ async fn resend(
     State(s): St,
     Write { actor, body: r }: Write<ResendRequest>,
 ) -> ApiResult<ActionReport> {
-    Ok(Json(admin::resend(&s.db, r.event_id, &actor).await?))
+    let which = match (r.event_ids, r.filter) {
+        (Some(ids), None) => {
+            ids_within_limit(ids.len())?;
+            if ids.is_empty() {
+                return Err(ApiError::bad_request("`event_ids` is empty"));
+            }
+            Resend::Events(ids)
+        }
+        (None, Some(filter)) => Resend::Filter(filter.filter()?),
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `event_ids` or `filter`",
+            ));
+        }
+    };
+    Ok(Json(admin::resend(&s.db, &which, &actor).await?))
 }
 
 /// What to purge.

@@ -15,7 +15,9 @@ use super::{
     status::{InboxStatus, OutboxStatus, WorkStatus},
 };
 use crate::{
-    operations::{AdminAction, DeadLetter, DeadLetterDetail, DeadLetterFilter, Source, Target},
+    operations::{
+        AdminAction, DeadLetter, DeadLetterDetail, DeadLetterFilter, SentFilter, Source, Target,
+    },
     util::text::truncate,
 };
 
@@ -276,6 +278,7 @@ pub(crate) async fn outbox_detail(
         locked_until: dialect.get_opt_timestamp(&row, "locked_until")?,
         sent_at: dialect.get_opt_timestamp(&row, "sent_at")?,
         processed_at: None,
+        failures: super::failures::history(db, Source::Outbox, id).await?,
     }))
 }
 
@@ -327,6 +330,7 @@ pub(crate) async fn inbox_detail(
         locked_until: dialect.get_opt_timestamp(&row, "locked_until")?,
         sent_at: None,
         processed_at: dialect.get_opt_timestamp(&row, "processed_at")?,
+        failures: super::failures::history(db, Source::Inbox, id).await?,
     }))
 }
 
@@ -354,11 +358,34 @@ pub(crate) async fn lock_statuses(
     Ok(found)
 }
 
-/// What a guarded state change selects: some ids, or every row matching a filter.
+/// What a guarded state change selects: some ids, every dead letter matching a filter, or
+/// every sent event matching one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Rows<'a> {
     Ids(&'a [i64]),
     Filter(&'a DeadLetterFilter),
+    Sent(&'a SentFilter),
+}
+
+/// `' AND …'` for each criterion of a sent-events filter (outbox).
+fn push_sent_filter(sql: &mut Sql, filter: &SentFilter) {
+    let dialect = sql.dialect();
+    for (column, value) in [
+        ("event_type", &filter.event_type),
+        ("aggregate_type", &filter.aggregate_type),
+        ("aggregate_id", &filter.aggregate_id),
+    ] {
+        if let Some(value) = value {
+            sql.push(&format!(" AND {column} = "))
+                .bind(value.clone().into());
+        }
+    }
+    if let Some(at) = filter.sent_after {
+        sql.push(" AND sent_at >= ").bind(dialect.timestamp(at));
+    }
+    if let Some(at) = filter.sent_before {
+        sql.push(" AND sent_at < ").bind(dialect.timestamp(at));
+    }
 }
 
 /// Run `UPDATE <table> SET <set> WHERE status = <from> AND <rows>`, in chunks of ids (`from` is
@@ -371,17 +398,18 @@ async fn guarded_update(
     rows: Rows<'_>,
 ) -> Result<u64, DbErr> {
     let dialect = Dialect::of(conn);
-    let statement = |ids: Option<&[i64]>, filter: Option<&DeadLetterFilter>| {
+    let statement = |rows: Rows<'_>| {
         let mut sql = Sql::new(dialect);
         sql.push(&format!("UPDATE {} SET ", table_of(source)));
         set(&mut sql);
         sql.push(" WHERE status = ").push(from);
-        if let Some(ids) = ids {
-            sql.push(" AND id IN ")
-                .bind_list(ids.iter().map(|id| Value::from(*id)));
-        }
-        if let Some(filter) = filter {
-            push_filter(&mut sql, source, filter);
+        match rows {
+            Rows::Ids(ids) => {
+                sql.push(" AND id IN ")
+                    .bind_list(ids.iter().map(|id| Value::from(*id)));
+            }
+            Rows::Filter(filter) => push_filter(&mut sql, source, filter),
+            Rows::Sent(filter) => push_sent_filter(&mut sql, filter),
         }
         sql.build()
     };
@@ -390,17 +418,12 @@ async fn guarded_update(
         Rows::Ids(ids) => {
             for chunk in ids.chunks(500) {
                 affected += conn
-                    .execute_raw(statement(Some(chunk), None))
+                    .execute_raw(statement(Rows::Ids(chunk)))
                     .await?
                     .rows_affected();
             }
         }
-        Rows::Filter(filter) => {
-            affected += conn
-                .execute_raw(statement(None, Some(filter)))
-                .await?
-                .rows_affected();
-        }
+        rows => affected += conn.execute_raw(statement(rows)).await?.rows_affected(),
     }
     Ok(affected)
 }
@@ -443,7 +466,7 @@ pub(crate) async fn replay_inbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> R
 }
 
 /// Inbox DEAD → IGNORED, finished now (so retention purges it after the dedup window).
-pub(crate) async fn ignore_inbox(txn: &DatabaseTransaction, ids: &[i64]) -> Result<u64, DbErr> {
+pub(crate) async fn ignore_inbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
     guarded_update(
         txn,
         Source::Inbox,
@@ -456,13 +479,13 @@ pub(crate) async fn ignore_inbox(txn: &DatabaseTransaction, ids: &[i64]) -> Resu
             .push(", locked_until = NULL, claim_token = NULL");
         },
         InboxStatus::Dead.literal(),
-        Rows::Ids(ids),
+        rows,
     )
     .await
 }
 
 /// Outbox SENT → PENDING, as if never sent.
-pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, ids: &[i64]) -> Result<u64, DbErr> {
+pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
     guarded_update(
         txn,
         Source::Outbox,
@@ -474,7 +497,7 @@ pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, ids: &[i64]) -> Res
             ));
         },
         OutboxStatus::Sent.literal(),
-        Rows::Ids(ids),
+        rows,
     )
     .await
 }

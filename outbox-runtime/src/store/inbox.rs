@@ -7,10 +7,12 @@ use uuid::Uuid;
 use super::{
     AGGREGATE_VERSION_TABLE, DbTime, Dialect, INBOX_TABLE,
     claim::{ClaimParams, Queue, hand_back, select_claimable},
+    failures::{self, Failed},
     sql::{Arg, Sql},
     status::{Failure, InboxStatus},
     tx::begin_work,
 };
+use crate::operations::Source;
 use crate::util::text::truncate;
 
 /// Longest message id the table holds; a longer one is stored cut to this many characters.
@@ -184,7 +186,20 @@ pub async fn insert<C: ConnectionTrait>(
     state: &InboxState,
 ) -> Result<bool, DbErr> {
     let statement = insert_statement(Dialect::of(conn), &[(row, state)], Skip::MessageKey, false);
-    Ok(conn.execute_raw(statement).await?.rows_affected() == 1)
+    let inserted = conn.execute_raw(statement).await?.rows_affected() == 1;
+    if inserted && matches!(state, InboxState::Failed(_)) {
+        failures::append(conn, Source::Inbox, message(row)).await?;
+    }
+    Ok(inserted)
+}
+
+/// The history selector of one message.
+fn message<'a>(row: &NewInboxRow<'a>) -> Failed<'a> {
+    Failed::Message {
+        consumer: row.consumer,
+        origin: row.origin,
+        message_id: row.message_id,
+    }
 }
 
 /// Rows one multi-row insert takes at most (18 parameters each).
@@ -215,9 +230,13 @@ pub async fn insert_many<C: ConnectionTrait>(
         {
             returned.insert(row.try_get("", "message_id")?);
         }
-        for (row, _) in chunk {
+        for (row, state) in chunk {
             // `remove`: a second row with the same id in the batch was the one skipped.
-            inserted.push(returned.remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS)));
+            let new = returned.remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS));
+            if new && matches!(state, InboxState::Failed(_)) {
+                failures::append(conn, Source::Inbox, message(row)).await?;
+            }
+            inserted.push(new);
         }
     }
     Ok(inserted)
@@ -442,6 +461,14 @@ pub async fn restate<C: ConnectionTrait>(
         .push(" AND origin = '' AND message_id = ")
         .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
     conn.execute_raw(sql.build()).await?;
+    if state.error.is_some() {
+        let failed = Failed::Message {
+            consumer,
+            origin: "",
+            message_id,
+        };
+        failures::append(conn, Source::Inbox, failed).await?;
+    }
     Ok(())
 }
 
@@ -690,6 +717,8 @@ pub async fn claim(
         .bind(message.id.into());
         txn.execute_raw(sql.build()).await?;
     }
+    let dead_ids: Vec<i64> = expired_dead.iter().map(|message| message.id).collect();
+    failures::append(&txn, Source::Inbox, Failed::Ids(&dead_ids)).await?;
     hand_back(&txn, INBOX_TABLE, stranded).await?;
     txn.commit().await?;
     Ok(InboxClaim {
@@ -719,14 +748,15 @@ pub async fn mark_done<C: ConnectionTrait>(conn: &C, id: i64, token: Uuid) -> Re
     Ok(conn.execute_raw(sql.build()).await?.rows_affected() == 1)
 }
 
-/// After a failed attempt: RETRY at its due time, or DEAD, fenced by the claim token. `false`
-/// means another worker owns the message now.
+/// After a failed attempt: RETRY at its due time, or DEAD, fenced by the claim token, with the
+/// failure appended to the history. `false` means another worker owns the message now.
 pub async fn mark_failed(
     db: &DatabaseConnection,
     id: i64,
     token: Uuid,
     failure: &Failure,
 ) -> Result<bool, DbErr> {
+    let txn = begin_work(db).await?;
     let dialect = Dialect::of(db);
     let mut sql = Sql::new(dialect);
     sql.push(&format!(
@@ -745,7 +775,12 @@ pub async fn mark_failed(
         InboxStatus::Processing.literal()
     ))
     .bind(dialect.uuid(token));
-    Ok(db.execute_raw(sql.build()).await?.rows_affected() == 1)
+    let marked = txn.execute_raw(sql.build()).await?.rows_affected() == 1;
+    if marked {
+        failures::append(&txn, Source::Inbox, Failed::Ids(&[id])).await?;
+    }
+    txn.commit().await?;
+    Ok(marked)
 }
 
 /// Hand claimed messages back unhandled (behind a failure of their aggregate, or at shutdown),

@@ -12,7 +12,8 @@
 //! - `inbox`: recording deliveries, the worker's claim and write-back;
 //! - `admin`: operators' reads and state changes and the audit log, `retention`: purging
 //!   finished rows, `lease`: named leases, `schema`: introspection for `doctor`,
-//!   `stats`: backlog counts for the metrics, `broker_state`: each relay's view of its broker;
+//!   `stats`: backlog counts for the metrics, `broker_state`: each relay's view of its broker,
+//!   `failures`: the error history of failed attempts;
 //! - `wal`: the WAL relay's publication, slot and batch check (PostgreSQL).
 
 pub mod admin;
@@ -21,6 +22,7 @@ pub mod claim;
 pub mod clock;
 pub mod dialect;
 pub mod errors;
+pub mod failures;
 pub mod inbox;
 pub mod lease;
 pub mod local;

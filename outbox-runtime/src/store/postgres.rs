@@ -100,6 +100,7 @@ impl Backend for Postgres {
                 "outbox_event_sent_at_idx",
             ],
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
+            "outbox_failure" => &super::schema::FAILURE_INDEXES,
             _ => &[],
         }
     }

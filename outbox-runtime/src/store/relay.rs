@@ -9,10 +9,12 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::envelope::{Envelope, JSON_CONTENT_TYPE};
+use crate::operations::Source;
 
 use super::{
     DbTime, Dialect, OUTBOX_TABLE,
     claim::{ClaimParams, Queue, hand_back, select_claimable},
+    failures::{self, Failed},
     sql::{Arg, Sql},
     status::{Failure, OutboxStatus},
     tx::begin_work,
@@ -281,6 +283,8 @@ pub async fn claim_aged(
         ));
         txn.execute_raw(sql.build()).await?;
     }
+    let dead_ids: Vec<i64> = dead.iter().map(|event| event.id).collect();
+    failures::append(&txn, Source::Outbox, Failed::Ids(&dead_ids)).await?;
     hand_back(&txn, OUTBOX_TABLE, stranded).await?;
     txn.commit().await?;
     Ok(Claim {
@@ -416,6 +420,7 @@ pub async fn settle(
         settled.sent += txn.execute_raw(sql.build()).await?.rows_affected();
     }
 
+    let mut failed = Vec::with_capacity(settlement.failed.len());
     for FailedEvent { id, failure } in &settlement.failed {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
@@ -430,8 +435,12 @@ pub async fn settle(
         .push(", locked_until = NULL");
         fence.push_where(&mut sql);
         sql.push(" AND id = ").bind((*id).into());
-        settled.failed += txn.execute_raw(sql.build()).await?.rows_affected();
+        if txn.execute_raw(sql.build()).await?.rows_affected() == 1 {
+            failed.push(*id);
+        }
     }
+    settled.failed = failed.len() as u64;
+    failures::append(&txn, Source::Outbox, Failed::Ids(&failed)).await?;
 
     let reclaimed: std::collections::HashSet<i64> =
         settlement.released_reclaimed.iter().copied().collect();
@@ -492,7 +501,7 @@ pub(super) async fn mark_dead<C: ConnectionTrait>(
     .push(" WHERE id = ")
     .bind(id.into());
     conn.execute_raw(sql.build()).await?;
-    Ok(())
+    failures::append(conn, Source::Outbox, Failed::Ids(&[id])).await
 }
 
 /// RETRY events whose last failure matches one of `patterns` (SQL `LIKE`) and that are not due

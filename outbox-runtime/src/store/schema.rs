@@ -46,6 +46,9 @@ pub(crate) const INBOX_EVENT_INDEXES: [&str; 5] = [
     "inbox_event_processed_at_idx",
 ];
 
+/// The indexes of `outbox_failure` (`outbox_0008`), the same on every backend.
+pub(crate) const FAILURE_INDEXES: [&str; 2] = ["outbox_failure_row", "outbox_failure_at"];
+
 /// The indexes the SDK's migrations create on `table` on this connection's backend.
 pub fn expected_indexes(db: &DatabaseConnection, table: &str) -> &'static [&'static str] {
     Dialect::of(db).expected_indexes(table)

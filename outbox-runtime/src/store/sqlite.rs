@@ -127,6 +127,7 @@ impl Backend for Sqlite {
                 "outbox_event_sent_at_idx",
             ],
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
+            "outbox_failure" => &super::schema::FAILURE_INDEXES,
             _ => &[],
         }
     }

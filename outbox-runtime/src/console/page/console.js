@@ -231,6 +231,9 @@
     state.filter = {};
     for (const [k, v] of data.entries()) if (String(v).trim()) state.filter[k] = String(v).trim();
     state.page = 1;
+    const filtered = Object.keys(state.filter).length > 0;
+    $("replay-matching").disabled = !filtered;
+    $("ignore-matching").disabled = !filtered || state.filter.source === "outbox";
     refreshDead();
   });
   $("prev").addEventListener("click", () => { if (state.page > 1) { state.page -= 1; refreshDead(); } });
@@ -282,6 +285,10 @@
       }
       let payload = d.payload;
       try { payload = JSON.stringify(JSON.parse(d.payload), null, 2); } catch (_) { /* shown as received */ }
+      fill("failures", (d.failures || []).slice().reverse().map((f) => row([
+        { text: when(f.at) }, { text: f.attempt, className: "num" },
+        { text: f.status, className: f.status === "DEAD" ? "bad" : "" }, { text: f.error },
+      ])), "no failed attempt recorded");
       $("detail-payload").textContent = payload;
       $("detail-envelope").textContent = d.envelope ? JSON.stringify(d.envelope, null, 2) : "–";
       const dead = d.status === "DEAD";
@@ -324,20 +331,30 @@
     return text;
   }
 
-  async function act(path, verb, body) {
-    const reason = await askReason(verb + " " + state.selected + "?");
+  async function act(path, question, done, body) {
+    const reason = await askReason(question);
     if (!reason) return;
     await guarded(async () => {
       const report = await api(path, { method: "POST", body: { ...body, reason } });
-      say(describe(report, verb === "Replay" ? "Replayed" : "Ignored"));
+      say(describe(report, done));
       $("detail").hidden = true;
       state.selected = null;
       await refreshDead();
     });
   }
 
-  $("do-replay").addEventListener("click", () => act("replay", "Replay", { ids: [state.selected] }));
-  $("do-ignore").addEventListener("click", () => act("ignore", "Ignore", { ids: [state.selected] }));
+  function filterText() {
+    return Object.entries(state.filter).map(([k, v]) => k.replace("_", " ") + " = " + v).join(", ");
+  }
+
+  $("do-replay").addEventListener("click", () =>
+    act("replay", "Replay " + state.selected + "?", "Replayed", { ids: [state.selected] }));
+  $("do-ignore").addEventListener("click", () =>
+    act("ignore", "Ignore " + state.selected + "?", "Ignored", { ids: [state.selected] }));
+  $("replay-matching").addEventListener("click", () =>
+    act("replay", "Replay every dead letter where " + filterText() + "?", "Replayed", { filter: state.filter }));
+  $("ignore-matching").addEventListener("click", () =>
+    act("ignore", "Ignore every dead inbox message where " + filterText() + "?", "Ignored", { filter: state.filter }));
 
   // ---- audit -------------------------------------------------------------------------------
   function refreshAudit() {
