@@ -200,6 +200,11 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
     let text = run(url, &["dead", "show", &outbox_id], 0).await;
     assert!(text.contains("permanently"), "{text}");
     assert!(text.contains("envelope:"), "{text}");
+    // Its error history: the one refusal.
+    assert_eq!(shown["failures"].as_array().unwrap().len(), 1, "{shown}");
+    assert_eq!(shown["failures"][0]["status"], "DEAD");
+    assert!(text.contains("failures (oldest first):"), "{text}");
+    assert!(text.contains("attempt 1   DEAD"), "{text}");
 
     // replay --id: the row changes, the audit log says who and why.
     let report = run_json(
@@ -221,14 +226,51 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
     let again = run(url, &["replay", "--id", &outbox_id], 3).await;
     assert!(again.contains("is PENDING, not DEAD"), "{again}");
 
-    // ignore.
-    let text = run(url, &["ignore", &inbox_id, "--reason", "cancelled"], 0).await;
+    // ignore: by id, or by a filter that the inbox has; nothing selected is refused.
+    for (args, needle) in [
+        (&["ignore"][..], "say what to ignore"),
+        (
+            &["ignore", "--source", "outbox", "--type", "x"][..],
+            "inbox messages only",
+        ),
+        (&["ignore", "7", "--all"][..], "choose one way"),
+    ] {
+        let refused = cli(Some(url), args).await;
+        assert_eq!(refused.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&refused).contains(needle), "{}", stderr(&refused));
+    }
+    let text = run(
+        url,
+        &[
+            "ignore",
+            "--consumer",
+            "inventory",
+            "--error",
+            "TIMEOUT",
+            "--reason",
+            "cancelled",
+        ],
+        0,
+    )
+    .await;
     assert!(text.contains("ignored 1 row(s)"), "{text}");
     assert_eq!(status_of(&t, "inbox_event", inbox_dead).await, "IGNORED");
 
-    // resend: SENT → PENDING, sent_at cleared.
+    // resend by filter: SENT → PENDING, sent_at cleared; only what matches.
     let event = &sent[0];
-    let report = run_json(url, &["resend", &event.event_id.to_string()]).await;
+    let report = run_json(
+        url,
+        &[
+            "resend",
+            "--type",
+            "line.added",
+            "--aggregate",
+            &event.aggregate_id,
+            "--sent-after",
+            "2000-01-01T00:00:00Z",
+        ],
+    )
+    .await;
     assert_eq!(report["outbox"], 1);
     let row = outbox_rows(&t.db)
         .await
@@ -236,6 +278,12 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
         .find(|r| r.id == event.id)
         .unwrap();
     assert_eq!((row.status.as_str(), row.sent_at), ("PENDING", None));
+    assert_eq!(status_of(&t, "outbox_event", sent[1].id).await, "SENT");
+    // By event id: the replayed event is not SENT, so it is reported and the exit status says so.
+    let text = run(url, &["resend", &dead.event_id.to_string()], 3).await;
+    assert!(text.contains("is PENDING, not SENT"), "{text}");
+    let refused = cli(Some(url), &["resend", "--sent-after", "yesterday"]).await;
+    assert_eq!(refused.status.code(), Some(2));
 
     // purge: the other SENT event was sent 3 hours ago, the DONE message processed 3 days ago.
     exec(
@@ -290,13 +338,14 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
         actions,
         [
             ("purge", "tester", 2),
+            ("resend", "tester", 0),
             ("resend", "tester", 1),
             ("ignore", "tester", 1),
             ("replay", "tester", 0),
             ("replay", "ops", 1),
         ]
     );
-    assert_eq!(audit[4]["reason"], "size limit raised");
+    assert_eq!(audit[5]["reason"], "size limit raised");
 
     // doctor: healthy; migrate is idempotent.
     let text = run(url, &["doctor"], 0).await;
