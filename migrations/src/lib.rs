@@ -30,6 +30,7 @@ mod m0005_relay;
 mod m0006_inbox_external;
 mod m0007_inbox_drop_message_id_key;
 mod m0008_failure;
+mod m0009_scheduled;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -42,6 +43,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0006_inbox_external::MIGRATION),
         Box::new(m0007_inbox_drop_message_id_key::MIGRATION),
         Box::new(m0008_failure::MIGRATION),
+        Box::new(m0009_scheduled::MIGRATION),
     ]
 }
 

@@ -35,6 +35,7 @@ const MAX_KEY_CHARS: usize = 255;
 
 pub(crate) use crate::store::outbox::PendingEvent;
 pub use crate::store::outbox::SkippedEvent;
+use crate::store::scheduled::{Due, ScheduledEvent};
 
 /// What a commit wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,12 +47,15 @@ pub struct CommitReport {
     pub skipped: Vec<SkippedEvent>,
     /// For a savepoint: events handed to the enclosing transaction, written when it commits.
     pub carried_to_parent: usize,
+    /// Delayed events written to `outbox_scheduled` (`enqueue_at`, `enqueue_after`).
+    pub scheduled: usize,
 }
 
 /// How much a transaction level had buffered at some point (see `OutboxTransaction::rewind`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BufferMark {
     events: usize,
+    scheduled: usize,
     after_commit: usize,
 }
 
@@ -62,6 +66,8 @@ type AfterCommit = Box<dyn FnOnce() + Send + 'static>;
 #[derive(Default)]
 struct Buffer {
     events: Vec<PendingEvent>,
+    /// Delayed events, written to `outbox_scheduled`.
+    scheduled: Vec<ScheduledEvent>,
     after_commit: Vec<AfterCommit>,
     /// Committed or rolled back: a savepoint releasing into it now has nowhere to go.
     closed: bool,
@@ -71,6 +77,7 @@ impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Buffer")
             .field("events", &self.events)
+            .field("scheduled", &self.scheduled)
             .field("after_commit", &self.after_commit.len())
             .field("closed", &self.closed)
             .finish()
@@ -232,6 +239,57 @@ impl OutboxTransaction {
         Ok(id)
     }
 
+    /// Buffer `event` to be published at `when`, not before: it is committed with this
+    /// transaction and kept apart (in `outbox_scheduled`) until due, when a relay moves it into
+    /// the outbox as if it were committed then. Returns its id.
+    ///
+    /// **Order.** A delayed event takes its place in its aggregate's order when it becomes due:
+    /// the aggregate's events sent before then go before it, those committed after then go after
+    /// it, and it holds nothing back while it waits. A time in the past is due at once.
+    ///
+    /// It is published within about the relay's `poll_interval` of `when` (the relay looks for
+    /// due events at most that often), then retried like any event if the publish fails. An event
+    /// with an aggregate version is refused: consumers' version guard would drop it as stale once
+    /// later versions were handled. A dedup key is checked against the delayed events waiting at
+    /// commit, and against the outbox when the event becomes due (a duplicate then is dropped,
+    /// with a warning).
+    pub fn enqueue_at<E: DomainEvent>(
+        &self,
+        event: &E,
+        when: chrono::DateTime<chrono::Utc>,
+    ) -> Result<EventId, EnqueueError> {
+        self.schedule(event, Due::At(when))
+    }
+
+    /// [`enqueue_at`](Self::enqueue_at) `delay` after the commit, by the database's clock.
+    pub fn enqueue_after<E: DomainEvent>(
+        &self,
+        event: &E,
+        delay: std::time::Duration,
+    ) -> Result<EventId, EnqueueError> {
+        self.schedule(event, Due::After(delay))
+    }
+
+    fn schedule<E: DomainEvent>(&self, event: &E, due: Due) -> Result<EventId, EnqueueError> {
+        let pending = self.prepare(event, Headers::new())?;
+        if pending.aggregate_version.is_some() {
+            return Err(EnqueueError::InvalidField {
+                event_type: E::EVENT_TYPE,
+                field: "aggregate version",
+                reason: "a delayed event cannot carry one: it joins its aggregate's order when \
+                         due, and consumers' version guard would drop it as stale"
+                    .into(),
+            });
+        }
+        let id = pending.event_id;
+        tracing::debug!(event_id = %id, event_type = E::EVENT_TYPE, ?due, "outbox event scheduled");
+        lock(&self.buffer).scheduled.push(ScheduledEvent {
+            event: pending,
+            due,
+        });
+        Ok(id)
+    }
+
     fn prepare<E: DomainEvent>(
         &self,
         event: &E,
@@ -334,6 +392,7 @@ impl OutboxTransaction {
         let buffer = lock(&self.buffer);
         BufferMark {
             events: buffer.events.len(),
+            scheduled: buffer.scheduled.len(),
             after_commit: buffer.after_commit.len(),
         }
     }
@@ -343,6 +402,7 @@ impl OutboxTransaction {
     pub(crate) fn rewind(&self, mark: BufferMark) {
         let mut buffer = lock(&self.buffer);
         buffer.events.truncate(mark.events);
+        buffer.scheduled.truncate(mark.scheduled);
         buffer.after_commit.truncate(mark.after_commit);
     }
 
@@ -445,11 +505,12 @@ impl OutboxTransaction {
         self,
         fast: Option<store::outbox::FastClaim<'_>>,
     ) -> Result<Committed, OutboxError> {
-        let (events, after_commit) = {
+        let (events, scheduled, after_commit) = {
             let mut buffer = lock(&self.buffer);
             buffer.closed = true;
             (
                 mem::take(&mut buffer.events),
+                mem::take(&mut buffer.scheduled),
                 mem::take(&mut buffer.after_commit),
             )
         };
@@ -461,9 +522,10 @@ impl OutboxTransaction {
                 )));
             }
             self.txn.commit().await?;
-            let carried = events.len();
+            let carried = events.len() + scheduled.len();
             let mut parent = lock(parent);
             parent.events.extend(events);
+            parent.scheduled.extend(scheduled);
             parent.after_commit.extend(after_commit);
             return Ok(Committed {
                 report: CommitReport {
@@ -476,7 +538,10 @@ impl OutboxTransaction {
         }
 
         let outcome = if events.is_empty() {
-            if !after_commit.is_empty() && store::Dialect::of(&self.txn).commit_hides_abort() {
+            if !after_commit.is_empty()
+                && scheduled.is_empty()
+                && store::Dialect::of(&self.txn).commit_hides_abort()
+            {
                 // PostgreSQL answers COMMIT of a transaction aborted by a failed statement with
                 // a rollback, not an error; the callbacks must not run for it. (With events,
                 // their INSERT surfaces the abort.)
@@ -492,6 +557,11 @@ impl OutboxTransaction {
             )
             .await?
         };
+        let delayed = if scheduled.is_empty() {
+            store::scheduled::Scheduled::default()
+        } else {
+            store::scheduled::insert(&self.txn, &scheduled).await?
+        };
         self.txn.commit().await?;
         if outcome.written > 0 {
             crate::metrics::events_written(outcome.written);
@@ -506,11 +576,14 @@ impl OutboxTransaction {
             .into_iter()
             .filter_map(|row| events[row.index].take().map(|e| e.into_claimed(row)))
             .collect();
+        let mut skipped = outcome.skipped;
+        skipped.extend(delayed.skipped);
         Ok(Committed {
             report: CommitReport {
                 written: outcome.written,
-                skipped: outcome.skipped,
+                skipped,
                 carried_to_parent: 0,
+                scheduled: delayed.written,
             },
             owned,
             after_commit,
@@ -523,6 +596,7 @@ impl OutboxTransaction {
             let mut buffer = lock(&self.buffer);
             buffer.closed = true;
             buffer.events.clear();
+            buffer.scheduled.clear();
             buffer.after_commit.clear();
         }
         self.txn.rollback().await?;

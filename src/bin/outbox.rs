@@ -736,6 +736,15 @@ fn render_status(status: &Status) -> String {
         .map(|s| o.counts.get(*s).copied().unwrap_or(0).to_string())
         .collect();
     out.push_str(&table(&statuses, vec![row]));
+    if o.scheduled > 0 {
+        let _ = writeln!(
+            out,
+            "        {} delayed events scheduled (not in the backlog), the next due {}",
+            o.scheduled,
+            o.next_due_at
+                .map_or_else(|| "-".to_owned(), |at| at.to_rfc3339())
+        );
+    }
     if o.delayed_by_outage > 0 {
         let _ = writeln!(
             out,

@@ -23,6 +23,7 @@ mod cli;
 mod conformance;
 #[cfg(feature = "console")]
 mod console;
+mod delayed;
 mod fast_path;
 mod inbox;
 #[cfg(feature = "nats")]

@@ -139,7 +139,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0008` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0009` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -245,6 +245,23 @@ const TABLES: &[TableSpec] = &[
             "status",
             "error",
             "failed_at",
+        ],
+    },
+    TableSpec {
+        name: "outbox_scheduled",
+        columns: &[
+            "id",
+            "event_id",
+            "source",
+            "event_type",
+            "schema_version",
+            "aggregate_type",
+            "aggregate_id",
+            "dedup_key",
+            "payload",
+            "headers",
+            "due_at",
+            "created_at",
         ],
     },
 ];

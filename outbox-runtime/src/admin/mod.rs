@@ -68,11 +68,7 @@ pub use status::{
 /// Map a database error, recognising a missing table (the migrations were not applied).
 pub(crate) fn db_error(doing: &'static str) -> impl FnOnce(DbErr) -> AdminError {
     move |source| {
-        let text = source.to_string();
-        let missing_table = text.contains("no such table")
-            || (text.contains("relation") && text.contains("does not exist"))
-            || (text.contains("Table") && text.contains("doesn't exist"));
-        if missing_table {
+        if crate::store::errors::is_missing_table(&source) {
             AdminError::NotMigrated(source)
         } else {
             AdminError::Database {

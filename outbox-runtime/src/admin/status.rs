@@ -95,6 +95,11 @@ pub struct OutboxStatus {
     /// Backlog events delayed by a broker outage: the whole backlog while a running relay
     /// reports its broker unavailable (nothing is published then), otherwise 0.
     pub delayed_by_outage: u64,
+    /// Delayed events waiting in `outbox_scheduled` (`enqueue_at`, `enqueue_after`): not part
+    /// of the backlog until due.
+    pub scheduled: u64,
+    /// When the earliest of them is due.
+    pub next_due_at: Option<DateTime<Utc>>,
 }
 
 /// One relay's view of its broker in [`Status`], from the row the relay keeps in
@@ -202,6 +207,8 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         stuck: 0,
         stuck_since: None,
         delayed_by_outage: 0,
+        scheduled: 0,
+        next_due_at: None,
     };
     for row in sql::outbox_counts(db)
         .await
@@ -216,6 +223,11 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         }
     }
     outbox.dead = outbox.counts[RowStatus::Dead.as_str()];
+    let waiting = crate::store::scheduled::waiting(db)
+        .await
+        .map_err(db_error("counting delayed events"))?;
+    outbox.scheduled = u64::try_from(waiting.count).unwrap_or(0);
+    outbox.next_due_at = waiting.next_due;
     outbox.oldest_unsent_age = age(now, outbox.oldest_unsent_at);
     for sql::Stuck {
         count: n, since, ..

@@ -297,6 +297,8 @@ pub struct Relay {
     /// The WAL mode (see [`Relay::with_wal`]).
     #[cfg(feature = "postgres-wal")]
     wal: Option<Arc<wal::WalMode>>,
+    /// When due delayed events were last moved into the outbox (at most once a poll interval).
+    promoted_at: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl fmt::Debug for Relay {
@@ -322,6 +324,7 @@ impl Relay {
             broker: Arc::new(BrokerWatch::new(stats)),
             #[cfg(feature = "postgres-wal")]
             wal: None,
+            promoted_at: Default::default(),
         }
     }
 
@@ -339,6 +342,7 @@ impl Relay {
             broker: Arc::new(BrokerWatch::new(stats)),
             #[cfg(feature = "postgres-wal")]
             wal: None,
+            promoted_at: Default::default(),
         }
     }
 
@@ -418,6 +422,8 @@ impl Relay {
         // The breaker belongs to `run`'s loop, which waits for the broker; a single round always
         // tries it (a broker found unavailable hands the claim back, as in the loop).
         self.broker.reset();
+        // A single round always looks for due delayed events.
+        *self.promoted_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.round(&CancellationToken::new())
             .await
             .map(|round| round.report)
@@ -808,8 +814,53 @@ impl Relay {
         }
     }
 
+    /// Move due delayed events into the outbox, at most once a poll interval (a claim does not
+    /// wait for it). A database without `outbox_scheduled` (migration `outbox_0009` not applied
+    /// yet) has none.
+    async fn promote_due(&self) -> Result<(), RelayError> {
+        {
+            let mut at = self.promoted_at.lock().unwrap_or_else(|p| p.into_inner());
+            if at.is_some_and(|at| at.elapsed() < self.config.poll_interval) {
+                return Ok(());
+            }
+            *at = Some(Instant::now());
+        }
+        loop {
+            let promoted = match with_transient_retries(|| {
+                store::scheduled::promote(&self.db, self.config.batch_size)
+            })
+            .await
+            {
+                Ok(promoted) => promoted,
+                Err(e) if store::errors::is_missing_table(&e) => {
+                    tracing::debug!(error = %e, "no outbox_scheduled table: no delayed events");
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            for skipped in &promoted.skipped {
+                tracing::warn!(
+                    event_id = %skipped.event_id, event_type = %skipped.event_type,
+                    dedup_key = %skipped.dedup_key,
+                    "delayed event dropped when due: the outbox already holds its dedup key"
+                );
+            }
+            if promoted.moved > 0 {
+                tracing::debug!(
+                    moved = promoted.moved,
+                    "due delayed events moved into the outbox"
+                );
+                crate::metrics::events_written(promoted.moved);
+            }
+            if promoted.moved + promoted.skipped.len() < self.config.batch_size.max(1) {
+                return Ok(());
+            }
+        }
+    }
+
     /// Claim a batch; for the database-local sink, the whole round.
     async fn claim_step(&self) -> Result<Claimed<'_>, RelayError> {
+        self.promote_due().await?;
         let params = ClaimParams {
             owner: &self.config.relay_id,
             batch_size: self.config.batch_size,

@@ -58,3 +58,11 @@ pub fn is_connection_error(err: &DbErr) -> bool {
     }
     matches!(err, DbErr::Conn(_))
 }
+
+/// Whether an error says a table does not exist (a migration was not applied).
+pub fn is_missing_table(err: &DbErr) -> bool {
+    let text = err.to_string();
+    text.contains("no such table")
+        || (text.contains("relation") && text.contains("does not exist"))
+        || (text.contains("Table") && text.contains("doesn't exist"))
+}

@@ -6,7 +6,8 @@
 //! - `clock`: the one clock, the database's (`DbTime`);
 //! - `sql`: the statement builder, `tx`: the short transactions the SDK's statements run in,
 //!   `status`: the tables' states, `errors`: what a database error means;
-//! - `outbox`: the commit-time INSERT of buffered events;
+//! - `outbox`: the commit-time INSERT of buffered events, `scheduled`: delayed events, kept
+//!   apart until due;
 //! - `claim`: claiming rows of a work queue in id order, per aggregate;
 //! - `relay`: the relay's claim and write-back, `local`: the database-local transport;
 //! - `inbox`: recording deliveries, the worker's claim and write-back;
@@ -32,6 +33,7 @@ pub(crate) mod outbox;
 pub mod postgres;
 pub mod relay;
 pub mod retention;
+pub mod scheduled;
 pub mod schema;
 pub mod sql;
 pub mod sqlite;

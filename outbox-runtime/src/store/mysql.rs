@@ -83,6 +83,7 @@ impl Backend for MySql {
             ],
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
+            "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
             _ => &[],
         }
     }

@@ -101,6 +101,7 @@ impl Backend for Postgres {
             ],
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
+            "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
             _ => &[],
         }
     }

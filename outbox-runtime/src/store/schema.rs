@@ -49,6 +49,10 @@ pub(crate) const INBOX_EVENT_INDEXES: [&str; 5] = [
 /// The indexes of `outbox_failure` (`outbox_0008`), the same on every backend.
 pub(crate) const FAILURE_INDEXES: [&str; 2] = ["outbox_failure_row", "outbox_failure_at"];
 
+/// The named indexes of `outbox_scheduled` (`outbox_0009`), the same on every backend.
+pub(crate) const SCHEDULED_INDEXES: [&str; 2] =
+    ["outbox_scheduled_dedup_key_idx", "outbox_scheduled_due_idx"];
+
 /// The indexes the SDK's migrations create on `table` on this connection's backend.
 pub fn expected_indexes(db: &DatabaseConnection, table: &str) -> &'static [&'static str] {
     Dialect::of(db).expected_indexes(table)

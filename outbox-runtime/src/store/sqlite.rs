@@ -128,6 +128,7 @@ impl Backend for Sqlite {
             ],
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
+            "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
             _ => &[],
         }
     }

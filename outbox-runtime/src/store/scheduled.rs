@@ -1,0 +1,223 @@
+//! Delayed events, `outbox_scheduled`: written at commit beside `outbox_event`, and moved into it
+//! by a relay once due ([`promote`]) as new rows, as if committed then. Claims never read this
+//! table, so however many events wait here, a claim costs what it did; due events are found by
+//! the `(due_at, id)` index.
+
+use std::{borrow::Cow, collections::HashSet, time::Duration};
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
+
+use super::{
+    DbTime, Dialect, get_i64,
+    outbox::{PendingEvent, SkippedEvent, insert_events},
+    sql::{Arg, Sql},
+    tx::begin_admin,
+};
+
+/// The table of delayed events.
+pub const SCHEDULED_TABLE: &str = "outbox_scheduled";
+
+/// When a delayed event becomes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// At this instant.
+    At(DateTime<Utc>),
+    /// This long after the commit, by the database's clock.
+    After(Duration),
+}
+
+impl Due {
+    fn arg(self, dialect: Dialect) -> Arg {
+        match self {
+            Due::At(at) => Arg::Value(dialect.timestamp(at)),
+            Due::After(delay) => Arg::Time(DbTime::after(delay)),
+        }
+    }
+}
+
+/// An event buffered by `enqueue_at` / `enqueue_after`.
+#[derive(Debug, Clone)]
+pub(crate) struct ScheduledEvent {
+    pub(crate) event: PendingEvent,
+    pub(crate) due: Due,
+}
+
+/// What writing delayed events did.
+#[derive(Debug, Default)]
+pub(crate) struct Scheduled {
+    pub(crate) written: usize,
+    pub(crate) skipped: Vec<SkippedEvent>,
+}
+
+const COLUMNS: &str = "event_id, source, event_type, schema_version, aggregate_type, \
+     aggregate_id, dedup_key, payload, headers";
+
+/// Rows per INSERT.
+const CHUNK: usize = 200;
+
+/// Write delayed events at commit, in the committing transaction. One with the
+/// `(event_type, dedup_key)` of a delayed event already waiting (or earlier in the buffer) is
+/// skipped and reported.
+pub(crate) async fn insert<C: ConnectionTrait>(
+    conn: &C,
+    events: &[ScheduledEvent],
+) -> Result<Scheduled, DbErr> {
+    let dialect = Dialect::of(conn);
+    let mut outcome = Scheduled::default();
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
+    let mut to_write = Vec::with_capacity(events.len());
+    for scheduled in events {
+        let event = &scheduled.event;
+        if let Some(key) = &event.dedup_key
+            && !seen.insert((&event.event_type, key))
+        {
+            outcome.skipped.push(event.skipped());
+            continue;
+        }
+        to_write.push(scheduled);
+    }
+    for chunk in to_write.chunks(CHUNK) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "INSERT INTO {SCHEDULED_TABLE} ({COLUMNS}, due_at, created_at) VALUES "
+        ));
+        for (i, ScheduledEvent { event, due }) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.push("(")
+                .bind(dialect.uuid(event.event_id))
+                .push(", ")
+                .bind(event.source.clone().into())
+                .push(", ")
+                .bind(event.event_type.to_string().into())
+                .push(", ")
+                .bind(i64::from(event.schema_version).into())
+                .push(", ")
+                .bind(event.aggregate_type.to_string().into())
+                .push(", ")
+                .bind(event.aggregate_id.clone().into())
+                .push(", ")
+                .bind(event.dedup_key.clone().into())
+                .push(", ")
+                .bind_json(event.payload.clone())
+                .push(", ")
+                .bind_json(event.headers.clone())
+                .push(", ")
+                .arg(due.arg(dialect))
+                .push(", ")
+                .time(DbTime::NOW)
+                .push(")");
+        }
+        let keyed = chunk.iter().any(|s| s.event.dedup_key.is_some());
+        if let Some(clause) = dialect.outbox_insert_conflict(keyed) {
+            sql.push(" ").push(clause);
+        }
+        conn.execute_raw(sql.build()).await?;
+    }
+    // Which keyed events met a key already waiting?
+    let keyed: Vec<&PendingEvent> = to_write
+        .iter()
+        .map(|s| &s.event)
+        .filter(|e| e.dedup_key.is_some())
+        .collect();
+    if !keyed.is_empty() {
+        let mut present = HashSet::with_capacity(keyed.len());
+        for chunk in keyed.chunks(500) {
+            let mut sql = Sql::new(dialect);
+            sql.push(&format!(
+                "SELECT event_id FROM {SCHEDULED_TABLE} WHERE event_id IN "
+            ))
+            .bind_list(chunk.iter().map(|e| dialect.uuid(e.event_id)));
+            for row in conn.query_all_raw(sql.build()).await? {
+                present.insert(dialect.get_uuid(&row, "event_id")?);
+            }
+        }
+        for event in keyed {
+            if !present.contains(&event.event_id) {
+                outcome.skipped.push(event.skipped());
+            }
+        }
+    }
+    outcome.written = events.len() - outcome.skipped.len();
+    Ok(outcome)
+}
+
+/// What [`promote`] moved.
+#[derive(Debug, Default)]
+pub struct Promoted {
+    /// Events now in `outbox_event`, PENDING.
+    pub moved: usize,
+    /// Events dropped because `outbox_event` already held their `(event_type, dedup_key)`.
+    pub skipped: Vec<SkippedEvent>,
+}
+
+/// Move at most `limit` due delayed events into `outbox_event`, earliest due first, in one
+/// transaction: each becomes a new PENDING row, as if committed now, and leaves
+/// `outbox_scheduled`. Rows another relay is moving are skipped (`SKIP LOCKED`).
+pub async fn promote(db: &DatabaseConnection, limit: usize) -> Result<Promoted, DbErr> {
+    let txn = begin_admin(db).await?;
+    let dialect = Dialect::of(&txn);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!(
+        "SELECT id, {COLUMNS} FROM {SCHEDULED_TABLE} WHERE due_at <= "
+    ))
+    .time(DbTime::NOW)
+    .push(&format!(" ORDER BY due_at, id LIMIT {}", limit.max(1)))
+    .push(dialect.lock_rows(true));
+    let rows = txn.query_all_raw(sql.build()).await?;
+    if rows.is_empty() {
+        txn.commit().await?;
+        return Ok(Promoted::default());
+    }
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut events = Vec::with_capacity(rows.len());
+    for row in &rows {
+        ids.push(row.try_get::<i64>("", "id")?);
+        events.push(PendingEvent {
+            event_id: dialect.get_uuid(row, "event_id")?,
+            source: row.try_get("", "source")?,
+            event_type: Cow::Owned(row.try_get("", "event_type")?),
+            schema_version: u32::try_from(get_i64(row, "schema_version")?).unwrap_or(0),
+            aggregate_type: Cow::Owned(row.try_get("", "aggregate_type")?),
+            aggregate_id: row.try_get("", "aggregate_id")?,
+            aggregate_version: None,
+            dedup_key: row.try_get("", "dedup_key")?,
+            payload: dialect.get_json_text(row, "payload")?,
+            headers: dialect.get_json_text(row, "headers")?,
+        });
+    }
+    let outcome = insert_events(&txn, &events, 500, None).await?;
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!("DELETE FROM {SCHEDULED_TABLE} WHERE id IN "))
+        .bind_list(ids.iter().map(|id| Value::from(*id)));
+    txn.execute_raw(sql.build()).await?;
+    txn.commit().await?;
+    Ok(Promoted {
+        moved: outcome.written,
+        skipped: outcome.skipped,
+    })
+}
+
+/// How many delayed events wait, and when the first is due.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// Delayed events not yet due or not yet moved.
+    pub count: i64,
+    /// The earliest due time.
+    pub next_due: Option<DateTime<Utc>>,
+}
+
+/// Count the delayed events (for `status`).
+pub async fn waiting(db: &DatabaseConnection) -> Result<Waiting, DbErr> {
+    let dialect = Dialect::of(db);
+    let sql = format!("SELECT COUNT(*) AS n, MIN(due_at) AS next_due FROM {SCHEDULED_TABLE}");
+    let Some(row) = db.query_one_raw(dialect.raw(sql)).await? else {
+        return Ok(Waiting::default());
+    };
+    Ok(Waiting {
+        count: get_i64(&row, "n")?,
+        next_due: dialect.get_opt_timestamp(&row, "next_due")?,
+    })
+}
