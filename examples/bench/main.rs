@@ -25,6 +25,8 @@
 //! - P6 peer: sqlxmq spawning and completing trivial jobs on the same database.
 //! - P7 webhooks accepted per second (HTTP 200s, 16 concurrent senders) through the SDK's
 //!   webhook endpoint, against a bare axum handler inserting one row per request.
+//! - P8 delayed events: the relay's look for due delayed events and its claim, with none and with
+//!   1M waiting, and how fast due ones move into the outbox.
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
 //! narrow P3 down to some modes and offered loads.
@@ -42,6 +44,7 @@ mod p4;
 mod p5;
 mod p6;
 mod p7;
+mod p8;
 mod report;
 mod support;
 
@@ -50,7 +53,7 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 7] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7"];
+const SCENARIOS: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
 
 #[derive(Debug)]
 struct Args {
@@ -127,6 +130,7 @@ async fn main() -> Result<(), BoxError> {
                 "p5" => continue,
                 "p6" => p6::run(&ctx).await,
                 "p7" => p7::run(&ctx).await,
+                "p8" => p8::run(&ctx).await,
                 _ => unreachable!("checked when parsing"),
             };
             let got = got.map_err(|e| format!("{scenario} failed: {e}"))?;

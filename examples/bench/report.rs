@@ -176,6 +176,7 @@ pub(crate) fn build(
             "p5" => crate::p5::specs(),
             "p6" => crate::p6::specs(),
             "p7" => crate::p7::specs(),
+            "p8" => crate::p8::specs(),
             _ => Vec::new(),
         });
     }

@@ -41,6 +41,8 @@ pub(crate) struct Sizes {
     pub(crate) p5_backlog: u64,
     /// Jobs in P6.
     pub(crate) p6_jobs: u64,
+    /// Delayed events waiting in P8.
+    pub(crate) p8_scheduled: u64,
 }
 
 impl Sizes {
@@ -56,6 +58,7 @@ impl Sizes {
             p5_events: 50_000,
             p5_backlog: 1_000_000,
             p6_jobs: 20_000,
+            p8_scheduled: 1_000_000,
         }
     }
 
@@ -71,6 +74,7 @@ impl Sizes {
             p5_events: 1_000,
             p5_backlog: 5_000,
             p6_jobs: 300,
+            p8_scheduled: 20_000,
         }
     }
 }
