@@ -21,10 +21,7 @@ const DUE: u64 = 10_000;
 
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let result = measure(ctx).await;
-    let cleared = ctx
-        .db
-        .execute_unprepared("TRUNCATE outbox_scheduled")
-        .await;
+    let cleared = ctx.db.execute_unprepared("TRUNCATE outbox_scheduled").await;
     let reset = ctx.reset().await;
     let out = result?;
     cleared?;
@@ -158,7 +155,11 @@ async fn claims(ctx: &Ctx, label: &str) -> Result<f64, BoxError> {
 
 pub(crate) fn specs() -> Vec<Spec> {
     vec![
-        spec("P8", "due look + claim 500, none waiting", "p8.claim_ms.none"),
+        spec(
+            "P8",
+            "due look + claim 500, none waiting",
+            "p8.claim_ms.none",
+        ),
         spec(
             "P8",
             "due look + claim 500, 1M delayed waiting",
