@@ -43,7 +43,7 @@ pub use outbox_runtime::{
     TraceContext, TraceContextError, TransactionError, WakeReceiver, inbox, registry, relay,
     runtime, trace, transport,
 };
-pub use outbox_runtime::{admin, metrics, retention};
+pub use outbox_runtime::{admin, metrics, retention, upcast};
 
 /// The SQL layer, for the SDK's own tests and benchmarks (feature `test-util`): not covered by
 /// semver.
@@ -52,7 +52,7 @@ pub use outbox_runtime::{admin, metrics, retention};
 pub use outbox_runtime::store;
 
 #[cfg(feature = "macros")]
-pub use outbox_macros::{DomainEvent, inbox_handler};
+pub use outbox_macros::{DomainEvent, inbox_handler, upcaster};
 
 pub use outbox_runtime::outbox::DEFAULT_NOTIFY_CHANNEL;
 
@@ -60,13 +60,13 @@ pub use outbox_migrations::{Migrator, migrate, migrations};
 
 /// Everything a service needs in one `use outbox::prelude::*;`.
 pub mod prelude {
-    #[cfg(feature = "macros")]
-    pub use crate::inbox_handler;
     pub use crate::{
         CommitReport, DomainEvent, EnqueueError, Envelope, Event, EventId, HandlerError,
         InboxTransaction, Outbox, OutboxError, OutboxTransaction, Runtime, TraceContext,
         TransactionError,
     };
+    #[cfg(feature = "macros")]
+    pub use crate::{inbox_handler, upcaster};
     /// Brings `execute_unprepared`, `query_one_raw`, … to `&tx`.
     pub use outbox_runtime::__private01::sea_orm::ConnectionTrait;
 }

@@ -15,6 +15,7 @@ mod expand;
 mod fallback;
 mod handler;
 mod keys;
+mod upcaster;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -130,4 +131,47 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     handler::inbox_handler(args.into(), item.into()).into()
+}
+
+/// Declares an upcaster: how the payload of one version of an event becomes the next version's.
+///
+/// ```ignore
+/// use outbox::prelude::*;
+///
+/// // From the old struct to the new one (both derive `DomainEvent`, same event type, versions
+/// // N and N + 1):
+/// #[upcaster]
+/// fn order_placed_v1_to_v2(old: OrderPlacedV1) -> OrderPlacedV2 {
+///     OrderPlacedV2 { order_id: old.order_id, currency: "EUR".into() }
+/// }
+///
+/// // Or on the JSON, for a version whose struct is gone; a `Result` for steps that can fail:
+/// #[upcaster(event = "order.placed", from = 2)]
+/// fn order_placed_v2_to_v3(
+///     mut payload: serde_json::Value,
+/// ) -> Result<serde_json::Value, String> {
+///     payload["total_cents"] = payload["total"].as_f64().map(|t| (t * 100.0).round()).into();
+///     Ok(payload)
+/// }
+/// ```
+///
+/// A consumer whose handler takes version 3 then handles versions 1 and 2 as well, upcast through
+/// the chain right before the handler runs; `event.meta().received_schema_version` says what
+/// arrived. An upcaster that fails (its `Err`, or a payload it cannot read) leaves the message
+/// DEAD with the error. The runtime refuses to start on two upcasters for one step, one that does
+/// not take exactly one step, or a gap in a chain below a version a consumer handles.
+///
+/// # Arguments
+///
+/// - none: the function takes the old struct and returns the new one (or a `Result` of it,
+///   whose error is `Display`);
+/// - `event = "order.placed", from = 2`: the function takes and returns `serde_json::Value` (or a
+///   `Result` of it), reading version `from` and writing `from + 1`;
+/// - `crate = "my_outbox"` (optional, default `::outbox`): the path of the `outbox` crate.
+///
+/// The function stays as written; the attribute adds a wrapper and submits an
+/// `outbox::upcast::UpcasterRegistration` that the runtime finds at start-up.
+#[proc_macro_attribute]
+pub fn upcaster(args: TokenStream, item: TokenStream) -> TokenStream {
+    upcaster::upcaster(args.into(), item.into()).into()
 }

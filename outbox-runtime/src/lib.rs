@@ -63,6 +63,7 @@ pub(crate) mod store;
 pub mod trace;
 pub mod transaction;
 pub mod transport;
+pub mod upcast;
 pub(crate) mod util;
 #[cfg(feature = "webhook")]
 pub mod webhook;
@@ -88,10 +89,12 @@ pub mod __private01 {
     pub use crate::inbox::{
         Event, HandlerError, HandlerFuture, HandlerMode, HandlerRegistration, InboxTransaction,
     };
+    pub use crate::upcast::UpcasterRegistration;
     pub use inventory;
     pub use sea_orm;
     pub use serde;
     pub use serde_json;
+    pub use std::format;
     pub use std::pin::Pin;
     pub use std::{
         boxed::Box,

@@ -51,6 +51,7 @@ mod relay_nats;
 mod state_machine;
 mod transport;
 mod ui;
+mod upcast;
 #[cfg(feature = "postgres")]
 mod wakeup;
 #[cfg(feature = "postgres-wal")]

@@ -123,12 +123,26 @@ impl Consumer {
         self.stats.count(self.name, counter);
     }
 
-    /// The handler registered for the envelope's type and schema version, if any.
+    /// The handler registered for the envelope's type and schema version, or else for the
+    /// lowest later version the upcasters take it to, if any.
     pub(super) fn registration(&self, envelope: &Envelope) -> Option<&'static HandlerRegistration> {
         let version = envelope.schema_version.unwrap_or(1);
-        self.handlers
-            .get(&(envelope.event_type.as_str(), version))
-            .copied()
+        let event_type = envelope.event_type.as_str();
+        if let Some(reg) = self.handlers.get(&(event_type, version)) {
+            return Some(reg);
+        }
+        let upcasters = crate::upcast::Upcasters::linked();
+        if !upcasters.has_step(event_type, version) {
+            return None;
+        }
+        let handled: std::collections::BTreeMap<u32, &'static HandlerRegistration> = self
+            .handlers
+            .iter()
+            .filter(|((t, _), _)| *t == event_type)
+            .map(|((_, v), reg)| (*v, *reg))
+            .collect();
+        let target = upcasters.target(event_type, version, &handled)?;
+        handled.get(&target).copied()
     }
 
     /// The handler for the envelope, or why there is none (the message's DEAD reason).
@@ -153,7 +167,8 @@ impl Consumer {
             ))
         } else {
             Err(format!(
-                "consumer `{}` has no handler for `{}` schema version {version} (it handles versions {versions:?})",
+                "consumer `{}` has no handler for `{}` schema version {version} (it handles versions \
+                 {versions:?}, and no chain of upcasters leads from {version} to one of them)",
                 self.name, envelope.event_type
             ))
         }

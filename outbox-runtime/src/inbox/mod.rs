@@ -63,8 +63,11 @@ pub struct EventMeta {
     pub aggregate_type: Option<String>,
     /// Aggregate version after the event.
     pub aggregate_version: Option<i64>,
-    /// Schema version of the payload.
+    /// Schema version of the payload the handler gets (after upcasting, the handler's).
     pub schema_version: Option<u32>,
+    /// Schema version of the payload as received: lower than `schema_version` when upcasters
+    /// brought it up to the handler's (see [`crate::upcast`]).
+    pub received_schema_version: Option<u32>,
     /// When the producer enqueued it.
     pub time: Option<DateTime<Utc>>,
     /// W3C `traceparent` of the producer.
@@ -95,6 +98,12 @@ impl EventMeta {
             aggregate_type: envelope.aggregate_type.clone(),
             aggregate_version: envelope.aggregate_version,
             schema_version: envelope.schema_version,
+            received_schema_version: envelope
+                .extensions
+                .get(crate::upcast::RECEIVED_VERSION_EXTENSION)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|v| u32::try_from(v).ok())
+                .or(envelope.schema_version),
             time: envelope.time,
             traceparent: envelope.traceparent.clone(),
             tracestate: envelope.tracestate.clone(),

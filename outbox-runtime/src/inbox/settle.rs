@@ -64,6 +64,17 @@ impl Consumer {
         envelope: &Envelope,
         attempt: u32,
     ) -> Result<(), HandlerError> {
+        // A payload of an earlier version goes through the upcasters to the handler's.
+        let upcast;
+        let envelope =
+            if reg.source.is_none() && envelope.schema_version.unwrap_or(1) != reg.schema_version {
+                upcast = crate::upcast::Upcasters::linked()
+                    .upcast(envelope, reg.schema_version)
+                    .map_err(HandlerError::permanent)?;
+                &upcast
+            } else {
+                envelope
+            };
         let span = tracing::info_span!(
             "outbox.handle",
             consumer = self.name,

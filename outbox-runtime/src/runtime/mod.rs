@@ -72,6 +72,9 @@ pub enum RuntimeError {
          is the crate declaring it referenced from main?"
     )]
     MissingConsumer(String, String),
+    /// The upcasters of the events the consumers handle have problems (each listed).
+    #[error("upcasters: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Upcasters(Vec<crate::upcast::UpcastError>),
     /// The transport could not be set up.
     #[error(transparent)]
     Transport(#[from] crate::transport::TransportError),
@@ -162,6 +165,47 @@ pub fn handlers() -> Result<BTreeMap<&'static str, Vec<&'static HandlerRegistrat
         first: d.first,
         second: d.second,
     })
+}
+
+/// The upcasters of the event types these consumers handle: no duplicate, each one step, and
+/// no gap below a handled version.
+fn check_upcasters(
+    by_consumer: &BTreeMap<&'static str, Vec<&'static HandlerRegistration>>,
+) -> Result<(), RuntimeError> {
+    let upcasters = crate::upcast::Upcasters::linked();
+    let handled: std::collections::BTreeSet<&str> = by_consumer
+        .values()
+        .flatten()
+        .filter(|r| r.source.is_none())
+        .map(|r| r.event_type)
+        .collect();
+    let mut problems: Vec<_> = upcasters
+        .check()
+        .into_iter()
+        .filter(|e| match e {
+            crate::upcast::UpcastError::Duplicate { event_type, .. }
+            | crate::upcast::UpcastError::NotOneStep { event_type, .. } => {
+                handled.contains(event_type.as_str())
+            }
+            _ => true,
+        })
+        .collect();
+    for (consumer, regs) in by_consumer {
+        problems.extend(upcasters.check_consumer(consumer, regs));
+    }
+    for reg in upcasters.all() {
+        if handled.contains(reg.event_type) {
+            tracing::info!(
+                event_type = reg.event_type, from = reg.from_version, to = reg.to_version,
+                upcaster = %reg.location(), "upcaster"
+            );
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::Upcasters(problems))
+    }
 }
 
 /// Configures and starts a [`Runtime`].
@@ -344,6 +388,7 @@ impl RuntimeBuilder {
         if let Some(only) = &self.consumers {
             by_consumer.retain(|name, _| only.iter().any(|o| o == name));
         }
+        check_upcasters(&by_consumer)?;
         for (consumer, regs) in &by_consumer {
             for reg in regs {
                 tracing::info!(
