@@ -1,6 +1,6 @@
 //! The error history, `outbox_failure`: one row per failed attempt of an outbox event or an
 //! inbox message, appended in the transaction that records the failure, so the history and the
-//! row's `last_error` never disagree. Read for an operator ([`history`]); purged by retention
+//! row's `last_error` never disagree. Read for an operator (`admin::dead_letter`); purged by retention
 //! ([`purge`]) once a row is finished and its history older than the window.
 
 use chrono::{DateTime, Utc};
@@ -19,7 +19,7 @@ use crate::util::text::truncate;
 /// The error history table.
 pub const FAILURE_TABLE: &str = "outbox_failure";
 
-/// Entries [`history`] returns at most: the newest ones.
+/// Entries a row's error history returns at most (`admin::dead_letter`): the newest ones.
 pub const HISTORY_LIMIT: u64 = 100;
 
 fn queue(source: Source) -> (&'static str, &'static str) {
