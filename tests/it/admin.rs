@@ -1456,6 +1456,15 @@ async fn relay_until(t: &TestDb, transport: &MemoryTransport, id: i64, status: &
     panic!("outbox:{id} never became {status}");
 }
 
+/// Replay the dead outbox event `id` and run the relay until it has `status`.
+async fn replay_until(t: &TestDb, transport: &MemoryTransport, id: i64, status: &str) {
+    let target = Selector::Ids(vec![Target::outbox(id)]);
+    admin::replay(&t.db, &target, &Actor::anonymous())
+        .await
+        .unwrap();
+    relay_until(t, transport, id, status).await;
+}
+
 fn history(detail: &admin::DeadLetterDetail) -> Vec<(i64, &str)> {
     detail
         .failures
@@ -1514,14 +1523,7 @@ async fn error_history_keeps_every_failed_attempt(t: TestDb) {
     );
 
     // Replayed and dead again: the earlier death stays in the history.
-    admin::replay(
-        &t.db,
-        &Selector::Ids(vec![Target::outbox(id)]),
-        &Actor::anonymous(),
-    )
-    .await
-    .unwrap();
-    relay_until(&t, &transport, id, "DEAD").await;
+    replay_until(&t, &transport, id, "DEAD").await;
     let detail = admin::dead_letter(&t.db, Target::outbox(id)).await.unwrap();
     assert_eq!(
         history(&detail),
@@ -1536,14 +1538,7 @@ async fn error_history_keeps_every_failed_attempt(t: TestDb) {
     );
     // Fixed and sent: the history is kept, `last_error` cleared.
     transport.clear_faults();
-    admin::replay(
-        &t.db,
-        &Selector::Ids(vec![Target::outbox(id)]),
-        &Actor::anonymous(),
-    )
-    .await
-    .unwrap();
-    relay_until(&t, &transport, id, "SENT").await;
+    replay_until(&t, &transport, id, "SENT").await;
     let detail = admin::dead_letter(&t.db, Target::outbox(id)).await.unwrap();
     assert_eq!(detail.failures.len(), 6);
     assert_eq!(detail.summary.last_error, None);

@@ -35,6 +35,13 @@ struct Versioned {
     version: i64,
 }
 
+fn reminder(cart: &str, key: &str) -> Reminder {
+    Reminder {
+        cart: cart.into(),
+        key: key.into(),
+    }
+}
+
 const POLL: Duration = Duration::from_millis(200);
 
 fn config() -> RelayConfig {
@@ -174,22 +181,10 @@ async fn waits_for_a_relay_retries_and_deduplicates(t: TestDb) {
         .unwrap();
     // One with a key, twice in the buffer: the second is skipped and reported.
     let keyed = tx
-        .enqueue_after(
-            &Reminder {
-                cart: "cart-k".into(),
-                key: "remind-1".into(),
-            },
-            Duration::from_secs(3_600),
-        )
+        .enqueue_after(&reminder("cart-k", "remind-1"), Duration::from_secs(3_600))
         .unwrap();
     let twin = tx
-        .enqueue_after(
-            &Reminder {
-                cart: "cart-k".into(),
-                key: "remind-1".into(),
-            },
-            Duration::from_secs(3_600),
-        )
+        .enqueue_after(&reminder("cart-k", "remind-1"), Duration::from_secs(3_600))
         .unwrap();
     let report = tx.commit().await.unwrap();
     assert_eq!((report.written, report.scheduled), (0, 3), "{report:?}");
@@ -197,14 +192,8 @@ async fn waits_for_a_relay_retries_and_deduplicates(t: TestDb) {
     assert_eq!(report.skipped[0].event_id, twin);
     // Again in another transaction: the waiting one holds the key.
     let tx = outbox.begin(&t.db).await.unwrap();
-    tx.enqueue_after(
-        &Reminder {
-            cart: "cart-k".into(),
-            key: "remind-1".into(),
-        },
-        Duration::from_secs(60),
-    )
-    .unwrap();
+    tx.enqueue_after(&reminder("cart-k", "remind-1"), Duration::from_secs(60))
+        .unwrap();
     let report = tx.commit().await.unwrap();
     assert_eq!((report.scheduled, report.skipped.len()), (0, 1));
     // An aggregate version is refused at enqueue, and the transaction stays usable.
@@ -277,16 +266,9 @@ async fn waits_for_a_relay_retries_and_deduplicates(t: TestDb) {
 
     // Due while the outbox already holds its key: dropped when due, never published twice.
     let tx = outbox.begin(&t.db).await.unwrap();
-    tx.enqueue(&Reminder {
-        cart: "cart-z".into(),
-        key: "remind-2".into(),
-    })
-    .unwrap();
+    tx.enqueue(&reminder("cart-z", "remind-2")).unwrap();
     tx.enqueue_at(
-        &Reminder {
-            cart: "cart-z".into(),
-            key: "remind-2".into(),
-        },
+        &reminder("cart-z", "remind-2"),
         Utc::now() - chrono::Duration::seconds(1),
     )
     .unwrap();

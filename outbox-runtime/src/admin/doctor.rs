@@ -257,6 +257,7 @@ const TABLES: &[TableSpec] = &[
             "schema_version",
             "aggregate_type",
             "aggregate_id",
+            "aggregate_version",
             "dedup_key",
             "payload",
             "headers",

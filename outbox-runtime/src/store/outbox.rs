@@ -75,8 +75,33 @@ pub struct SkippedEvent {
     pub dedup_key: String,
 }
 
-/// Columns bound per row by the commit-time INSERT, in order.
-const INSERT_COLUMNS: [&str; 10] = [
+/// The values of [`INSERT_COLUMNS`] for `event`, bound, comma-separated.
+pub(super) fn push_event_values(sql: &mut Sql, event: &PendingEvent) {
+    let dialect = sql.dialect();
+    sql.bind(dialect.uuid(event.event_id))
+        .push(", ")
+        .bind(event.source.clone().into())
+        .push(", ")
+        .bind(event.event_type.to_string().into())
+        .push(", ")
+        .bind(i64::from(event.schema_version).into())
+        .push(", ")
+        .bind(event.aggregate_type.to_string().into())
+        .push(", ")
+        .bind(event.aggregate_id.clone().into())
+        .push(", ")
+        .bind(event.aggregate_version.into())
+        .push(", ")
+        .bind(event.dedup_key.clone().into())
+        .push(", ")
+        .bind_json(event.payload.clone())
+        .push(", ")
+        .bind_json(event.headers.clone());
+}
+
+/// Columns bound per row by the commit-time INSERT, in order (and by the INSERT of delayed
+/// events, which stores the same).
+pub(super) const INSERT_COLUMNS: [&str; 10] = [
     "event_id",
     "source",
     "event_type",
@@ -207,29 +232,10 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
             if i > 0 {
                 sql.push(", ");
             }
-            sql.push("(")
-                .bind(dialect.uuid(event.event_id))
-                .push(", ")
-                .bind(event.source.clone().into())
-                .push(", ")
-                .bind(event.event_type.to_string().into())
-                .push(", ")
-                .bind(i64::from(event.schema_version).into())
-                .push(", ")
-                .bind(event.aggregate_type.to_string().into())
-                .push(", ")
-                .bind(event.aggregate_id.clone().into())
-                .push(", ")
-                .bind(event.aggregate_version.into())
-                .push(", ")
-                .bind(event.dedup_key.clone().into())
-                .push(", ")
-                .bind_json(event.payload.clone())
-                .push(", ")
-                .bind_json(event.headers.clone())
-                // Written by the database's clock, like every instant the SDK stores.
-                .push(", ")
-                .time(DbTime::NOW);
+            sql.push("(");
+            push_event_values(&mut sql, event);
+            // Written by the database's clock, like every instant the SDK stores.
+            sql.push(", ").time(DbTime::NOW);
             if let Some(fast) = fast {
                 let key = (event.aggregate_type.as_ref(), event.aggregate_id.as_str());
                 let before = earlier.entry(key).or_default();

@@ -10,7 +10,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 
 use super::{
     DbTime, Dialect, get_i64,
-    outbox::{PendingEvent, SkippedEvent, insert_events},
+    outbox::{INSERT_COLUMNS, PendingEvent, SkippedEvent, insert_events, push_event_values},
     sql::{Arg, Sql},
     tx::begin_admin,
 };
@@ -50,9 +50,6 @@ pub(crate) struct Scheduled {
     pub(crate) skipped: Vec<SkippedEvent>,
 }
 
-const COLUMNS: &str = "event_id, source, event_type, schema_version, aggregate_type, \
-     aggregate_id, dedup_key, payload, headers";
-
 /// Rows per INSERT.
 const CHUNK: usize = 200;
 
@@ -80,31 +77,16 @@ pub(crate) async fn insert<C: ConnectionTrait>(
     for chunk in to_write.chunks(CHUNK) {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "INSERT INTO {SCHEDULED_TABLE} ({COLUMNS}, due_at, created_at) VALUES "
+            "INSERT INTO {SCHEDULED_TABLE} ({}, due_at, created_at) VALUES ",
+            INSERT_COLUMNS.join(", ")
         ));
         for (i, ScheduledEvent { event, due }) in chunk.iter().enumerate() {
             if i > 0 {
                 sql.push(", ");
             }
-            sql.push("(")
-                .bind(dialect.uuid(event.event_id))
-                .push(", ")
-                .bind(event.source.clone().into())
-                .push(", ")
-                .bind(event.event_type.to_string().into())
-                .push(", ")
-                .bind(i64::from(event.schema_version).into())
-                .push(", ")
-                .bind(event.aggregate_type.to_string().into())
-                .push(", ")
-                .bind(event.aggregate_id.clone().into())
-                .push(", ")
-                .bind(event.dedup_key.clone().into())
-                .push(", ")
-                .bind_json(event.payload.clone())
-                .push(", ")
-                .bind_json(event.headers.clone())
-                .push(", ")
+            sql.push("(");
+            push_event_values(&mut sql, event);
+            sql.push(", ")
                 .arg(due.arg(dialect))
                 .push(", ")
                 .time(DbTime::NOW)
@@ -161,7 +143,8 @@ pub async fn promote(db: &DatabaseConnection, limit: usize) -> Result<Promoted, 
     let dialect = Dialect::of(&txn);
     let mut sql = Sql::new(dialect);
     sql.push(&format!(
-        "SELECT id, {COLUMNS} FROM {SCHEDULED_TABLE} WHERE due_at <= "
+        "SELECT id, {} FROM {SCHEDULED_TABLE} WHERE due_at <= ",
+        INSERT_COLUMNS.join(", ")
     ))
     .time(DbTime::NOW)
     .push(&format!(" ORDER BY due_at, id LIMIT {}", limit.max(1)))
@@ -182,7 +165,7 @@ pub async fn promote(db: &DatabaseConnection, limit: usize) -> Result<Promoted, 
             schema_version: u32::try_from(get_i64(row, "schema_version")?).unwrap_or(0),
             aggregate_type: Cow::Owned(row.try_get("", "aggregate_type")?),
             aggregate_id: row.try_get("", "aggregate_id")?,
-            aggregate_version: None,
+            aggregate_version: super::get_opt_i64(row, "aggregate_version")?,
             dedup_key: row.try_get("", "dedup_key")?,
             payload: dialect.get_json_text(row, "payload")?,
             headers: dialect.get_json_text(row, "headers")?,
