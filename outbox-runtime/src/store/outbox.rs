@@ -331,28 +331,38 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
                 .map(|(_, e)| *e)
                 .filter(|e| e.dedup_key.is_some())
                 .collect();
-            if !keyed.is_empty() {
-                let mut present: HashSet<Uuid> = HashSet::with_capacity(keyed.len());
-                for chunk in keyed.chunks(batch_rows.max(1)) {
-                    let mut sql = Sql::new(dialect);
-                    sql.push(&format!(
-                        "SELECT event_id FROM {OUTBOX_TABLE} WHERE event_id IN "
-                    ))
-                    .bind_list(chunk.iter().map(|e| dialect.uuid(e.event_id)));
-                    for row in conn.query_all_raw(sql.build()).await? {
-                        present.insert(dialect.get_uuid(&row, "event_id")?);
-                    }
-                }
-                for event in keyed {
-                    if !present.contains(&event.event_id) {
-                        outcome.skipped.push(event.skipped());
-                    }
-                }
-            }
+            outcome
+                .skipped
+                .extend(skipped_by_key(conn, OUTBOX_TABLE, keyed, batch_rows).await?);
         }
     }
     outcome.written = events.len() - outcome.skipped.len();
     Ok(outcome)
+}
+
+/// Of `keyed` events just inserted into `table` with `ON CONFLICT` skipping taken dedup keys,
+/// those that are not there: skipped because their key was taken.
+pub(super) async fn skipped_by_key<C: ConnectionTrait>(
+    conn: &C,
+    table: &str,
+    keyed: Vec<&PendingEvent>,
+    chunk_rows: usize,
+) -> Result<Vec<SkippedEvent>, DbErr> {
+    let dialect = Dialect::of(conn);
+    let mut present: HashSet<Uuid> = HashSet::with_capacity(keyed.len());
+    for chunk in keyed.chunks(chunk_rows.max(1)) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!("SELECT event_id FROM {table} WHERE event_id IN "))
+            .bind_list(chunk.iter().map(|e| dialect.uuid(e.event_id)));
+        for row in conn.query_all_raw(sql.build()).await? {
+            present.insert(dialect.get_uuid(&row, "event_id")?);
+        }
+    }
+    Ok(keyed
+        .into_iter()
+        .filter(|event| !present.contains(&event.event_id))
+        .map(PendingEvent::skipped)
+        .collect())
 }
 
 /// What the fast path writes into a column of a row it claims.

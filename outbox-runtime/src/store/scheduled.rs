@@ -10,7 +10,10 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 
 use super::{
     DbTime, Dialect, get_i64,
-    outbox::{INSERT_COLUMNS, PendingEvent, SkippedEvent, insert_events, push_event_values},
+    outbox::{
+        INSERT_COLUMNS, PendingEvent, SkippedEvent, insert_events, push_event_values,
+        skipped_by_key,
+    },
     sql::{Arg, Sql},
     tx::begin_admin,
 };
@@ -104,24 +107,9 @@ pub(crate) async fn insert<C: ConnectionTrait>(
         .map(|s| &s.event)
         .filter(|e| e.dedup_key.is_some())
         .collect();
-    if !keyed.is_empty() {
-        let mut present = HashSet::with_capacity(keyed.len());
-        for chunk in keyed.chunks(500) {
-            let mut sql = Sql::new(dialect);
-            sql.push(&format!(
-                "SELECT event_id FROM {SCHEDULED_TABLE} WHERE event_id IN "
-            ))
-            .bind_list(chunk.iter().map(|e| dialect.uuid(e.event_id)));
-            for row in conn.query_all_raw(sql.build()).await? {
-                present.insert(dialect.get_uuid(&row, "event_id")?);
-            }
-        }
-        for event in keyed {
-            if !present.contains(&event.event_id) {
-                outcome.skipped.push(event.skipped());
-            }
-        }
-    }
+    outcome
+        .skipped
+        .extend(skipped_by_key(conn, SCHEDULED_TABLE, keyed, 500).await?);
     outcome.written = events.len() - outcome.skipped.len();
     Ok(outcome)
 }
