@@ -258,6 +258,11 @@ impl Upcasters {
         }
     }
 
+    /// Whether any upcaster reads `event_type`.
+    pub(crate) fn has_any(&self, event_type: &str) -> bool {
+        self.all.iter().any(|r| r.event_type == event_type)
+    }
+
     /// Whether an upcaster reads `event_type` at `version`.
     pub(crate) fn has_step(&self, event_type: &str, version: u32) -> bool {
         self.steps.contains_key(&(event_type, version))

@@ -166,9 +166,14 @@ impl Consumer {
                 self.name, envelope.event_type
             ))
         } else {
+            let upcast = if crate::upcast::Upcasters::linked().has_any(&envelope.event_type) {
+                format!("; no chain of upcasters leads from version {version} to one of them")
+            } else {
+                String::new()
+            };
             Err(format!(
                 "consumer `{}` has no handler for `{}` schema version {version} (it handles versions \
-                 {versions:?}, and no chain of upcasters leads from {version} to one of them)",
+                 {versions:?}){upcast}",
                 self.name, envelope.event_type
             ))
         }
