@@ -2,7 +2,9 @@
 //! event, a consumer whose handler takes version 3 (through a broker: the relay publishes what the
 //! producer committed), the chain 1 → 2 → 3 applied right before the handler with the received
 //! version in its metadata, an upcaster that fails leaving the message DEAD with its error and
-//! handled once replayed after the fix, and a chain with a missing step refused at start-up.
+//! handled once replayed after the fix, and a chain with a missing step refused at start-up. And
+//! a version-1 producer in another process, publishing to NATS JetStream, with this process's
+//! version-3 consumer.
 
 use std::{collections::HashSet, sync::Mutex, time::Duration};
 
@@ -279,6 +281,108 @@ async fn a_chain_with_a_missing_step_is_refused_at_start_up() {
             .await
             .is_ok()
     );
+}
+
+/// Not a test of its own: the producer process that
+/// `a_v1_producer_and_a_v3_consumer_in_two_processes` starts (it runs this test by name, with
+/// `OUTBOX_UPCAST_PRODUCER` set to the database URL and the NATS namespace). An old release of
+/// the producing service: it knows version 1 only, commits 20 orders and relays them to NATS.
+/// Without the variable it returns at once.
+#[cfg(all(feature = "postgres", feature = "nats"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upcast_producer_process() {
+    use outbox::relay::Relay;
+    use outbox::transport::nats::NatsTransport;
+    let Ok(spec) = std::env::var("OUTBOX_UPCAST_PRODUCER") else {
+        return;
+    };
+    let (url, namespace) = spec.split_once(' ').unwrap();
+    let db = sea_orm::Database::connect(url).await.unwrap();
+    let outbox = Outbox::new("orders-v1");
+    for n in 0..20 {
+        let tx = outbox.begin(&db).await.unwrap();
+        tx.enqueue(&OrderPlacedV1 {
+            order: format!("p-{n}"),
+            total: f64::from(n) + 0.5,
+        })
+        .unwrap();
+        let _ = tx.commit().await.unwrap();
+    }
+    let transport = NatsTransport::builder(crate::common::nats::NATS_URL)
+        .namespace(namespace)
+        .connect()
+        .await
+        .unwrap();
+    let relay = Relay::new(db.clone(), std::sync::Arc::new(transport));
+    let report = relay.drain(100).await.unwrap();
+    assert_eq!(report.sent, 20, "{report:?}");
+}
+
+/// A producer still on version 1 in one process, a consumer on version 3 in this one, NATS
+/// JetStream between them: every order handled once, upcast through both steps.
+#[cfg(all(feature = "postgres", feature = "nats"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_producer_and_a_v3_consumer_in_two_processes() {
+    use outbox::transport::nats::NatsTransport;
+    let test = backend_test_name(module_path!(), "procs");
+    let Some(t) = test_db(Backend::Postgres, &test).await else {
+        return;
+    };
+    let Some(nats) = crate::common::nats::transport(&test).await else {
+        return;
+    };
+    let transport = NatsTransport::builder(crate::common::nats::NATS_URL)
+        .namespace(nats.namespace())
+        .connect()
+        .await
+        .unwrap();
+    let runtime = Runtime::builder(t.connect_again().await)
+        .transport(transport)
+        .without_relay()
+        .consumers(["t-upcast"])
+        .start()
+        .await
+        .unwrap();
+    let child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["upcast::upcast_producer_process", "--exact", "--nocapture"])
+        .env(
+            "OUTBOX_UPCAST_PRODUCER",
+            format!("{} {}", t.url, nats.namespace()),
+        )
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&child.stdout);
+    assert!(
+        child.status.success() && out.contains("1 passed"),
+        "the producer process failed:\n{out}\n{}",
+        String::from_utf8_lossy(&child.stderr)
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            effects(&t.db).await.len() == 20
+        })
+        .await,
+        "{} of 20 handled",
+        effects(&t.db).await.len()
+    );
+    let mut handled: Vec<(String, i64)> = effects(&t.db)
+        .await
+        .into_iter()
+        .map(|e| (e.cart, e.seq))
+        .collect();
+    handled.sort();
+    let mut expected: Vec<(String, i64)> = (0..20)
+        .map(|n| (format!("p-{n}:EUR:v1"), i64::from(n) * 100 + 50))
+        .collect();
+    expected.sort();
+    assert_eq!(handled, expected);
+    let rows = inbox_rows(&t.db, "t-upcast").await;
+    assert!(
+        rows.len() == 20 && rows.iter().all(|r| r.status == "DONE"),
+        "{rows:?}"
+    );
+    runtime.shutdown().await;
 }
 
 backend_tests! {
