@@ -54,6 +54,8 @@ async function main() {
     await page.waitForFunction(() => document.getElementById("c-backlog").textContent !== "");
     seen.backlog = await byId("outbox-backlog").textContent();
     seen.deadTotal = await byId("dead-total").textContent();
+    seen.scheduled = await byId("scheduled").textContent();
+    seen.nextDue = await byId("next-due").textContent();
     seen.outboxCounts = await page.$$eval("#outbox-counts tbody tr", (rows) =>
       Object.fromEntries(rows.map((r) => [r.cells[0].textContent, r.cells[1].textContent])));
     seen.consumers = await page.$$eval("#consumers tbody tr", (rows) =>

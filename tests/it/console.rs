@@ -828,6 +828,20 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
     )
     .await;
     let target = format!("inbox:{html}");
+    // A reminder due in an hour: counted apart from the backlog.
+    let tx = outbox::Outbox::new("console-tests")
+        .begin(&t.db)
+        .await
+        .unwrap();
+    tx.enqueue_after(
+        &crate::common::carts::LineAdded {
+            cart: "cart-later".into(),
+            seq: 0,
+        },
+        Duration::from_secs(3_600),
+    )
+    .unwrap();
+    assert_eq!(tx.commit().await.unwrap().scheduled, 1);
     let app = Console::new(t.db.clone(), ConsoleAuth::bearer("ops", TOKEN).unwrap())
         .samples(Duration::from_secs(1), Duration::from_secs(3_600))
         .router();
@@ -872,6 +886,11 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
     let dead_before = expected.dead_total() + 2;
     assert!(dead_before >= 6);
     assert_eq!(seen["deadTotal"], dead_before.to_string(), "{seen}");
+    assert_eq!(seen["scheduled"], "1", "{seen}");
+    assert!(
+        seen["nextDue"].as_str().unwrap().starts_with("next "),
+        "{seen}"
+    );
     for (status, n) in &expected.outbox.counts {
         assert_eq!(
             seen["outboxCounts"][status],

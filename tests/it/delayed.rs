@@ -288,7 +288,43 @@ async fn waits_for_a_relay_retries_and_deduplicates(t: TestDb) {
     );
 }
 
+/// Fault injection on the schema: a relay that cannot move delayed events (a column of
+/// `outbox_scheduled` renamed away) still publishes everything else, and moves them once it can.
+async fn a_broken_scheduled_table_does_not_stop_the_outbox(t: TestDb) {
+    use outbox::sea_orm::ConnectionTrait;
+    let outbox = Outbox::new("delayed-tests");
+    let line = |seq| LineAdded {
+        cart: "cart-b".into(),
+        seq,
+    };
+    let tx = outbox.begin(&t.db).await.unwrap();
+    let delayed = tx
+        .enqueue_at(&line(0), Utc::now() - chrono::Duration::seconds(1))
+        .unwrap();
+    let _ = tx.commit().await.unwrap();
+    t.db.execute_unprepared("ALTER TABLE outbox_scheduled RENAME COLUMN due_at TO due_when")
+        .await
+        .unwrap();
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.enqueue(&line(1)).unwrap();
+    let _ = tx.commit().await.unwrap();
+    let transport = MemoryTransport::new();
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(config());
+    relay.run_once().await.unwrap();
+    assert_eq!(published(&transport), [("cart-b".to_owned(), 1)]);
+    t.db.execute_unprepared("ALTER TABLE outbox_scheduled RENAME COLUMN due_when TO due_at")
+        .await
+        .unwrap();
+    relay.run_once().await.unwrap();
+    assert_eq!(
+        published(&transport),
+        [("cart-b".to_owned(), 1), ("cart-b".to_owned(), 0)]
+    );
+    assert_eq!(transport.messages()[1].event_id, delayed);
+}
+
 backend_tests! {
+    broken_table => a_broken_scheduled_table_does_not_stop_the_outbox;
     when_due => published_when_due_and_not_before;
     waits_retries_dedups => waits_for_a_relay_retries_and_deduplicates;
 }

@@ -816,7 +816,7 @@ impl Relay {
 
     /// Move due delayed events into the outbox, at most once a poll interval (a claim does not
     /// wait for it). A database without `outbox_scheduled` (migration `outbox_0009` not applied
-    /// yet) has none.
+    /// yet) has none. An error is the caller's to report: it does not stop the claim.
     async fn promote_due(&self) -> Result<(), RelayError> {
         {
             let mut at = self.promoted_at.lock().unwrap_or_else(|p| p.into_inner());
@@ -860,7 +860,13 @@ impl Relay {
 
     /// Claim a batch; for the database-local sink, the whole round.
     async fn claim_step(&self) -> Result<Claimed<'_>, RelayError> {
-        self.promote_due().await?;
+        // Delayed events that cannot be moved must not stop the outbox: warn, and claim.
+        if let Err(e) = self.promote_due().await {
+            tracing::warn!(
+                relay = %self.config.relay_id, error = %e,
+                "could not move due delayed events into the outbox; trying again next poll"
+            );
+        }
         let params = ClaimParams {
             owner: &self.config.relay_id,
             batch_size: self.config.batch_size,

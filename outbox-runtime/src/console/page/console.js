@@ -133,6 +133,8 @@
       $("c-dead").className = "value" + (deadTotal > 0 ? " bad" : "");
       $("c-stuck").textContent = stuckTotal;
       $("c-stuck").className = "value" + (stuckTotal > 0 ? " bad" : "");
+      $("c-scheduled").textContent = o.scheduled;
+      $("c-next-due").textContent = o.next_due_at ? "next " + when(o.next_due_at) : "";
       fill("outbox-counts", Object.entries(o.counts).map(([s, n]) =>
         row([{ text: s }, { text: n, className: "num" }], { "data-status": s })), "no events");
       fill("consumers", status.consumers.map((c) => row([
