@@ -263,11 +263,6 @@ impl Upcasters {
         self.all.iter().any(|r| r.event_type == event_type)
     }
 
-    /// Whether an upcaster reads `event_type` at `version`.
-    pub(crate) fn has_step(&self, event_type: &str, version: u32) -> bool {
-        self.steps.contains_key(&(event_type, version))
-    }
-
     /// `envelope` with its payload taken through the steps from its version to `to`, its version
     /// set to `to`, and the version it was received in recorded; or why a step failed.
     pub fn upcast(&self, envelope: &Envelope, to: u32) -> Result<Envelope, String> {

@@ -19,7 +19,7 @@
 //! so handlers that must not apply stale events should also check the aggregate version.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     fmt,
     sync::{Arc, atomic::AtomicU32},
     time::Duration,
@@ -40,7 +40,8 @@ use crate::{
 /// A consumer's handlers and settings, shared by its dispatcher and worker.
 pub(crate) struct Consumer {
     pub(crate) name: &'static str,
-    handlers: HashMap<(&'static str, u32), &'static HandlerRegistration>,
+    /// Handlers of this SDK's events, by event type and schema version.
+    handlers: HashMap<&'static str, BTreeMap<u32, &'static HandlerRegistration>>,
     /// Handlers of external messages, by source and message type.
     external: HashMap<(&'static str, &'static str), &'static HandlerRegistration>,
     pub(crate) event_types: Vec<String>,
@@ -82,10 +83,13 @@ impl Consumer {
     ) -> Self {
         let (external, own): (Vec<&'static HandlerRegistration>, Vec<_>) =
             registrations.iter().partition(|r| r.source.is_some());
-        let handlers: HashMap<_, _> = own
-            .iter()
-            .map(|r| ((r.event_type, r.schema_version), *r))
-            .collect();
+        let mut handlers: HashMap<_, BTreeMap<_, _>> = HashMap::new();
+        for reg in &own {
+            handlers
+                .entry(reg.event_type)
+                .or_default()
+                .insert(reg.schema_version, *reg);
+        }
         let external: HashMap<_, _> = external
             .iter()
             .filter_map(|r| Some(((r.source?, r.event_type), *r)))
@@ -128,20 +132,11 @@ impl Consumer {
     pub(super) fn registration(&self, envelope: &Envelope) -> Option<&'static HandlerRegistration> {
         let version = envelope.schema_version.unwrap_or(1);
         let event_type = envelope.event_type.as_str();
-        if let Some(reg) = self.handlers.get(&(event_type, version)) {
+        let handled = self.handlers.get(event_type)?;
+        if let Some(reg) = handled.get(&version) {
             return Some(reg);
         }
-        let upcasters = crate::upcast::Upcasters::linked();
-        if !upcasters.has_step(event_type, version) {
-            return None;
-        }
-        let handled: std::collections::BTreeMap<u32, &'static HandlerRegistration> = self
-            .handlers
-            .iter()
-            .filter(|((t, _), _)| *t == event_type)
-            .map(|((_, v), reg)| (*v, *reg))
-            .collect();
-        let target = upcasters.target(event_type, version, &handled)?;
+        let target = crate::upcast::Upcasters::linked().target(event_type, version, handled)?;
         handled.get(&target).copied()
     }
 
@@ -156,10 +151,9 @@ impl Consumer {
         }
         let versions: Vec<u32> = self
             .handlers
-            .keys()
-            .filter(|(t, _)| *t == envelope.event_type)
-            .map(|(_, v)| *v)
-            .collect();
+            .get(envelope.event_type.as_str())
+            .map(|handled| handled.keys().copied().collect())
+            .unwrap_or_default();
         if versions.is_empty() {
             Err(format!(
                 "consumer `{}` has no handler for event type `{}`",

@@ -50,16 +50,10 @@ pub(crate) async fn append<C: ConnectionTrait>(
     source: Source,
     failed: Failed<'_>,
 ) -> Result<(), DbErr> {
-    if matches!(failed, Failed::Ids(ids) if ids.is_empty()) {
-        return Ok(());
-    }
     let (literal, table) = queue(source);
-    let dialect = Dialect::of(conn);
-    for chunk in match failed {
-        Failed::Ids(ids) => ids.chunks(500).map(Some).collect::<Vec<_>>(),
-        Failed::Message { .. } => vec![None],
-    } {
-        let mut sql = Sql::new(dialect);
+    // The statement up to the rows it selects.
+    let head = || {
+        let mut sql = Sql::new(Dialect::of(conn));
         sql.push(&format!(
             "INSERT INTO {FAILURE_TABLE} (queue, row_id, attempt, status, error, failed_at) \
              SELECT {literal}, id, attempts, status, last_error, "
@@ -69,29 +63,31 @@ pub(crate) async fn append<C: ConnectionTrait>(
             " FROM {table} WHERE last_error IS NOT NULL AND {}",
             WorkStatus::in_list("", &[WorkStatus::Retry, WorkStatus::Dead])
         ));
-        match (chunk, failed) {
-            (Some(ids), _) => {
+        sql
+    };
+    match failed {
+        Failed::Ids(ids) => {
+            for chunk in ids.chunks(500) {
+                let mut sql = head();
                 sql.push(" AND id IN ")
-                    .bind_list(ids.iter().map(|id| Value::from(*id)));
+                    .bind_list(chunk.iter().map(|id| Value::from(*id)));
+                conn.execute_raw(sql.build()).await?;
             }
-            (
-                None,
-                Failed::Message {
-                    consumer,
-                    origin,
-                    message_id,
-                },
-            ) => {
-                sql.push(" AND consumer = ")
-                    .bind(consumer.to_owned().into())
-                    .push(" AND origin = ")
-                    .bind(truncate(origin, MAX_KEY_CHARS).into())
-                    .push(" AND message_id = ")
-                    .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
-            }
-            (None, Failed::Ids(_)) => unreachable!("ids come in chunks"),
         }
-        conn.execute_raw(sql.build()).await?;
+        Failed::Message {
+            consumer,
+            origin,
+            message_id,
+        } => {
+            let mut sql = head();
+            sql.push(" AND consumer = ")
+                .bind(consumer.to_owned().into())
+                .push(" AND origin = ")
+                .bind(truncate(origin, MAX_KEY_CHARS).into())
+                .push(" AND message_id = ")
+                .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
+            conn.execute_raw(sql.build()).await?;
+        }
     }
     Ok(())
 }
