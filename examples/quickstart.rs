@@ -15,6 +15,14 @@
 //!
 //! Finally one event is sent again, as an operator's `resend` would: the inbox suppresses the
 //! duplicate, so nothing is handled twice.
+//!
+//! The same binary prints its event catalogue (see the README's "Event catalogue"):
+//!
+//! ```sh
+//! cargo run --example quickstart --features catalogue -- catalogue
+//! cargo run --example quickstart --features catalogue -- catalogue asyncapi --transport kafka --namespace shop
+//! cargo run --example quickstart --features catalogue -- catalogue check docs/catalogue/quickstart.json
+//! ```
 
 use std::{
     sync::atomic::{AtomicBool, Ordering},
@@ -90,13 +98,18 @@ mod confirmation {
     impl ActiveModelBehavior for ActiveModel {}
 }
 
-#[derive(Debug, Serialize, Deserialize, DomainEvent)]
+/// An order was placed (its stock is not reserved yet).
+#[derive(Debug, Serialize, Deserialize, DomainEvent, schemars::JsonSchema)]
 #[event(name = "order.placed", aggregate = "order", version = 1)]
 struct OrderPlaced {
+    /// The order's id.
     #[event(aggregate_id)]
     order_id: i64,
+    /// Who placed it.
     customer: String,
+    /// The item ordered.
     sku: String,
+    /// How many.
     quantity: i64,
 }
 
@@ -158,6 +171,11 @@ async fn count(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `quickstart catalogue …`: the event catalogue of this binary (its events, consumers and
+    // their schemas), as a service's own binary prints it.
+    if std::env::args().nth(1).as_deref() == Some("catalogue") {
+        outbox::catalogue::cli::exit(std::env::args().skip(2));
+    }
     let path = std::env::temp_dir().join("outbox-quickstart.db");
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));

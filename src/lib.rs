@@ -43,7 +43,12 @@ pub use outbox_runtime::{
     TraceContext, TraceContextError, TransactionError, WakeReceiver, inbox, registry, relay,
     runtime, trace, transport,
 };
-pub use outbox_runtime::{admin, metrics, retention, upcast};
+pub use outbox_runtime::{admin, catalogue, metrics, retention, upcast};
+
+/// schemars 1.x, for `#[derive(JsonSchema)]` on event types (feature `catalogue`):
+/// `#[schemars(crate = "outbox::schemars")]` lets a crate use it without its own dependency.
+#[cfg(feature = "catalogue")]
+pub use outbox_runtime::__private01::schemars;
 
 /// The SQL layer, for the SDK's own tests and benchmarks (feature `test-util`): not covered by
 /// semver.

@@ -97,6 +97,16 @@ fn impl_domain_event(event: &Event<'_>) -> TokenStream {
                 #aggregate_version_fn
             }
 
+            // The type's JSON Schema when it implements `schemars::JsonSchema` and the runtime's
+            // feature `catalogue` is on (the by-value impl); otherwise none (the by-reference
+            // impl). Method resolution picks, so no bound is placed on the user's type.
+            #[doc(hidden)]
+            fn __outbox_schema() -> #private::Option<#private::serde_json::Value> {
+                #[allow(unused_imports)]
+                use #private::{ViaJsonSchema as _, WithoutSchema as _};
+                (&#private::SchemaProbe::<#ident>::new()).outbox_schema()
+            }
+
             #private::inventory::submit! {
                 #private::EventRegistration {
                     event_type: #name,
@@ -106,6 +116,7 @@ fn impl_domain_event(event: &Event<'_>) -> TokenStream {
                     module_path: ::core::module_path!(),
                     file: ::core::file!(),
                     line: ::core::line!(),
+                    schema: __outbox_schema,
                 }
             }
         };

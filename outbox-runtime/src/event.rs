@@ -51,7 +51,7 @@ pub trait DomainEvent: Serialize + Send + Sync + 'static {
 ///
 /// Registrations are collected with the `inventory` crate: a registration counts only when the crate
 /// that holds it is linked into the final binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct EventRegistration {
     /// The event type, e.g. `order.placed`.
     pub event_type: &'static str,
@@ -67,7 +67,35 @@ pub struct EventRegistration {
     pub file: &'static str,
     /// Source line of the derive.
     pub line: u32,
+    /// The payload's JSON Schema (draft-07), when the feature `catalogue` is on and the type
+    /// implements `schemars::JsonSchema`; see [`catalogue`](crate::catalogue).
+    pub schema: crate::catalogue::SchemaFn,
 }
+
+/// Equal when they name the same declaration (the schema function follows from it).
+impl PartialEq for EventRegistration {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.event_type,
+            self.aggregate_type,
+            self.schema_version,
+            self.rust_type,
+            self.module_path,
+            self.file,
+            self.line,
+        ) == (
+            other.event_type,
+            other.aggregate_type,
+            other.schema_version,
+            other.rust_type,
+            other.module_path,
+            other.file,
+            other.line,
+        )
+    }
+}
+
+impl Eq for EventRegistration {}
 
 impl EventRegistration {
     /// `path/to/file.rs:12 (crate::module::Type)`, for messages.

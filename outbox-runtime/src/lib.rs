@@ -37,6 +37,7 @@ macro_rules! failpoint {
 }
 
 pub mod admin;
+pub mod catalogue;
 #[cfg(feature = "console")]
 pub mod console;
 pub mod envelope;
@@ -84,6 +85,7 @@ pub use transaction::{CommitReport, Headers, OutboxTransaction, SkippedEvent};
 /// Items the macros' generated code uses. Not public API: no stability guarantees.
 #[doc(hidden)]
 pub mod __private01 {
+    pub use crate::catalogue::{SchemaProbe, ViaJsonSchema, WithoutSchema};
     pub use crate::envelope::Envelope;
     pub use crate::event::{AggregateVersionValue, DedupKeyValue, DomainEvent, EventRegistration};
     pub use crate::inbox::{
@@ -91,6 +93,8 @@ pub mod __private01 {
     };
     pub use crate::upcast::UpcasterRegistration;
     pub use inventory;
+    #[cfg(feature = "catalogue")]
+    pub use schemars;
     pub use sea_orm;
     pub use serde;
     pub use serde_json;

@@ -187,6 +187,7 @@ mod tests {
         module_path: "shop::orders",
         file: "src/orders.rs",
         line: 10,
+        schema: || None,
     };
     static B: EventRegistration = EventRegistration {
         rust_type: "OrderPlacedAgain",

@@ -15,6 +15,7 @@
 //! outbox audit --limit 20
 //! outbox migrate
 //! OUTBOX_CONSOLE_TOKEN=… outbox serve --listen 127.0.0.1:8080   # feature `console`
+//! outbox catalogue --from events.catalogue.json asyncapi --transport kafka --namespace shop
 //! ```
 //!
 //! Human-readable tables by default, `--json` for scripts. Exit status: 0 done, 1 error, 2 bad
@@ -82,6 +83,16 @@ enum Command {
     /// from OUTBOX_CONSOLE_TOKEN or --token-file, never from the command line.
     #[cfg(feature = "console")]
     Serve(ServeArgs),
+    /// The event catalogue from a file (`--from FILE`): render it as AsyncAPI, or check a
+    /// service's catalogue against the committed one. `outbox catalogue help` for the commands.
+    /// Print and write a catalogue from the service's own binary, which links its events
+    /// (`outbox::catalogue::cli::run`).
+    #[command(disable_help_flag = true)]
+    Catalogue {
+        /// `[--from FILE] [json | write FILE | check FILE | asyncapi [OPTIONS] | help]`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[cfg(feature = "console")]
@@ -297,6 +308,9 @@ type Failure = Box<dyn std::error::Error>;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Catalogue { args } = cli.command {
+        return outbox::catalogue::cli::run(args);
+    }
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
@@ -631,6 +645,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 );
             }
         }
+        // Handled in `main`, before any database is opened.
+        Command::Catalogue { args } => return Ok(outbox::catalogue::cli::run(args)),
     }
     Ok(ExitCode::SUCCESS)
 }

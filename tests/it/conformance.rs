@@ -633,6 +633,7 @@ async fn survives_a_broker_outage(kind: Kind, t: TestDb) {
         .into_iter()
         .filter(|r| r.attempts > 0 || r.last_error.is_some())
         .map(|r| format!("{} attempts {}: {:?}", r.event_id, r.attempts, r.last_error))
+        .chain(outbox_failures(&t.db).await)
         .collect();
     assert!(
         report

@@ -789,16 +789,6 @@ fn browser_tools() -> Option<BrowserTools> {
     }
 }
 
-/// A tool a test needs is not installed: a failure with `OUTBOX_REQUIRE_SERVICES=1`, else a
-/// loud skip.
-fn missing_tool<T>(test: &str, what: &str) -> Option<T> {
-    if services_required() {
-        panic!("{test} needs {what} (OUTBOX_REQUIRE_SERVICES=1); .ci/run installs it");
-    }
-    eprintln!("\n*** SKIPPED: {test} needs {what}; .ci/run installs it ***\n");
-    None
-}
-
 /// Run `command` to its end off the runtime's threads.
 async fn output_of(mut command: std::process::Command) -> std::process::Output {
     tokio::task::spawn_blocking(move || command.output())

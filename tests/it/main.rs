@@ -16,6 +16,8 @@ mod common;
 
 mod admin;
 mod bad_input;
+#[cfg(feature = "catalogue")]
+mod catalogue;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod claim_window;
 #[cfg(feature = "cli")]

@@ -365,8 +365,10 @@ async fn survives_a_20s_broker_outage(
         .filter_map(|r| r.last_error.as_deref())
         .collect();
     assert_eq!(
-        attempts, 0,
-        "the outage spent attempts on the events: {errors:?}"
+        attempts,
+        0,
+        "the outage spent attempts on the events: {errors:?}; history: {:?}",
+        outbox_failures(&t.db).await
     );
     assert_eq!(watched.max_attempts, 0, "an unsent row counted an attempt");
     assert!(

@@ -18,7 +18,7 @@ use outbox::transport::memory::MemoryTransport;
 use outbox::upcast::UpcastError;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent, schemars::JsonSchema)]
 #[event(name = "upcast.order_placed", aggregate = "order", version = 1)]
 struct OrderPlacedV1 {
     #[event(aggregate_id)]
@@ -26,7 +26,7 @@ struct OrderPlacedV1 {
     total: f64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent, schemars::JsonSchema)]
 #[event(name = "upcast.order_placed", aggregate = "order", version = 2)]
 struct OrderPlacedV2 {
     #[event(aggregate_id)]
@@ -35,7 +35,7 @@ struct OrderPlacedV2 {
     currency: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent, schemars::JsonSchema)]
 #[event(name = "upcast.order_placed", aggregate = "order", version = 3)]
 struct OrderPlacedV3 {
     #[event(aggregate_id)]

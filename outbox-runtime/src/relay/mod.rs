@@ -104,6 +104,14 @@ pub struct RelayConfig {
     /// while it claims nothing. Default 100 ms doubling to 2 s, plus up to 20%: the relay
     /// resumes within about 2 s of the broker's return.
     pub probe: Backoff,
+    /// After an outage, how long the broker is on trial once its health check answers again
+    /// (the breaker is half-open): until it confirms a publish, a publish that gets no
+    /// confirmation in time is still the broker's, and the relay waits for it again without
+    /// counting an attempt. A broker that has just restarted or thawed often answers a ping
+    /// seconds before it confirms publishes. The trial is not renewed by the outages it
+    /// finds: once it is over, a message that is never confirmed counts attempts and ends
+    /// DEAD as before. Default 30 s.
+    pub recovery_trial: Duration,
     /// How often a running relay records what it sees of its broker in `outbox_relay` (for
     /// `outbox status`: breaker state, when the broker was last seen, events held back), and,
     /// when it published nothing since the last time, asks the broker's health check. Its row
@@ -138,6 +146,7 @@ impl Default for RelayConfig {
                 cap: Duration::from_secs(2),
                 jitter: 0.2,
             },
+            recovery_trial: Duration::from_secs(30),
             heartbeat: Duration::from_secs(10),
             fast_path: true,
             fast_path_lease: Duration::from_secs(15),
@@ -694,7 +703,7 @@ impl Relay {
                 }
             }
         }
-        self.broker.close();
+        self.broker.close(self.config.recovery_trial);
         crate::metrics::broker_available(transport.name(), true);
         health.success();
         let made_due = match store::relay::retries_due_now(
@@ -957,7 +966,7 @@ impl Relay {
             }
         }
         if !settlement.sent.is_empty() {
-            self.broker.seen();
+            self.broker.confirmed();
         }
         if outage.is_some() {
             self.broker.held_back(&settlement.released);
@@ -1144,7 +1153,8 @@ impl Relay {
                     .map(|(e, reason)| (e, Err(PublishError::Permanent(reason)))),
             );
             // A lost connection is the broker's outage; no confirmation in time is when the
-            // broker does not answer its health check either.
+            // broker does not answer its health check either, or when it is on trial after an
+            // outage and has confirmed nothing since (`recovery_trial`).
             let lost = outcomes.iter().find_map(|(_, r)| match r {
                 Err(error @ PublishError::Connection(_)) => Some(error.to_string()),
                 _ => None,
@@ -1155,7 +1165,15 @@ impl Relay {
                     .iter()
                     .any(|(_, r)| matches!(r, Err(PublishError::Timeout(_)))) =>
                 {
-                    transport.health().await.err().map(|e| e.to_string())
+                    match transport.health().await {
+                        Err(e) => Some(e.to_string()),
+                        Ok(()) if self.broker.on_trial() => Some(format!(
+                            "no confirmation from the broker within the publish timeout since \
+                             it came back ({} on trial)",
+                            transport.name()
+                        )),
+                        Ok(()) => None,
+                    }
                 }
                 None => None,
             };

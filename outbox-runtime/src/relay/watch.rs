@@ -39,6 +39,9 @@ struct State {
     /// again before the breaker opened is counted once).
     held_back: HashSet<i64>,
     last_error: Option<String>,
+    /// The broker came back from an outage and has confirmed no publish since: until then,
+    /// timeouts are the broker's (see `RelayConfig::recovery_trial`).
+    trial_until: Option<Instant>,
 }
 
 impl BrokerWatch {
@@ -70,6 +73,21 @@ impl BrokerWatch {
         self.state().last_seen = Some(Instant::now());
     }
 
+    /// The broker confirmed a publish: seen, and off trial.
+    pub(super) fn confirmed(&self) {
+        let mut state = self.state();
+        state.last_seen = Some(Instant::now());
+        state.trial_until = None;
+    }
+
+    /// The broker answers its health check after an outage but has not confirmed a publish
+    /// since, and the trial has not run out.
+    pub(super) fn on_trial(&self) -> bool {
+        self.state()
+            .trial_until
+            .is_some_and(|until| Instant::now() < until)
+    }
+
     /// The broker is unavailable: open the breaker (the relay's loop then waits for it).
     pub(super) fn open(&self, reason: &str) {
         let mut state = self.state();
@@ -92,10 +110,15 @@ impl BrokerWatch {
         self.state().held_back.extend(ids);
     }
 
-    /// The broker answers again: close the breaker.
-    pub(super) fn close(&self) {
+    /// The broker answers again: close the breaker, and put the broker on trial for `trial`
+    /// unless a trial is running (an outage the trial found does not renew it).
+    pub(super) fn close(&self, trial: Duration) {
         let mut state = self.state();
-        state.last_seen = Some(Instant::now());
+        let now = Instant::now();
+        if !state.trial_until.is_some_and(|until| now < until) {
+            state.trial_until = Some(now + trial);
+        }
+        state.last_seen = Some(now);
         state.unavailable_since = None;
         state.held_back = HashSet::new();
         self.down.store(false, Ordering::Relaxed);

@@ -255,6 +255,13 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Short name for logs and metrics (`memory`, `nats`, …).
     fn name(&self) -> &'static str;
 
+    /// Where this transport publishes each event type, for the event catalogue's AsyncAPI
+    /// document ([`AsyncApi`](crate::catalogue::AsyncApi)); `None` for transports without a
+    /// broker (in memory, database-local).
+    fn routing(&self) -> Option<crate::catalogue::Routing> {
+        None
+    }
+
     /// Create what publishing needs (streams, exchanges). Idempotent.
     async fn setup(&self) -> Result<(), TransportError>;
 

@@ -443,6 +443,28 @@ pub async fn scalar_i64<C: ConnectionTrait>(db: &C, sql: &str) -> i64 {
     row.try_get_by_index::<i64>(0).unwrap()
 }
 
+/// The outbox's error history (`outbox_failure`), oldest first, as "row N attempt A STATUS:
+/// error": what a failed assertion about attempts names.
+pub async fn outbox_failures<C: ConnectionTrait>(db: &C) -> Vec<String> {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT row_id, attempt, status, error FROM outbox_failure \
+             WHERE queue = 'outbox' ORDER BY id",
+        ))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let row_id: i64 = r.try_get("", "row_id").unwrap();
+            let attempt: i32 = r.try_get("", "attempt").unwrap();
+            let status: String = r.try_get("", "status").unwrap();
+            let error: String = r.try_get("", "error").unwrap();
+            format!("row {row_id} attempt {attempt} {status}: {error}")
+        })
+        .collect()
+}
+
 /// One outbox row, decoded the same way on every backend.
 #[derive(Debug, Clone)]
 pub struct OutboxRow {
@@ -776,4 +798,14 @@ pub async fn worker_runtime<const N: usize>(
         .start()
         .await
         .unwrap()
+}
+
+/// A tool a test needs is not installed: a failure with `OUTBOX_REQUIRE_SERVICES=1`, else a
+/// loud skip.
+pub fn missing_tool<T>(test: &str, what: &str) -> Option<T> {
+    if services_required() {
+        panic!("{test} needs {what} (OUTBOX_REQUIRE_SERVICES=1); .ci/run installs it");
+    }
+    eprintln!("\n*** SKIPPED: {test} needs {what}; .ci/run installs it ***\n");
+    None
 }

@@ -4,6 +4,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use super::{KafkaTransport, TRANSPORT};
+use crate::catalogue::KafkaTopics;
 use crate::transport::{DEFAULT_NAMESPACE, TransportError, check_nonzero};
 
 /// Default partitions of a topic `setup` creates.
@@ -160,10 +161,16 @@ impl KafkaConfig {
 
     /// The topic an event is published to.
     pub fn topic_for(&self, event_type: &str, aggregate_type: &str) -> String {
+        self.topics()
+            .topic(&self.namespace, event_type, aggregate_type)
+    }
+
+    /// The routing, as the event catalogue describes it.
+    pub(crate) fn topics(&self) -> KafkaTopics {
         match &self.routing {
-            KafkaRouting::AggregateType => format!("{}.{aggregate_type}", self.namespace),
-            KafkaRouting::EventType => format!("{}.{event_type}", self.namespace),
-            KafkaRouting::Topic(topic) => topic.clone(),
+            KafkaRouting::AggregateType => KafkaTopics::AggregateType,
+            KafkaRouting::EventType => KafkaTopics::EventType,
+            KafkaRouting::Topic(topic) => KafkaTopics::Topic(topic.clone()),
         }
     }
 }

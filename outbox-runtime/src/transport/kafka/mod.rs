@@ -383,6 +383,13 @@ impl Transport for KafkaTransport {
         TRANSPORT
     }
 
+    fn routing(&self) -> Option<crate::catalogue::Routing> {
+        Some(crate::catalogue::Routing::Kafka {
+            namespace: self.inner.config.namespace.clone(),
+            topics: self.inner.config.topics(),
+        })
+    }
+
     async fn setup(&self) -> Result<(), TransportError> {
         let topics: Vec<String> = match &self.inner.config.routing {
             KafkaRouting::Topic(topic) => vec![topic.clone()],

@@ -168,6 +168,12 @@ impl Transport for NatsTransport {
         TRANSPORT
     }
 
+    fn routing(&self) -> Option<crate::catalogue::Routing> {
+        Some(crate::catalogue::Routing::Nats {
+            namespace: self.inner.config.namespace.clone(),
+        })
+    }
+
     /// Gets or creates the stream (`{namespace}.>`, duplicate window, storage, retention, max
     /// age). An existing stream of the same name must store exactly `{namespace}.>`; its
     /// duplicate window and max age are updated to the configuration.

@@ -245,6 +245,12 @@ impl Transport for RabbitMqTransport {
         TRANSPORT
     }
 
+    fn routing(&self) -> Option<crate::catalogue::Routing> {
+        Some(crate::catalogue::Routing::RabbitMq {
+            exchange: self.inner.exchange.clone(),
+        })
+    }
+
     /// Declares the exchange: durable, topic. Fails clearly when an exchange of that name exists
     /// with another type or durability.
     async fn setup(&self) -> Result<(), TransportError> {

@@ -248,6 +248,12 @@ impl Transport for RedisTransport {
         TRANSPORT
     }
 
+    fn routing(&self) -> Option<crate::catalogue::Routing> {
+        Some(crate::catalogue::Routing::Redis {
+            stream_key: self.inner.stream_key.clone(),
+        })
+    }
+
     /// Checks that the server answers and that the stream key is free or holds a stream.
     /// Creates nothing: the first `XADD` creates the stream, the first subscription of a consumer
     /// its group. Idempotent.
