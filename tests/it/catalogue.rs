@@ -388,6 +388,36 @@ fn the_quickstart_binary_matches_its_committed_catalogue() {
         placed.schema.as_ref().unwrap()["required"],
         json!(["order_id", "customer", "sku", "quantity"])
     );
+
+    // The README's AsyncAPI document is the binary's, and the parser accepts it.
+    let rendered = run(Command::new(&example).args([
+        "catalogue",
+        "asyncapi",
+        "--transport",
+        "kafka",
+        "--namespace",
+        "shop",
+        "--title",
+        "order service",
+    ]));
+    assert_eq!(rendered.status.code(), Some(0), "{}", text(&rendered));
+    let document: Value = serde_json::from_slice(&rendered.stdout).unwrap();
+    let committed: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/catalogue/quickstart.asyncapi.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        document, committed,
+        "docs/catalogue/quickstart.asyncapi.json is out of date: write it again"
+    );
+    assert_eq!(document["channels"]["shop.order"]["address"], "shop.order");
+    if let Some(validator) = validator() {
+        let (valid, report) = validator.check(&document);
+        assert!(valid, "{report}");
+    }
 }
 
 /// Where the official AsyncAPI parser runs (`.ci/run` installs it beside playwright-core).

@@ -755,7 +755,108 @@ async fn single_rounds_try_the_broker_each_time(t: TestDb) {
     assert_strictly_increasing(&log_order(&transport.messages()), 3);
 }
 
+/// After an outage the broker is on trial until it confirms a publish: a timeout while its
+/// health check answers is still the broker's (no attempt), as a broker that has just restarted
+/// answers a ping before it confirms publishes. Outside a trial a timeout counts, and a trial
+/// that runs out is not renewed by the outages it finds, so a message the broker never confirms
+/// still ends DEAD. Lost confirms (stored, reported unconfirmed) stand for the timeouts.
+async fn a_returned_broker_is_on_trial_until_it_confirms(t: TestDb) {
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let handle = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(RelayConfig {
+            max_attempts: 3,
+            probe: Backoff {
+                base: Duration::from_millis(20),
+                cap: Duration::from_millis(100),
+                jitter: 0.0,
+            },
+            recovery_trial: Duration::from_secs(2),
+            ..config(8)
+        })
+        .spawn();
+    let row = |index: usize| {
+        let db = t.db.clone();
+        async move { outbox_rows(&db).await.into_iter().nth(index) }
+    };
+    let sent = |index: usize| {
+        let row = row(index);
+        async move { row.await.is_some_and(|r| r.status == "SENT") }
+    };
+
+    // 1. An outage (once the relay has set up); on the broker's return its first three
+    //    publishes go unconfirmed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    transport.set_unavailable(true);
+    produce(&t, &outbox, 1, 1, 1).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            handle.stats().outages >= 1
+        })
+        .await,
+        "{:?} {:?}",
+        handle.stats(),
+        outbox_rows(&t.db).await
+    );
+    transport.lose_next_confirms(3);
+    transport.set_unavailable(false);
+    assert!(eventually(Duration::from_secs(10), || sent(0)).await);
+    let first = row(0).await.unwrap();
+    assert_eq!(
+        first.attempts, 0,
+        "the trial's timeouts are the broker's: {first:?}"
+    );
+    assert!(
+        handle.stats().outages >= 2,
+        "each unconfirmed trial publish waits for the broker again: {:?}",
+        handle.stats()
+    );
+
+    // 2. The broker confirmed: a timeout is the message's again.
+    transport.lose_next_confirms(1);
+    produce(&t, &outbox, 1, 1, 1).await;
+    assert!(eventually(Duration::from_secs(10), || sent(1)).await);
+    assert_eq!(
+        row(1).await.unwrap().attempts,
+        1,
+        "a timeout outside a trial counts"
+    );
+
+    // 3. Another outage, and a broker that never confirms again: the trial runs out and the
+    //    message spends its attempts.
+    transport.set_unavailable(true);
+    let outages = handle.stats().outages;
+    produce(&t, &outbox, 1, 1, 1).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            handle.stats().outages > outages
+        })
+        .await
+    );
+    transport.lose_next_confirms(usize::MAX);
+    transport.set_unavailable(false);
+    let dead = eventually(Duration::from_secs(20), || async {
+        row(2).await.is_some_and(|r| r.status == "DEAD")
+    })
+    .await;
+    let third = row(2).await.unwrap();
+    let stats = handle.shutdown().await.unwrap();
+    assert!(
+        dead,
+        "ends DEAD once the trial is over: {third:?} {stats:?}"
+    );
+    assert_eq!(third.attempts, 3, "{third:?}");
+    assert!(
+        third
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("no confirmation from the broker")),
+        "{third:?}"
+    );
+}
+
 backend_tests! {
+    recovery_trial => a_returned_broker_is_on_trial_until_it_confirms;
     outage_spends_no_attempt => an_outage_longer_than_the_retry_budget_spends_no_attempt;
     single_rounds_after_outage => single_rounds_try_the_broker_each_time;
     idle_outage => idle_relay_reports_the_outage;

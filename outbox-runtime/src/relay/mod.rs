@@ -1159,6 +1159,7 @@ impl Relay {
                 Err(error @ PublishError::Connection(_)) => Some(error.to_string()),
                 _ => None,
             });
+            let mut on_trial = false;
             let unavailable = match lost {
                 Some(lost) => Some(lost),
                 None if outcomes
@@ -1167,11 +1168,14 @@ impl Relay {
                 {
                     match transport.health().await {
                         Err(e) => Some(e.to_string()),
-                        Ok(()) if self.broker.on_trial() => Some(format!(
-                            "no confirmation from the broker within the publish timeout since \
-                             it came back ({} on trial)",
-                            transport.name()
-                        )),
+                        Ok(()) if self.broker.on_trial() => {
+                            on_trial = true;
+                            Some(format!(
+                                "no confirmation from the broker within the publish timeout \
+                                 since it came back ({} on trial)",
+                                transport.name()
+                            ))
+                        }
                         Ok(()) => None,
                     }
                 }
@@ -1183,7 +1187,7 @@ impl Relay {
                     "the broker is unavailable: handing the claim back without counting attempts"
                 );
                 outage = Some(down.clone());
-                self.broker.open(down);
+                self.broker.open(down, on_trial);
             }
             for (event, result) in outcomes {
                 match result {

@@ -42,6 +42,9 @@ struct State {
     /// The broker came back from an outage and has confirmed no publish since: until then,
     /// timeouts are the broker's (see `RelayConfig::recovery_trial`).
     trial_until: Option<Instant>,
+    /// The breaker is open because the broker on trial did not confirm: its return does not
+    /// start a new trial, even when the current one ran out meanwhile.
+    opened_by_trial: bool,
 }
 
 impl BrokerWatch {
@@ -89,9 +92,11 @@ impl BrokerWatch {
     }
 
     /// The broker is unavailable: open the breaker (the relay's loop then waits for it).
-    pub(super) fn open(&self, reason: &str) {
+    /// `on_trial`: because the broker on trial did not confirm (see [`Self::close`]).
+    pub(super) fn open(&self, reason: &str, on_trial: bool) {
         let mut state = self.state();
         state.last_error = Some(reason.to_owned());
+        state.opened_by_trial |= on_trial;
         if !self.down.swap(true, Ordering::Relaxed) {
             state.unavailable_since.get_or_insert_with(Instant::now);
         }
@@ -110,12 +115,13 @@ impl BrokerWatch {
         self.state().held_back.extend(ids);
     }
 
-    /// The broker answers again: close the breaker, and put the broker on trial for `trial`
-    /// unless a trial is running (an outage the trial found does not renew it).
+    /// The broker answers again: close the breaker, and put the broker on trial for `trial`,
+    /// unless the trial found this outage (a trial is never renewed by its own findings, so
+    /// one message the broker never confirms cannot keep it on trial forever).
     pub(super) fn close(&self, trial: Duration) {
         let mut state = self.state();
         let now = Instant::now();
-        if !state.trial_until.is_some_and(|until| now < until) {
+        if !std::mem::take(&mut state.opened_by_trial) {
             state.trial_until = Some(now + trial);
         }
         state.last_seen = Some(now);
@@ -218,7 +224,7 @@ pub(super) async fn heartbeat(
         if !watch.is_down() && watch.seen_ago().is_none_or(|ago| ago >= heartbeat) {
             match transport.health().await {
                 Ok(()) => watch.seen(),
-                Err(e) => watch.open(&format!("health check failed: {e}")),
+                Err(e) => watch.open(&format!("health check failed: {e}"), false),
             }
         }
     }
