@@ -34,7 +34,7 @@ struct OrderPlacedV1Documented {
 
 /// A type's schema as the derive records it.
 fn schema_of<T: schemars::JsonSchema>() -> Value {
-    (&SchemaProbe::<T>::new())
+    SchemaProbe::<T>::new()
         .outbox_schema()
         .expect("the feature `catalogue` records schemas")
 }
