@@ -100,10 +100,7 @@ impl Eq for EventRegistration {}
 impl EventRegistration {
     /// `path/to/file.rs:12 (crate::module::Type)`, for messages.
     pub fn location(&self) -> String {
-        format!(
-            "{}:{} ({}::{})",
-            self.file, self.line, self.module_path, self.rust_type
-        )
+        crate::util::text::location(self.file, self.line, self.module_path, self.rust_type)
     }
 }
 

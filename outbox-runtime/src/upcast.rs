@@ -22,7 +22,10 @@ use std::{
 
 use serde_json::value::RawValue;
 
-use crate::{envelope::Envelope, inbox::HandlerRegistration};
+use crate::{
+    envelope::Envelope,
+    inbox::{HandlerRegistration, linked::by_event_type},
+};
 
 /// Where an upcast envelope carries the version it was received in (a name no CloudEvents
 /// extension can have).
@@ -58,10 +61,7 @@ pub struct UpcasterRegistration {
 impl UpcasterRegistration {
     /// `path/to/file.rs:12 (crate::module::function)`, for messages.
     pub fn location(&self) -> String {
-        format!(
-            "{}:{} ({}::{})",
-            self.file, self.line, self.module_path, self.function
-        )
+        crate::util::text::location(self.file, self.line, self.module_path, self.function)
     }
 }
 
@@ -193,14 +193,7 @@ impl Upcasters {
         handlers: &[&'static HandlerRegistration],
     ) -> Vec<UpcastError> {
         let mut errors = Vec::new();
-        let mut handled: BTreeMap<&str, BTreeMap<u32, &HandlerRegistration>> = BTreeMap::new();
-        for reg in handlers.iter().filter(|r| r.source.is_none()) {
-            handled
-                .entry(reg.event_type)
-                .or_default()
-                .insert(reg.schema_version, reg);
-        }
-        for (event_type, versions) in &handled {
+        for (event_type, versions) in &by_event_type(handlers) {
             let froms: BTreeSet<u32> = self
                 .steps
                 .keys()
@@ -211,8 +204,7 @@ impl Upcasters {
                 continue;
             };
             for &from in froms.iter().filter(|v| **v < top) {
-                if versions.contains_key(&from) || self.target(event_type, from, versions).is_some()
-                {
+                if self.handled_version(event_type, from, versions).is_some() {
                     continue;
                 }
                 let mut missing = from;
@@ -237,6 +229,20 @@ impl Upcasters {
             }
         }
         errors
+    }
+
+    /// The version of `handled` a message of `version` goes to: its own, or else the lowest
+    /// later one the steps from it reach.
+    pub(crate) fn handled_version<T>(
+        &self,
+        event_type: &str,
+        version: u32,
+        handled: &BTreeMap<u32, T>,
+    ) -> Option<u32> {
+        match handled.contains_key(&version) {
+            true => Some(version),
+            false => self.target(event_type, version, handled),
+        }
     }
 
     /// The lowest of `handled` versions above `from` that the steps from `from` reach.

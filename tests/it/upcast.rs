@@ -181,12 +181,7 @@ async fn old_versions_reach_the_new_handler(t: TestDb) {
         "three handled and one DEAD: {:?}",
         inbox_rows(&t.db, "t-upcast").await
     );
-    let mut handled: Vec<(String, i64)> = effects(&t.db)
-        .await
-        .into_iter()
-        .map(|e| (e.cart, e.seq))
-        .collect();
-    handled.sort();
+    let handled = handled(&t.db).await;
     assert_eq!(
         handled,
         [
@@ -366,12 +361,7 @@ async fn a_v1_producer_and_a_v3_consumer_in_two_processes() {
         "{} of 20 handled",
         effects(&t.db).await.len()
     );
-    let mut handled: Vec<(String, i64)> = effects(&t.db)
-        .await
-        .into_iter()
-        .map(|e| (e.cart, e.seq))
-        .collect();
-    handled.sort();
+    let handled = handled(&t.db).await;
     let mut expected: Vec<(String, i64)> = (0..20)
         .map(|n| (format!("p-{n}:EUR:v1"), i64::from(n) * 100 + 50))
         .collect();
@@ -387,4 +377,15 @@ async fn a_v1_producer_and_a_v3_consumer_in_two_processes() {
 
 backend_tests! {
     old_versions => old_versions_reach_the_new_handler;
+}
+
+/// What the handlers recorded, as (what, amount), sorted.
+async fn handled(db: &sea_orm::DatabaseConnection) -> Vec<(String, i64)> {
+    let mut handled: Vec<(String, i64)> = effects(db)
+        .await
+        .into_iter()
+        .map(|e| (e.cart, e.seq))
+        .collect();
+    handled.sort();
+    handled
 }

@@ -361,14 +361,7 @@ fn hoist(key: &str, schema: &Value, schemas: &mut Map<String, Value>) {
     let mut root = schema.clone();
     let definitions = root.as_object_mut().and_then(|object| {
         object.remove("$schema");
-        let mut found = object.remove("definitions");
-        if let Some(Value::Object(defs)) = object.remove("$defs") {
-            match &mut found {
-                Some(Value::Object(found)) => found.extend(defs),
-                _ => found = Some(Value::Object(defs)),
-            }
-        }
-        found
+        object.remove("definitions")
     });
     if let Some(Value::Object(definitions)) = definitions {
         for (name, mut definition) in definitions {
@@ -380,7 +373,8 @@ fn hoist(key: &str, schema: &Value, schemas: &mut Map<String, Value>) {
     schemas.insert(key.to_owned(), root);
 }
 
-/// `#/definitions/X` and `#/$defs/X` → `#/components/schemas/{key}.X`; `#` → the root.
+/// `#/definitions/X` → `#/components/schemas/{key}.X`; `#` → the root (the catalogue's
+/// schemas are draft-07, as the derive records them).
 fn rewrite_refs(key: &str, schema: &mut Value) {
     match schema {
         Value::Object(object) => {
@@ -388,10 +382,7 @@ fn rewrite_refs(key: &str, schema: &mut Value) {
                 if name == "$ref"
                     && let Value::String(target) = value
                 {
-                    let local = target
-                        .strip_prefix("#/definitions/")
-                        .or_else(|| target.strip_prefix("#/$defs/"));
-                    *target = match local {
+                    *target = match target.strip_prefix("#/definitions/") {
                         Some(name) => schema_ref(&format!(
                             "{key}.{}",
                             component_key(&name.replace("~1", "/").replace("~0", "~"))

@@ -53,7 +53,9 @@ use serde_json::Value;
 
 use crate::event::EventRegistration;
 use crate::inbox::HandlerRegistration;
+use crate::inbox::linked::{ByEventType, by_event_type};
 use crate::upcast::{UpcasterRegistration, Upcasters};
+use crate::util::text::item_path;
 
 mod asyncapi;
 pub mod cli;
@@ -134,18 +136,17 @@ impl Catalogue {
         upcasters: impl IntoIterator<Item = &'static UpcasterRegistration>,
     ) -> Catalogue {
         let upcasters = Upcasters::from_registrations(upcasters);
-        // Consumer → event type → handled version → handler.
-        let mut handled: BTreeMap<&str, BTreeMap<&str, BTreeMap<u32, &HandlerRegistration>>> =
-            BTreeMap::new();
-        for handler in handlers.into_iter().filter(|h| h.source.is_none()) {
-            handled
+        let mut by_consumer: BTreeMap<&str, Vec<&'static HandlerRegistration>> = BTreeMap::new();
+        for handler in handlers {
+            by_consumer
                 .entry(handler.consumer)
                 .or_default()
-                .entry(handler.event_type)
-                .or_default()
-                .entry(handler.schema_version)
-                .or_insert(handler);
+                .push(handler);
         }
+        let handled: BTreeMap<&str, ByEventType> = by_consumer
+            .into_iter()
+            .map(|(consumer, handlers)| (consumer, by_event_type(&handlers)))
+            .collect();
         let mut seen = BTreeSet::new();
         let mut events: Vec<&EventRegistration> = events
             .into_iter()
@@ -159,18 +160,15 @@ impl Catalogue {
                     .iter()
                     .filter_map(|(consumer, types)| {
                         let versions = types.get(event.event_type)?;
-                        let version = match versions.contains_key(&event.schema_version) {
-                            true => event.schema_version,
-                            false => upcasters.target(
-                                event.event_type,
-                                event.schema_version,
-                                versions,
-                            )?,
-                        };
+                        let version = upcasters.handled_version(
+                            event.event_type,
+                            event.schema_version,
+                            versions,
+                        )?;
                         let handler = versions[&version];
                         Some(ConsumerEntry {
                             consumer: (*consumer).to_owned(),
-                            handler: format!("{}::{}", handler.module_path, handler.function),
+                            handler: item_path(handler.module_path, handler.function),
                             handles_version: version,
                         })
                     })
@@ -183,13 +181,13 @@ impl Catalogue {
                     })
                     .map(|u| UpcasterEntry {
                         to_version: u.to_version,
-                        function: format!("{}::{}", u.module_path, u.function),
+                        function: item_path(u.module_path, u.function),
                     });
                 CatalogueEvent {
                     event_type: event.event_type.to_owned(),
                     version: event.schema_version,
                     aggregate: event.aggregate_type.to_owned(),
-                    rust_type: format!("{}::{}", event.module_path, event.rust_type),
+                    rust_type: item_path(event.module_path, event.rust_type),
                     schema: (event.schema)(),
                     consumers,
                     upcaster,

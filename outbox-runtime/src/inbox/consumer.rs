@@ -19,7 +19,7 @@
 //! so handlers that must not apply stale events should also check the aggregate version.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     fmt,
     sync::{Arc, atomic::AtomicU32},
     time::Duration,
@@ -30,6 +30,7 @@ use tokio::sync::Notify;
 
 use super::{
     HandlerMode, HandlerRegistration, InboxConfig,
+    linked::{ByEventType, by_event_type},
     stats::{ConsumerStats, Counter},
 };
 use crate::{
@@ -41,7 +42,7 @@ use crate::{
 pub(crate) struct Consumer {
     pub(crate) name: &'static str,
     /// Handlers of this SDK's events, by event type and schema version.
-    handlers: HashMap<&'static str, BTreeMap<u32, &'static HandlerRegistration>>,
+    handlers: ByEventType,
     /// Handlers of external messages, by source and message type.
     external: HashMap<(&'static str, &'static str), &'static HandlerRegistration>,
     pub(crate) event_types: Vec<String>,
@@ -83,13 +84,7 @@ impl Consumer {
     ) -> Self {
         let (external, own): (Vec<&'static HandlerRegistration>, Vec<_>) =
             registrations.iter().partition(|r| r.source.is_some());
-        let mut handlers: HashMap<_, BTreeMap<_, _>> = HashMap::new();
-        for reg in &own {
-            handlers
-                .entry(reg.event_type)
-                .or_default()
-                .insert(reg.schema_version, *reg);
-        }
+        let handlers = by_event_type(&own);
         let external: HashMap<_, _> = external
             .iter()
             .filter_map(|r| Some(((r.source?, r.event_type), *r)))
@@ -133,10 +128,8 @@ impl Consumer {
         let version = envelope.schema_version.unwrap_or(1);
         let event_type = envelope.event_type.as_str();
         let handled = self.handlers.get(event_type)?;
-        if let Some(reg) = handled.get(&version) {
-            return Some(reg);
-        }
-        let target = crate::upcast::Upcasters::linked().target(event_type, version, handled)?;
+        let target =
+            crate::upcast::Upcasters::linked().handled_version(event_type, version, handled)?;
         handled.get(&target).copied()
     }
 

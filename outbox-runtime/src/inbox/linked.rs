@@ -23,6 +23,26 @@ pub struct DuplicateHandler {
     pub second: String,
 }
 
+/// One consumer's handlers of this SDK's events (not of external messages), by event type and
+/// schema version.
+pub(crate) type ByEventType = BTreeMap<&'static str, BTreeMap<u32, &'static HandlerRegistration>>;
+
+/// Index one consumer's `handlers` by event type and version (the first of two for one
+/// version; the runtime refuses such duplicates at start).
+pub(crate) fn by_event_type<'a>(
+    handlers: impl IntoIterator<Item = &'a &'static HandlerRegistration>,
+) -> ByEventType {
+    let mut index = ByEventType::new();
+    for reg in handlers.into_iter().filter(|r| r.source.is_none()) {
+        index
+            .entry(reg.event_type)
+            .or_default()
+            .entry(reg.schema_version)
+            .or_insert(*reg);
+    }
+    index
+}
+
 /// Every handler linked into this binary, grouped by consumer, checked for duplicates.
 pub(crate) fn linked_handlers()
 -> Result<BTreeMap<&'static str, Vec<&'static HandlerRegistration>>, DuplicateHandler> {

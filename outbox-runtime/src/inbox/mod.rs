@@ -15,7 +15,7 @@ pub(crate) mod consumer;
 mod deliver;
 mod digest;
 mod dispatch;
-mod linked;
+pub(crate) mod linked;
 mod receive;
 mod settle;
 mod stats;
@@ -482,10 +482,7 @@ pub struct HandlerRegistration {
 impl HandlerRegistration {
     /// `path/to/file.rs:12 (crate::module::function)`, for messages.
     pub fn location(&self) -> String {
-        format!(
-            "{}:{} ({}::{})",
-            self.file, self.line, self.module_path, self.function
-        )
+        crate::util::text::location(self.file, self.line, self.module_path, self.function)
     }
 }
 

@@ -191,20 +191,11 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
     fast: Option<FastClaim<'_>>,
 ) -> Result<InsertOutcome, DbErr> {
     let dialect = Dialect::of(conn);
-    let mut outcome = InsertOutcome::default();
-
-    // Duplicates inside this transaction's own buffer never reach the database.
-    let mut seen: HashSet<(&str, &str)> = HashSet::new();
-    let mut to_write: Vec<(usize, &PendingEvent)> = Vec::with_capacity(events.len());
-    for (index, event) in events.iter().enumerate() {
-        if let Some(key) = &event.dedup_key
-            && !seen.insert((&event.event_type, key))
-        {
-            outcome.skipped.push(event.skipped());
-            continue;
-        }
-        to_write.push((index, event));
-    }
+    let (to_write, skipped) = first_of_each_key(events, |event| event);
+    let mut outcome = InsertOutcome {
+        skipped,
+        ..InsertOutcome::default()
+    };
 
     // With the fast path, each event's earlier events of the same aggregate in this buffer.
     let mut earlier: HashMap<(&str, &str), Vec<Uuid>> = HashMap::new();
@@ -338,6 +329,28 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
     }
     outcome.written = events.len() - outcome.skipped.len();
     Ok(outcome)
+}
+
+/// Of a buffer's `items` (each holding the event `event` gives), those to write, with their
+/// index, and the events skipped because an earlier one of the buffer has their
+/// `(event_type, dedup_key)`: duplicates inside one buffer never reach the database.
+pub(super) fn first_of_each_key<'a, T>(
+    items: &'a [T],
+    event: impl Fn(&'a T) -> &'a PendingEvent,
+) -> (Vec<(usize, &'a T)>, Vec<SkippedEvent>) {
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
+    let mut to_write = Vec::with_capacity(items.len());
+    let mut skipped = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let pending = event(item);
+        match &pending.dedup_key {
+            Some(key) if !seen.insert((&pending.event_type, key)) => {
+                skipped.push(pending.skipped());
+            }
+            _ => to_write.push((index, item)),
+        }
+    }
+    (to_write, skipped)
 }
 
 /// Of `keyed` events just inserted into `table` with `ON CONFLICT` skipping taken dedup keys,

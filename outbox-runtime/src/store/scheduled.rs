@@ -3,7 +3,7 @@
 //! table, so however many events wait here, a claim costs what it did; due events are found by
 //! the `(due_at, id)` index.
 
-use std::{borrow::Cow, collections::HashSet, time::Duration};
+use std::{borrow::Cow, time::Duration};
 
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
@@ -11,8 +11,8 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 use super::{
     DbTime, Dialect, get_i64,
     outbox::{
-        INSERT_COLUMNS, PendingEvent, SkippedEvent, insert_events, push_event_values,
-        skipped_by_key,
+        INSERT_COLUMNS, PendingEvent, SkippedEvent, first_of_each_key, insert_events,
+        push_event_values, skipped_by_key,
     },
     sql::{Arg, Sql},
     tx::begin_admin,
@@ -64,26 +64,18 @@ pub(crate) async fn insert<C: ConnectionTrait>(
     events: &[ScheduledEvent],
 ) -> Result<Scheduled, DbErr> {
     let dialect = Dialect::of(conn);
-    let mut outcome = Scheduled::default();
-    let mut seen: HashSet<(&str, &str)> = HashSet::new();
-    let mut to_write = Vec::with_capacity(events.len());
-    for scheduled in events {
-        let event = &scheduled.event;
-        if let Some(key) = &event.dedup_key
-            && !seen.insert((&event.event_type, key))
-        {
-            outcome.skipped.push(event.skipped());
-            continue;
-        }
-        to_write.push(scheduled);
-    }
+    let (to_write, skipped) = first_of_each_key(events, |scheduled| &scheduled.event);
+    let mut outcome = Scheduled {
+        skipped,
+        ..Scheduled::default()
+    };
     for chunk in to_write.chunks(CHUNK) {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
             "INSERT INTO {SCHEDULED_TABLE} ({}, due_at, created_at) VALUES ",
             INSERT_COLUMNS.join(", ")
         ));
-        for (i, ScheduledEvent { event, due }) in chunk.iter().enumerate() {
+        for (i, (_, ScheduledEvent { event, due })) in chunk.iter().enumerate() {
             if i > 0 {
                 sql.push(", ");
             }
@@ -95,7 +87,7 @@ pub(crate) async fn insert<C: ConnectionTrait>(
                 .time(DbTime::NOW)
                 .push(")");
         }
-        let keyed = chunk.iter().any(|s| s.event.dedup_key.is_some());
+        let keyed = chunk.iter().any(|(_, s)| s.event.dedup_key.is_some());
         if let Some(clause) = dialect.outbox_insert_conflict(keyed) {
             sql.push(" ").push(clause);
         }
@@ -104,7 +96,7 @@ pub(crate) async fn insert<C: ConnectionTrait>(
     // Which keyed events met a key already waiting?
     let keyed: Vec<&PendingEvent> = to_write
         .iter()
-        .map(|s| &s.event)
+        .map(|(_, s)| &s.event)
         .filter(|e| e.dedup_key.is_some())
         .collect();
     outcome

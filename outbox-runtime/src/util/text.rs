@@ -1,4 +1,4 @@
-//! Text helpers shared by the store and the transports.
+//! Text helpers shared by the store, the transports and the registries.
 
 /// `s` cut to at most `max_chars` characters (not bytes), for columns of a bounded width.
 pub(crate) fn truncate(s: &str, max_chars: usize) -> String {
@@ -6,4 +6,15 @@ pub(crate) fn truncate(s: &str, max_chars: usize) -> String {
         Some((i, _)) => s[..i].to_owned(),
         None => s.to_owned(),
     }
+}
+
+/// `crate::module::item`: an item the macros registered, by its module path.
+pub(crate) fn item_path(module_path: &str, item: &str) -> String {
+    format!("{module_path}::{item}")
+}
+
+/// `path/to/file.rs:12 (crate::module::item)`: where the macros registered an item, for
+/// messages.
+pub(crate) fn location(file: &str, line: u32, module_path: &str, item: &str) -> String {
+    format!("{file}:{line} ({})", item_path(module_path, item))
 }
