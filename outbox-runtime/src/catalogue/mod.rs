@@ -31,7 +31,8 @@
 //! an event type that moved to another aggregate, fails the check; titles, descriptions and
 //! examples are not part of the shape. A version missing from the committed catalogue fails
 //! too, so that every published shape is guarded from its first release: write the catalogue
-//! again to record it.
+//! again to record it. So does a committed schema the code no longer records (a catalogue
+//! built without the feature `catalogue` guards nothing, and must not pass as if it did).
 //!
 //! ```no_run
 //! use outbox_runtime::catalogue::{Catalogue, check};
@@ -270,8 +271,17 @@ pub enum Finding {
         /// The version.
         version: u32,
     },
-    /// It has a schema on one side only: reported, not a failure (the feature `catalogue` or
-    /// a `JsonSchema` derive was added or removed), but its shape is not guarded.
+    /// The committed catalogue has its schema, the code has none (built without the feature
+    /// `catalogue`, or the type no longer derives `JsonSchema`): a failure, as its shape could
+    /// no longer be checked.
+    SchemaMissing {
+        /// The event type.
+        event_type: String,
+        /// The version.
+        version: u32,
+    },
+    /// The code has its schema, the committed catalogue none: reported, not a failure; write
+    /// the catalogue again so that its shape is guarded.
     SchemaUnknown {
         /// The event type.
         event_type: String,
@@ -288,6 +298,7 @@ impl Finding {
             Finding::SchemaChanged { .. }
                 | Finding::AggregateChanged { .. }
                 | Finding::NotCommitted { .. }
+                | Finding::SchemaMissing { .. }
         )
     }
 }
@@ -340,13 +351,23 @@ impl std::fmt::Display for Finding {
                 "`{event_type}` version {version} is in the committed catalogue but no longer \
                  in the code (messages of it may still arrive: keep an upcaster or a handler)"
             ),
+            Finding::SchemaMissing {
+                event_type,
+                version,
+            } => write!(
+                f,
+                "`{event_type}` version {version} has no schema in the code, though the \
+                 committed catalogue has one, so its shape cannot be checked: build the \
+                 catalogue with the feature `catalogue`, and keep `#[derive(schemars::JsonSchema)]` \
+                 on the type"
+            ),
             Finding::SchemaUnknown {
                 event_type,
                 version,
             } => write!(
                 f,
-                "`{event_type}` version {version} has a schema on one side only: its shape is \
-                 not checked (derive `schemars::JsonSchema` and enable the feature `catalogue`)"
+                "`{event_type}` version {version} has a schema the committed catalogue lacks: \
+                 write the catalogue again (`catalogue write FILE`) so that its shape is guarded"
             ),
         }
     }
@@ -387,11 +408,15 @@ pub fn check(committed: &Catalogue, current: &Catalogue) -> Vec<Finding> {
                     });
                 }
             }
-            (None, None) => {}
-            _ => findings.push(Finding::SchemaUnknown {
+            (Some(_), None) => findings.push(Finding::SchemaMissing {
                 event_type,
                 version,
             }),
+            (None, Some(_)) => findings.push(Finding::SchemaUnknown {
+                event_type,
+                version,
+            }),
+            (None, None) => {}
         }
     }
     for old in &committed.events {
@@ -476,15 +501,27 @@ mod tests {
     }
 
     #[test]
-    fn removals_and_unknown_schemas_are_reported_not_failed() {
+    fn removals_and_new_schemas_are_reported_not_failed() {
         let committed = catalogue(vec![
-            event("order.placed", 1, Some(placed("integer"))),
+            event("order.placed", 1, None),
             event("order.paid", 1, None),
         ]);
-        let current = catalogue(vec![event("order.placed", 1, None)]);
+        let current = catalogue(vec![event("order.placed", 1, Some(placed("integer")))]);
         let findings = check(&committed, &current);
         assert_eq!(findings.len(), 2, "{findings:?}");
         assert!(findings.iter().all(|f| !f.is_failure()), "{findings:?}");
+    }
+
+    #[test]
+    fn a_schema_lost_from_the_code_fails() {
+        let committed = catalogue(vec![event("order.placed", 1, Some(placed("integer")))]);
+        let current = catalogue(vec![event("order.placed", 1, None)]);
+        let findings = check(&committed, &current);
+        assert!(
+            matches!(&findings[..], [f @ Finding::SchemaMissing { version: 1, .. }] if f.is_failure()),
+            "{findings:?}"
+        );
+        assert!(findings[0].to_string().contains("feature `catalogue`"));
     }
 
     #[test]
