@@ -9,6 +9,8 @@ pub use outbox_runtime::inbox::InboxConfig;
 pub use outbox_runtime::relay::WalConfig;
 pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
 pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeReport};
+#[cfg(feature = "kafka")]
+pub use outbox_runtime::transport::kafka::KafkaTransport;
 #[cfg(feature = "nats")]
 pub use outbox_runtime::transport::nats::NatsTransport;
 #[cfg(feature = "rabbitmq")]

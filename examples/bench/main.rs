@@ -2,9 +2,10 @@
 //! peer) in the same run, and reported as a ratio, because shared machines are noisy.
 //!
 //! ```sh
-//! cargo run --release --example bench --features postgres,nats            # full run, 3 runs
-//! cargo run --release --example bench --features postgres,nats -- --only p1,p3 --runs 5
-//! cargo run --example bench --features postgres,nats -- --smoke          # seconds, checks only
+//! scripts/bench                           # the full run (3 runs) and its charts
+//! scripts/bench --only p1,p3 --runs 5
+//! scripts/bench --smoke                   # seconds, checks only
+//! cargo run --release --example bench --features postgres,nats,postgres-wal,test-util -- --runs 3
 //! ```
 //!
 //! Scenarios (see `docs/BENCHMARKS.md`):

@@ -58,6 +58,17 @@ pub enum AdminError {
     /// An inbox-only action given a filter limited to the outbox.
     #[error("{0} applies to inbox messages only, but the filter selects the outbox")]
     InboxOnly(&'static str),
+    /// A date or duration outside what every backend can store (see
+    /// [`admin::bounds`](crate::admin::bounds)): refused before any SQL runs.
+    #[error("`{field}` = {value} is out of range: accepted are {accepted}")]
+    OutOfRange {
+        /// The parameter, as the API names it.
+        field: String,
+        /// The value given.
+        value: String,
+        /// The accepted range.
+        accepted: &'static str,
+    },
     /// A filter on a consumer, which only inbox rows have, limited to the outbox.
     #[error("a consumer filter selects inbox messages, but the selection is limited to the outbox")]
     ConsumerOnOutbox,
@@ -331,6 +342,21 @@ impl SentFilter {
         self
     }
 
+    /// `Ok` when both instants are within what every backend stores
+    /// ([`admin::bounds`](crate::admin::bounds)); else [`AdminError::OutOfRange`] naming
+    /// `sent_after` or `sent_before`.
+    pub fn check(&self) -> Result<(), AdminError> {
+        for (field, at) in [
+            ("sent_after", &self.sent_after),
+            ("sent_before", &self.sent_before),
+        ] {
+            if let Some(at) = at {
+                crate::admin::bounds::check_instant(field, at)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether no criterion narrows the selection.
     pub fn is_empty(&self) -> bool {
         self.event_type.is_none()
@@ -415,7 +441,9 @@ pub struct DeadLetterDetail {
     pub aggregate_version: Option<i64>,
     /// Producer-side dedup key (outbox).
     pub dedup_key: Option<String>,
-    /// Trace context and user headers (outbox).
+    /// Trace context and user headers (outbox), or the headers a receiver kept with the
+    /// message (inbox: a webhook's, a foreign message's). Values of headers that may hold a
+    /// credential or a signature are shown as `***`.
     pub headers: Option<serde_json::Value>,
     /// The payload: the event's JSON data (outbox), or the message as received, decoded as UTF-8
     /// with invalid bytes replaced (inbox).

@@ -49,11 +49,14 @@ use sea_orm::DatabaseConnection;
 use serde::Serialize;
 
 use crate::{
-    admin::{ActionKind, Actor, AdminError, HumanDuration, Source, db_error, secs},
+    admin::{ActionKind, Actor, AdminError, HumanDuration, Source, bounds, db_error, secs},
     relay::RelayConfig,
     store::{self, admin as sql, lease, lease::LeaseHolder, retention as purge_sql},
     util::backoff::Backoff,
 };
+
+/// The largest [`RetentionPolicy::batch_size`]: rows deleted in one transaction.
+pub const MAX_BATCH_SIZE: usize = 100_000;
 
 /// The name of the retention lease in `outbox_lease`.
 pub const LEASE_NAME: &str = "retention";
@@ -117,6 +120,7 @@ impl RetentionPolicy {
     /// pause between batches.
     pub fn validate(&self, redelivery_horizon: Duration) -> Result<(), RetentionError> {
         self.check_settings()?;
+        bounds::check_age("redelivery_horizon", redelivery_horizon).map_err(invalid)?;
         if self.done_after < redelivery_horizon {
             return Err(RetentionError::WindowTooShort {
                 window: HumanDuration(self.done_after),
@@ -127,10 +131,16 @@ impl RetentionPolicy {
     }
 
     fn check_settings(&self) -> Result<(), RetentionError> {
-        if self.batch_size == 0 {
-            return Err(RetentionError::Invalid(
-                "batch_size must be at least 1".into(),
-            ));
+        // The cutoffs and the lease's end are counted from the database's clock: each must stay
+        // within what every backend stores.
+        bounds::check_age("sent_after", self.sent_after).map_err(invalid)?;
+        bounds::check_age("done_after", self.done_after).map_err(invalid)?;
+        bounds::check_age("lease", self.lease).map_err(invalid)?;
+        if !(1..=MAX_BATCH_SIZE).contains(&self.batch_size) {
+            return Err(RetentionError::Invalid(format!(
+                "batch_size is 1 to {MAX_BATCH_SIZE}, not {}",
+                self.batch_size
+            )));
         }
         if self.lease <= self.pause + Duration::from_secs(1) {
             return Err(RetentionError::Invalid(format!(
@@ -141,6 +151,11 @@ impl RetentionPolicy {
         }
         Ok(())
     }
+}
+
+/// An out-of-range setting, as an invalid policy.
+fn invalid(error: AdminError) -> RetentionError {
+    RetentionError::Invalid(error.to_string())
 }
 
 /// How long a relay with `config` may keep republishing an event it believes failed: every

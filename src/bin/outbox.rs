@@ -20,19 +20,26 @@
 //!
 //! Human-readable tables by default, `--json` for scripts. Exit status: 0 done, 1 error, 2 bad
 //! command line, 3 an action left some of the rows asked for unchanged, 4 `doctor` found errors.
+//!
+//! What the tables show comes from the database and may hold anyone's text: control characters
+//! (terminal escape sequences among them) and bidirectional overrides are printed escaped
+//! (`\x1b`, `\u{202e}`), lists show an error's first line cut to the column, `dead show` the
+//! whole text; `--json` prints every value exactly. The log goes to standard error, filtered by
+//! `RUST_LOG` (default `info` for `serve`, `purge` and `migrate`, `warn` for the rest), as text or
+//! with `--log-format json` as one JSON object per line.
 
 use std::{fmt::Write as _, process::ExitCode, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox::{
     EventId,
     admin::{
         self, ActionReport, Actor, DeadLetter, DeadLetterDetail, DeadLetterFilter, DoctorOptions,
         DoctorReport, HumanDuration, Page, Resend, Selector, SentFilter, Severity, Source, Status,
-        Target,
+        Target, bounds,
     },
     retention::{self, PurgeReport, RetentionPolicy},
-    sea_orm::{ConnectOptions, Database, DatabaseConnection},
+    sea_orm::{ConnectOptions, Database, DatabaseConnection, prelude::DateTimeUtc},
 };
 use serde_json::Value;
 
@@ -50,8 +57,20 @@ struct Cli {
     /// Print JSON for scripts instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// How the log on standard error is written (`RUST_LOG` says what it holds).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The log's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// One line of text per event.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -239,11 +258,11 @@ struct ResendArgs {
     #[arg(long, value_name = "AGGREGATE_ID")]
     aggregate: Option<String>,
     /// Only events sent at or after this instant (RFC 3339, e.g. 2026-12-03T10:00:00Z).
-    #[arg(long, value_name = "TIME")]
-    sent_after: Option<outbox::sea_orm::prelude::DateTimeUtc>,
+    #[arg(long, value_name = "TIME", value_parser = instant)]
+    sent_after: Option<DateTimeUtc>,
     /// Only events sent before this instant (RFC 3339).
-    #[arg(long, value_name = "TIME")]
-    sent_before: Option<outbox::sea_orm::prelude::DateTimeUtc>,
+    #[arg(long, value_name = "TIME", value_parser = instant)]
+    sent_before: Option<DateTimeUtc>,
     #[command(flatten)]
     who: Who,
 }
@@ -280,21 +299,47 @@ fn selection(
     }
 }
 
+/// An instant every backend stores (RFC 3339), for clap.
+fn instant(text: &str) -> Result<DateTimeUtc, String> {
+    let at = text
+        .trim()
+        .parse::<DateTimeUtc>()
+        .map_err(|e| format!("not an RFC 3339 instant ({e}): write e.g. 2026-12-03T10:00:00Z"))?;
+    if !bounds::instant_in_range(&at) {
+        return Err(format!(
+            "out of range: accepted are {}",
+            bounds::INSTANT_RANGE
+        ));
+    }
+    Ok(at)
+}
+
+/// An age every backend can count back (`7d`, `36h`), for clap.
+fn age_arg(text: &str) -> Result<HumanDuration, String> {
+    let age = text.parse::<HumanDuration>().map_err(|e| e.to_string())?;
+    if age.0 > bounds::MAX_AGE {
+        return Err(format!("out of range: accepted are {}", bounds::AGE_RANGE));
+    }
+    Ok(age)
+}
+
 #[derive(Debug, Args)]
 struct PurgeArgs {
-    /// Delete SENT outbox events sent longer ago than this.
-    #[arg(long, default_value = "7d")]
+    /// Delete SENT outbox events sent longer ago than this (at most 36500d).
+    #[arg(long, default_value = "7d", value_parser = age_arg)]
     sent_after: HumanDuration,
-    /// Delete DONE/IGNORED inbox messages processed longer ago than this (the dedup window).
-    #[arg(long, default_value = "14d")]
+    /// Delete DONE/IGNORED inbox messages processed longer ago than this (the dedup window; at
+    /// most 36500d).
+    #[arg(long, default_value = "14d", value_parser = age_arg)]
     done_after: HumanDuration,
     /// Refuse a --done-after shorter than this: the broker's redelivery window + the relay's
     /// retry span + how long after the fact you may resend or replay.
-    #[arg(long, default_value = "1d")]
+    #[arg(long, default_value = "1d", value_parser = age_arg)]
     redelivery_horizon: HumanDuration,
-    /// Rows per delete transaction.
-    #[arg(long, default_value_t = 5_000)]
-    batch_size: usize,
+    /// Rows per delete transaction (1 to 100000).
+    #[arg(long, default_value_t = 5_000,
+        value_parser = clap::value_parser!(u32).range(1..=retention::MAX_BATCH_SIZE as i64))]
+    batch_size: u32,
     /// Pause between batches.
     #[arg(long, default_value = "50ms")]
     pause: HumanDuration,
@@ -302,8 +347,24 @@ struct PurgeArgs {
     who: Who,
 }
 
-/// An error for the user: printed as `error: …`, exit status 1.
+/// An error for the user: printed as `error: …`, exit status 1 (2 for a [`Usage`]).
 type Failure = Box<dyn std::error::Error>;
+
+/// A command line that cannot be carried out as given (exit status 2, like clap's own errors).
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn usage(error: impl std::fmt::Display) -> Failure {
+    Box::new(Usage(error.to_string()))
+}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -311,6 +372,7 @@ async fn main() -> ExitCode {
     if let Command::Catalogue { args } = cli.command {
         return outbox::catalogue::cli::run(args);
     }
+    init_log(&cli);
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
@@ -323,15 +385,37 @@ async fn main() -> ExitCode {
                 }
                 source = s.source();
             }
-            eprintln!("error: {message}");
-            ExitCode::from(1)
+            eprintln!("error: {}", printable(&message, true));
+            ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }
 }
 
+/// The log on standard error: `RUST_LOG`'s filter, else `info` for the long-running commands
+/// and `warn` for the rest; text or JSON lines.
+fn init_log(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+
+    let long_running = match &cli.command {
+        Command::Purge(_) | Command::Migrate => true,
+        #[cfg(feature = "console")]
+        Command::Serve(_) => true,
+        _ => false,
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if long_running { "info" } else { "warn" }));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
 /// `outbox serve`: the console on `--listen` until Ctrl-C or SIGTERM.
 #[cfg(feature = "console")]
-async fn serve(db: DatabaseConnection, args: ServeArgs) -> Result<(), Failure> {
+async fn serve(db: DatabaseConnection, database_url: &str, args: ServeArgs) -> Result<(), Failure> {
     use outbox::console::{Console, ConsoleAuth};
 
     if !args.listen.ip().is_loopback() && !args.public {
@@ -350,15 +434,23 @@ async fn serve(db: DatabaseConnection, args: ServeArgs) -> Result<(), Failure> {
         })?,
     };
     let operator = named_or_user(args.operator).unwrap_or_else(|| "console".to_owned());
-    let auth = ConsoleAuth::bearer(operator, token.trim())?;
+    let auth = ConsoleAuth::bearer(operator.as_str(), token.trim())?;
     let console = Console::new(db, auth)
         .doctor_options(DoctorOptions::new(sdk_migrations()).without_handler_check());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let address = listener.local_addr()?;
-    eprintln!("outbox console on http://{address}/ (Ctrl-C stops it)");
+    tracing::info!(
+        url = %format_args!("http://{address}/"),
+        database = %redact(database_url),
+        auth = "bearer token",
+        operator = %operator,
+        public = args.public,
+        "outbox console serving (Ctrl-C or SIGTERM stops it)"
+    );
     console.serve(listener, stopped()).await?;
+    tracing::info!("outbox console stopped");
     Ok(())
 }
 
@@ -508,7 +600,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             if json {
                 print_json!(&status);
             } else {
-                print!("{}", render_status(&status));
+                show(&render_status(&status));
             }
         }
         Command::Dead(DeadCommand::List {
@@ -521,7 +613,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             if json {
                 print_json!(&items);
             } else {
-                print!("{}", render_dead_list(&items, page.max(1), page_spec.limit));
+                show(&render_dead_list(&items, page.max(1), page_spec.limit));
             }
         }
         Command::Dead(DeadCommand::Show { id }) => {
@@ -530,7 +622,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             if json {
                 print_json!(&detail);
             } else {
-                print!("{}", render_detail(&detail));
+                show(&render_detail(&detail));
             }
         }
         Command::Replay(args) => {
@@ -574,16 +666,23 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let policy = RetentionPolicy {
                 sent_after: args.sent_after.0,
                 done_after: args.done_after.0,
-                batch_size: args.batch_size,
+                batch_size: args.batch_size as usize,
                 pause: args.pause.0,
                 ..RetentionPolicy::default()
             };
-            policy.validate(args.redelivery_horizon.0)?;
+            policy.validate(args.redelivery_horizon.0).map_err(usage)?;
+            tracing::info!(policy = ?policy, "purge started");
             let report = retention::purge_as(&db, &policy, &args.who.actor()).await?;
+            tracing::info!(
+                outbox_deleted = report.outbox_deleted,
+                inbox_deleted = report.inbox_deleted,
+                batches = report.batches,
+                "purge finished"
+            );
             if json {
                 print_json!(&report);
             } else {
-                print!("{}", render_purge(&report));
+                show(&render_purge(&report));
             }
         }
         Command::Doctor => {
@@ -592,7 +691,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             if json {
                 print_json!(&report);
             } else {
-                print!("{}", render_doctor(&report));
+                show(&render_doctor(&report));
             }
             if !report.is_healthy() {
                 return Ok(ExitCode::from(4));
@@ -611,26 +710,23 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
                             a.at.format("%Y-%m-%d %H:%M:%S").to_string(),
                             a.action.clone(),
                             a.rows_affected.to_string(),
-                            a.actor.clone().unwrap_or_else(|| "-".into()),
-                            a.reason.clone().unwrap_or_else(|| "-".into()),
-                            a.target.clone(),
+                            clip(a.actor.as_deref().unwrap_or("-"), 32),
+                            clip(a.reason.as_deref().unwrap_or("-"), 60),
+                            clip(&a.target, 80),
                         ]
                     })
                     .collect();
-                print!(
-                    "{}",
-                    table(
-                        &[
-                            "ID", "AT (UTC)", "ACTION", "ROWS", "ACTOR", "REASON", "TARGET"
-                        ],
-                        rows
-                    )
-                );
+                show(&table(
+                    &[
+                        "ID", "AT (UTC)", "ACTION", "ROWS", "ACTOR", "REASON", "TARGET",
+                    ],
+                    rows,
+                ));
             }
         }
         #[cfg(feature = "console")]
         Command::Serve(args) => {
-            serve(db, args).await?;
+            serve(db, cli.database_url.as_deref().unwrap_or_default(), args).await?;
         }
         Command::Migrate => {
             outbox::migrate(&db).await?;
@@ -678,7 +774,7 @@ fn report_action(report: &ActionReport, json: bool, verb: &str) -> Result<ExitCo
             report.audit_id
         );
         for skipped in &report.skipped {
-            println!("  skipped: {skipped}");
+            println!("  skipped: {}", printable(&skipped.to_string(), false));
         }
     }
     Ok(if report.skipped.is_empty() {
@@ -688,8 +784,56 @@ fn report_action(report: &ActionReport, json: bool, verb: &str) -> Result<ExitCo
     })
 }
 
-/// A left-aligned text table with a header row.
+/// Print human-readable output, every control character but newline and tab escaped (the
+/// renderers escape what they put in one line already; this catches the rest).
+fn show(text: &str) {
+    print!("{}", printable(text, true));
+}
+
+/// `text` safe to print on a terminal: control characters (C0 but, with `multi_line`, newline
+/// and tab; DEL; C1, whose U+009B starts an escape sequence on some terminals) and the
+/// bidirectional formatting characters, which can make text read other than it is, escaped as
+/// `\n`, `\x1b`, `\u{202e}`.
+fn printable(text: &str, multi_line: bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        !(multi_line && matches!(c, '\n' | '\t'))
+            && (c.is_control()
+                || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if !unsafe_char(c) {
+            out.push(c);
+            continue;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x100 => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A left-aligned text table with a header row; every cell printed on one line, escaped.
 fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|cell| printable(&cell, false).into_owned())
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
         for (i, cell) in row.iter().enumerate() {
@@ -718,15 +862,17 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
+/// The first line of `text`, escaped and cut to `max` characters; `…` says there is more.
 fn clip(text: &str, max: usize) -> String {
-    let one_line = text.replace(['\n', '\r'], " ");
-    if one_line.chars().count() <= max {
-        one_line
-    } else {
-        let mut s: String = one_line.chars().take(max.saturating_sub(1)).collect();
-        s.push('…');
-        s
+    let mut lines = text.trim_start().lines();
+    let first = printable(lines.next().unwrap_or_default().trim_end(), false);
+    let more = lines.next().is_some();
+    if first.chars().count() <= max && !more {
+        return first.into_owned();
     }
+    let mut cut: String = first.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
 }
 
 fn age(d: Option<Duration>) -> String {
@@ -907,9 +1053,9 @@ fn render_dead_list(items: &[DeadLetter], page: u64, limit: u32) -> String {
         .map(|d| {
             vec![
                 d.target.to_string(),
-                d.consumer.clone().unwrap_or_else(|| "-".into()),
-                d.event_type.clone().unwrap_or_else(|| "-".into()),
-                d.aggregate_id.clone().unwrap_or_else(|| "-".into()),
+                clip(d.consumer.as_deref().unwrap_or("-"), 32),
+                clip(d.event_type.as_deref().unwrap_or("-"), 40),
+                clip(d.aggregate_id.as_deref().unwrap_or("-"), 40),
                 d.attempts.to_string(),
                 d.arrived_at.format("%Y-%m-%d %H:%M:%S").to_string(),
                 clip(d.last_error.as_deref().unwrap_or("-"), 80),
@@ -983,6 +1129,8 @@ fn render_detail(d: &DeadLetterDetail) -> String {
     ];
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in fields {
+        // A multi-line value (an error with its causes) continues under its first line.
+        let value = printable(&value, true).replace('\n', &format!("\n{:width$}  ", ""));
         let _ = writeln!(out, "{key:<width$}  {value}");
     }
     if !d.failures.is_empty() {
@@ -993,8 +1141,8 @@ fn render_detail(d: &DeadLetterDetail) -> String {
                 "  {}  attempt {:<3} {:<5}  {}",
                 failure.at.to_rfc3339(),
                 failure.attempt,
-                failure.status,
-                failure.error
+                printable(&failure.status, false),
+                printable(&failure.error, true).replace('\n', "\n      ")
             );
         }
     }

@@ -6,7 +6,8 @@
 //
 // Environment: PLAYWRIGHT_CORE (the playwright-core package directory), CHROMIUM (executable),
 // CONSOLE_URL, CONSOLE_TOKEN, TARGET_ID (the dead letter to replay), BULK_ID (a dead letter of
-// the consumer `billing`, ignored by filter), SCREENSHOTS (a directory).
+// the consumer `billing`, ignored by filter), LONG_ID (a dead letter whose error is 100 KB),
+// SCREENSHOTS (a directory).
 "use strict";
 
 const path = require("path");
@@ -69,9 +70,23 @@ async function main() {
     await row.waitFor();
     seen.listedError = await row.locator("td").nth(5).textContent();
     seen.listed = await page.$$eval("#dead-list tbody tr", (rows) => rows.map((r) => r.dataset.id));
+
+    // A 100 KB error: one line in the list, whole (in a scrolling box) in the detail.
+    const longId = process.env.LONG_ID;
+    const longRow = page.locator(`#dead-list tbody tr[data-id="${longId}"]`);
+    await longRow.waitFor();
+    seen.rowHeights = await page.$$eval("#dead-list tbody tr", (rows) =>
+      rows.map((r) => ({ id: r.dataset.id, height: r.getBoundingClientRect().height })));
+    seen.longListed = await longRow.locator("td").nth(5).textContent();
+    await longRow.click();
+    await page.waitForFunction((id) => document.getElementById("detail-title").textContent.startsWith(id + " "), longId);
+    seen.longDetailChars = (await byId("last-error").textContent()).length;
+    seen.longDetailBoxHeight = await byId("last-error").evaluate((e) => e.getBoundingClientRect().height);
+    seen.longFailureBoxHeight = await page.$eval("#failures tbody td .long", (e) => e.getBoundingClientRect().height);
+
     await row.click();
     await byId("detail").waitFor();
-    await page.waitForFunction(() => document.getElementById("detail-payload").textContent !== "");
+    await page.waitForFunction((id) => document.getElementById("detail-title").textContent.startsWith(id + " "), target);
     seen.payload = await byId("payload").textContent();
     seen.elementsInPayload = await page.$$eval("#detail-payload *", (nodes) => nodes.length);
     seen.scriptsInPage = await page.$$eval("script", (nodes) => nodes.length);
@@ -79,7 +94,8 @@ async function main() {
     seen.pwned = await page.evaluate(() => window.__pwned === true);
     seen.failures = await page.$$eval("#failures tbody tr", (rows) =>
       rows.map((r) => ({ attempt: r.cells[1].textContent, status: r.cells[2].textContent, error: r.cells[3].textContent })));
-    seen.elementsInFailures = await page.$$eval("#failures td *", (nodes) => nodes.length);
+    // Markup in the error is text: the cell holds the page's own box and nothing else.
+    seen.elementsInFailures = await page.$$eval("#failures td *", (nodes) => nodes.filter((n) => !n.matches("div.long")).length);
     await page.screenshot({ path: path.join(shots, "dead-letter.png"), fullPage: true });
 
     // Replay it with a reason.

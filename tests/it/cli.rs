@@ -292,8 +292,9 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
         vec![t.dialect().timestamp(ago(3)), sent[1].id.into()],
     )
     .await;
+    // A policy refused before any SQL runs is a bad command line.
     let refused = cli(Some(url), &["purge", "--done-after", "1h"]).await;
-    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(refused.status.code(), Some(2));
     assert!(
         stderr(&refused)
             .contains("dedup window (done_after = 1h) is shorter than the redelivery horizon (1d)"),
@@ -536,4 +537,441 @@ async fn bad_urls_exit_non_zero_with_a_readable_message() {
         "{}",
         stderr(&out)
     );
+}
+
+/// Every row's status and the audit trail's length: what a refused command must leave alone.
+async fn snapshot(t: &TestDb) -> (Vec<(i64, String)>, Vec<(String, String)>, i64) {
+    let outbox = outbox_rows(&t.db)
+        .await
+        .into_iter()
+        .map(|r| (r.id, r.status))
+        .collect();
+    let inbox = inbox_rows(&t.db, "inventory")
+        .await
+        .into_iter()
+        .map(|r| (r.message_id, r.status))
+        .collect();
+    let audit = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_admin_action").await;
+    (outbox, inbox, audit)
+}
+
+/// Dates and durations beyond what every backend stores are refused before any SQL runs: exit
+/// status 2, the flag and the accepted range named, nothing changed.
+async fn out_of_range_input_is_refused(backend: Backend, test: &str) {
+    let Some(t) = test_db(backend, test).await else {
+        return;
+    };
+    let url = t.url.as_str();
+    fixture(&t).await;
+    let before = snapshot(&t).await;
+    let instants = "1000-01-01T00:00:00Z to 9999-12-31T23:59:59Z";
+    let ages = "0s to 36500d (100 years)";
+    for (args, flag, range) in [
+        (
+            &[
+                "resend",
+                "--type",
+                "line.added",
+                "--sent-after=-5000-01-01T00:00:00Z",
+            ][..],
+            "--sent-after",
+            instants,
+        ),
+        (
+            &["resend", "--sent-before", "0999-12-31T23:59:59Z"][..],
+            "--sent-before",
+            instants,
+        ),
+        (
+            &["purge", "--sent-after", "3000000d"][..],
+            "--sent-after",
+            ages,
+        ),
+        (
+            &["purge", "--done-after", "2400000d", "--sent-after", "1d"][..],
+            "--done-after",
+            ages,
+        ),
+        (
+            &["purge", "--redelivery-horizon", "99999999999w"][..],
+            "--redelivery-horizon",
+            ages,
+        ),
+        (
+            &["purge", "--batch-size", "0"][..],
+            "--batch-size",
+            "1..=100000",
+        ),
+    ] {
+        let out = cli(Some(url), args).await;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains(range), "{args:?}: {err}");
+        assert!(
+            !err.contains("out of range for type"),
+            "no database text: {err}"
+        );
+    }
+    assert_eq!(
+        snapshot(&t).await,
+        before,
+        "nothing changed, nothing audited"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_input_on_postgres() {
+    out_of_range_input_is_refused(Backend::Postgres, "cli_range_pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_input_on_sqlite_file() {
+    out_of_range_input_is_refused(Backend::SqliteFile, "cli_range_lf").await;
+}
+
+/// A dead letter whose error, aggregate id and payload hold terminal escape sequences (clear the
+/// screen, set the window title, a bidirectional override) prints them escaped in `dead list` and
+/// `dead show`, and exactly in `--json`; a 100 KB error (60 KB on MySQL) takes one short line in
+/// the list and prints whole in `dead show`.
+async fn hostile_text_prints_escaped(backend: Backend, test: &str) {
+    let Some(t) = test_db(backend, test).await else {
+        return;
+    };
+    let url = t.url.as_str();
+    let error =
+        "\u{1b}[2Jscreen cleared \u{1b}]0;owned\u{7} \u{9b}31m \u{202e}desrever\nsecond line";
+    // 100 KB; MySQL's TEXT column holds 64 KB.
+    let size = if backend == Backend::MySql { 60 } else { 100 } * 1024;
+    let huge = format!("first of many lines\n{}", "x".repeat(size));
+    let mut ids = Vec::new();
+    for (message_id, aggregate_id, error) in [
+        ("m-escape", "cart-\u{1b}[31mred", error),
+        ("m-huge", "cart-huge", huge.as_str()),
+    ] {
+        let row = NewInboxRow {
+            consumer: "inventory",
+            message_id,
+            event_type: Some("line.added"),
+            aggregate_type: Some("cart"),
+            aggregate_id: Some(aggregate_id),
+            payload: "{\"note\":\"\u{1b}[2J\u{9b}\"}".as_bytes(),
+            ..NewInboxRow::default()
+        };
+        let state = InboxState::Failed(Failure::Dead {
+            attempts: 5,
+            error: error.to_owned(),
+        });
+        assert!(insert(&t.db, &row, &state).await.unwrap());
+        let id = scalar_i64(
+            &t.db,
+            &format!("SELECT id AS n FROM inbox_event WHERE message_id = '{message_id}'"),
+        )
+        .await;
+        ids.push(id);
+    }
+    // The store keeps 4,000 characters of an error; a row written otherwise (by hand, by an
+    // older version) may hold more.
+    exec(
+        &t,
+        "UPDATE inbox_event SET last_error = ? WHERE id = ?",
+        vec![huge.as_str().into(), ids[1].into()],
+    )
+    .await;
+    let raw = ['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}'];
+
+    let list = run(url, &["dead", "list"], 0).await;
+    assert!(!list.contains(raw), "raw control characters in:\n{list}");
+    assert!(
+        list.contains("\\x1b[2Jscreen cleared \\x1b]0;owned\\x07 \\x9b31m \\u{202e}desrever…"),
+        "{list}"
+    );
+    assert!(list.contains("cart-\\x1b[31mred"), "{list}");
+    assert!(
+        !list.contains("second line"),
+        "lists show the first line: {list}"
+    );
+    assert!(list.contains("first of many lines…"), "{list}");
+    assert!(
+        list.lines().all(|line| line.chars().count() < 300),
+        "every line short:\n{list}"
+    );
+
+    let show = run(url, &["dead", "show", &format!("inbox:{}", ids[0])], 0).await;
+    assert!(!show.contains(raw), "raw control characters in:\n{show}");
+    assert!(show.contains("\\x1b]0;owned\\x07"), "{show}");
+    assert!(
+        show.contains("second line"),
+        "the detail shows the whole error: {show}"
+    );
+    assert!(
+        show.contains("{\"note\":\"\\x1b[2J\\x9b\"}"),
+        "the payload escaped too: {show}"
+    );
+    let show_huge = run(url, &["dead", "show", &format!("inbox:{}", ids[1])], 0).await;
+    assert!(show_huge.contains(&"x".repeat(size)), "the whole error");
+
+    let json = run_json(url, &["dead", "show", &format!("inbox:{}", ids[0])]).await;
+    assert_eq!(json["last_error"], error, "--json is exact");
+    assert_eq!(json["aggregate_id"], "cart-\u{1b}[31mred");
+    let listed = run_json(url, &["dead", "list"]).await;
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["last_error"] == huge),
+        "--json lists the whole error"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text_on_postgres() {
+    hostile_text_prints_escaped(Backend::Postgres, "cli_escape_pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text_on_mysql() {
+    hostile_text_prints_escaped(Backend::MySql, "cli_escape_my").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text_on_sqlite_file() {
+    hostile_text_prints_escaped(Backend::SqliteFile, "cli_escape_lf").await;
+}
+
+/// `outbox serve`'s log on standard error, as text and as JSON lines: the start-up line (address,
+/// database with its password masked, authentication), a line per request (method, path,
+/// status, time, operator), and a 5xx at ERROR with its cause.
+#[cfg(feature = "console")]
+mod serve_log {
+    use std::io::BufRead;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+
+    use hyper::{HeaderMap, Method, header::HeaderValue};
+
+    use super::*;
+    use crate::common::http::{client, send};
+
+    const TOKEN: &str = "serve-log-test-token-0123456789";
+    const PASSWORD: &str = "s3cret-pw";
+
+    /// The CLI serving the console, and its log's lines as they come.
+    struct Serving {
+        child: Child,
+        lines: mpsc::Receiver<String>,
+        seen: Vec<String>,
+    }
+
+    impl Serving {
+        fn start(url: &str, format: &str) -> Self {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+                .env_remove("DATABASE_URL")
+                .env_remove("RUST_LOG")
+                .env("USER", "tester")
+                .env("OUTBOX_CONSOLE_TOKEN", TOKEN)
+                .args(["--database-url", url, "--log-format", format])
+                .args(["serve", "--listen", "127.0.0.1:0"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start outbox serve");
+            let stderr = child.stderr.take().unwrap();
+            let (send, lines) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if send.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            Serving {
+                child,
+                lines,
+                seen: Vec::new(),
+            }
+        }
+
+        /// The first line (from now on, or already seen) holding every one of `parts`.
+        fn wait_for(&mut self, parts: &[&str]) -> String {
+            let holds = |line: &String| parts.iter().all(|p| line.contains(p));
+            if let Some(line) = self.seen.iter().find(|l| holds(l)) {
+                return line.clone();
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+                match self.lines.recv_timeout(left) {
+                    Ok(line) => {
+                        self.seen.push(line.clone());
+                        if holds(&line) {
+                            return line;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            panic!("no log line with {parts:?} in:\n{}", self.seen.join("\n"));
+        }
+    }
+
+    impl Drop for Serving {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    async fn call(base: &str, method: Method, path: &str, token: bool, body: &str) -> u16 {
+        let mut headers = HeaderMap::new();
+        if token {
+            headers.insert(
+                "authorization",
+                HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap(),
+            );
+        }
+        let answer = send(
+            &client(),
+            method,
+            &format!("{base}{path}"),
+            &headers,
+            body.as_bytes().to_vec(),
+        )
+        .await
+        .unwrap();
+        answer.status.as_u16()
+    }
+
+    /// The requests whose lines the test looks for: a read, a refused read, a write, and a read
+    /// that fails on the server (the audit table renamed away).
+    async fn requests(t: &TestDb, base: &str) {
+        assert_eq!(call(base, Method::GET, "/api/status", true, "").await, 200);
+        assert_eq!(call(base, Method::GET, "/api/doctor", false, "").await, 401);
+        let replay = r#"{"all": true, "reason": "log test"}"#;
+        assert_eq!(
+            call(base, Method::POST, "/api/replay", true, replay).await,
+            200
+        );
+        exec(
+            t,
+            "ALTER TABLE outbox_admin_action RENAME TO admin_action_away",
+            vec![],
+        )
+        .await;
+        let failed = call(base, Method::GET, "/api/audit", true, "").await;
+        exec(
+            t,
+            "ALTER TABLE admin_action_away RENAME TO outbox_admin_action",
+            vec![],
+        )
+        .await;
+        assert_eq!(failed, 503);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serve_logs_its_start_and_every_request() {
+        let Some(t) = test_db(Backend::Postgres, "cli_serve_log_pg").await else {
+            return;
+        };
+        let url = t
+            .url
+            .replacen("://postgres@", &format!("://postgres:{PASSWORD}@"), 1);
+        assert!(url.contains(PASSWORD), "a URL with a password: {url}");
+
+        // Text.
+        let mut serving = Serving::start(&url, "text");
+        let start = serving.wait_for(&["outbox console serving"]);
+        assert!(start.contains(" INFO "), "{start}");
+        assert!(
+            start.contains("postgres://postgres:***@127.0.0.1"),
+            "{start}"
+        );
+        assert!(!start.contains(PASSWORD), "the password is masked: {start}");
+        assert!(start.contains(r#"auth="bearer token""#), "{start}");
+        assert!(start.contains(r#"operator=tester"#), "{start}");
+        let base = start
+            .split("url=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no url in {start}"))
+            .trim_end_matches('/')
+            .to_owned();
+        requests(&t, &base).await;
+        let ok = serving.wait_for(&["console request", "method=GET", r#"path="/api/status""#]);
+        assert!(
+            ok.contains("status=200") && ok.contains("elapsed_ms="),
+            "{ok}"
+        );
+        assert!(ok.contains(r#"operator="tester""#), "{ok}");
+        let refused = serving.wait_for(&["console request", r#"path="/api/doctor""#]);
+        assert!(
+            refused.contains("status=401") && !refused.contains("operator"),
+            "{refused}"
+        );
+        let write = serving.wait_for(&["console request", "method=POST", r#"path="/api/replay""#]);
+        assert!(
+            write.contains("status=200") && write.contains(r#"operator="tester""#),
+            "{write}"
+        );
+        let failed = serving.wait_for(&["console request failed", r#"path="/api/audit""#]);
+        assert!(
+            failed.contains(" ERROR ") && failed.contains("status=503"),
+            "{failed}"
+        );
+        assert!(
+            failed.contains("outbox tables are missing"),
+            "the cause: {failed}"
+        );
+        assert!(
+            serving
+                .seen
+                .iter()
+                .all(|l| !l.contains(TOKEN) && !l.contains(PASSWORD)),
+            "no secret in the log:\n{}",
+            serving.seen.join("\n")
+        );
+        drop(serving);
+
+        // JSON lines.
+        let mut serving = Serving::start(&url, "json");
+        let start: Json =
+            serde_json::from_str(&serving.wait_for(&["outbox console serving"])).unwrap();
+        assert_eq!(start["level"], "INFO", "{start}");
+        assert!(!start.to_string().contains(PASSWORD), "{start}");
+        assert!(
+            start["database"]
+                .as_str()
+                .unwrap()
+                .starts_with("postgres://postgres:***@"),
+            "{start}"
+        );
+        let base = start["url"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches('/')
+            .to_owned();
+        requests(&t, &base).await;
+        let write: Json =
+            serde_json::from_str(&serving.wait_for(&["console request", r#""method":"POST""#]))
+                .unwrap();
+        assert_eq!(write["path"], "/api/replay", "{write}");
+        assert_eq!(write["status"], 200, "{write}");
+        assert_eq!(write["operator"], "tester", "{write}");
+        assert!(write["elapsed_ms"].as_f64().is_some(), "{write}");
+        let failed: Json =
+            serde_json::from_str(&serving.wait_for(&["console request failed"])).unwrap();
+        assert_eq!(failed["level"], "ERROR", "{failed}");
+        assert_eq!(failed["status"], 503, "{failed}");
+        assert!(
+            failed["cause"]
+                .as_str()
+                .unwrap()
+                .contains("outbox tables are missing"),
+            "{failed}"
+        );
+        for line in &serving.seen {
+            serde_json::from_str::<Json>(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        }
+    }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hyper::{HeaderMap, Method, StatusCode, header::HeaderValue};
 use outbox::console::{Console, ConsoleAuth, Operator};
+use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 
 use crate::admin::{Fixture, fixture, inbox_state, outbox_row};
@@ -89,6 +90,30 @@ fn json_of(answer: &Answer) -> Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", answer.status, answer.body))
 }
 
+/// An API answer no cache keeps and no browser reads as anything but its content type.
+fn assert_private(answer: &Answer) {
+    assert_eq!(
+        answer
+            .headers
+            .get("cache-control")
+            .map(|v| v.to_str().unwrap()),
+        Some("no-store"),
+        "{} {:?}",
+        answer.status,
+        answer.headers
+    );
+    assert_eq!(
+        answer
+            .headers
+            .get("x-content-type-options")
+            .map(|v| v.to_str().unwrap()),
+        Some("nosniff"),
+        "{} {:?}",
+        answer.status,
+        answer.headers
+    );
+}
+
 /// A 400 whose message mentions `needle`.
 fn assert_bad_request(answer: &Answer, needle: &str) {
     assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
@@ -166,6 +191,7 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
                 "a 401 says why: {}",
                 answer.body
             );
+            assert_private(&answer);
         }
     }
     // A 401 names the scheme.
@@ -252,6 +278,7 @@ async fn reads_answer_what_the_tables_hold(t: TestDb) {
 
     let status = served.get("/api/status").await;
     assert_eq!(status.status, StatusCode::OK, "{}", status.body);
+    assert_private(&status);
     let status = json_of(&status);
     assert_eq!(status["outbox"]["counts"]["SENT"], 5);
     assert_eq!(status["outbox"]["counts"]["DEAD"], 2);
@@ -306,6 +333,7 @@ async fn reads_answer_what_the_tables_hold(t: TestDb) {
         .get(&format!("/api/dead-letters/outbox:{}", f.dead_cart.id))
         .await;
     assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert_private(&detail);
     let detail = json_of(&detail);
     assert_eq!(detail["status"], "DEAD");
     assert_eq!(detail["aggregate_id"], "cart-1");
@@ -320,6 +348,35 @@ async fn reads_answer_what_the_tables_hold(t: TestDb) {
     assert!(failures[0]["at"].as_str().is_some());
     let missing = served.get("/api/dead-letters/outbox:999999").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    assert_private(&missing);
+
+    // An external message (a webhook's) shows the headers its receiver kept; a signature's value
+    // is masked.
+    let inbox = outbox::inbox::ExternalInbox::new(t.db.clone());
+    let message = outbox::inbox::IncomingMessage::new(
+        "payments",
+        "psp",
+        "evt-1",
+        "payment.succeeded",
+        br#"{"id":"evt-1"}"#.to_vec(),
+    )
+    .header("content-type", "application/json")
+    .header("x-request-id", "r-1")
+    .header("x-psp-signature", "sha256=0123abcd");
+    assert!(inbox.receive(&message).await.unwrap().is_new());
+    let id = scalar_i64(
+        &t.db,
+        "SELECT id AS n FROM inbox_event WHERE consumer = 'payments'",
+    )
+    .await;
+    let detail = json_of(&served.get(&format!("/api/dead-letters/inbox:{id}")).await);
+    assert_eq!(
+        detail["headers"],
+        json!({"content-type": "application/json", "x-request-id": "r-1",
+               "x-psp-signature": "***"}),
+        "{detail}"
+    );
+    assert_eq!(detail["status"], "PENDING");
 
     // The audit log and doctor answer.
     let doctor = served.get("/api/doctor").await;
@@ -426,9 +483,40 @@ async fn malformed_parameters_are_refused_with_a_message(t: TestDb) {
             json!({"sent_after": "soon", "reason": "r"}),
             "not a duration",
         ),
+        // Beyond what every backend stores: refused before any SQL runs, the field and the
+        // accepted range named.
+        (
+            "/api/resend",
+            json!({"filter": {"sent_after": "-5000-01-01T00:00:00Z"}, "reason": "r"}),
+            "`sent_after` = -5000-01-01T00:00:00Z is out of range: accepted are \
+             1000-01-01T00:00:00Z to 9999-12-31T23:59:59Z",
+        ),
+        (
+            "/api/resend",
+            json!({"filter": {"event_type": "line.added", "sent_before": "0999-12-31T23:59:59Z"},
+                   "reason": "r"}),
+            "`sent_before` = 0999-12-31T23:59:59Z is out of range",
+        ),
+        (
+            "/api/purge",
+            json!({"sent_after": "3000000d", "reason": "r"}),
+            "`sent_after` = 3000000d is out of range: accepted are 0s to 36500d (100 years)",
+        ),
+        (
+            "/api/purge",
+            json!({"sent_after": "1d", "done_after": "2400000d", "reason": "r"}),
+            "`done_after` = 2400000d is out of range",
+        ),
+        (
+            "/api/purge",
+            json!({"redelivery_horizon": "99999999999w", "reason": "r"}),
+            "`redelivery_horizon`",
+        ),
     ];
     for (path, body, needle) in writes {
-        assert_bad_request(&served.post(path, body).await, needle);
+        let answer = served.post(path, body).await;
+        assert_bad_request(&answer, needle);
+        assert_private(&answer);
     }
     let ids: Vec<String> = (0..1_001).map(|i| format!("outbox:{i}")).collect();
     assert_bad_request(
@@ -818,6 +906,40 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
     )
     .await;
     let target = format!("inbox:{html}");
+    // A dead letter whose error runs to 100 KB over many lines.
+    let long_error = format!(
+        "upstream said no\n{}",
+        "stack frame\n".repeat(100 * 1024 / 12)
+    );
+    let long = crate::admin::inbox_row(
+        &t,
+        "shipping",
+        "m-long",
+        "line.added",
+        "cart-long",
+        br#"{"specversion":"1.0","id":"m-long","type":"line.added"}"#,
+        outbox::store::inbox::InboxState::Failed(outbox::store::Failure::Dead {
+            attempts: 2,
+            error: long_error.clone(),
+        }),
+        crate::admin::ago(crate::admin::MIN),
+    )
+    .await;
+    // The store keeps 4,000 characters of an error; a row written otherwise may hold more.
+    let backend = t.db.get_database_backend();
+    let update = if backend == sea_orm::DbBackend::Postgres {
+        "UPDATE inbox_event SET last_error = $1 WHERE id = $2"
+    } else {
+        "UPDATE inbox_event SET last_error = ? WHERE id = ?"
+    };
+    t.db.execute_raw(sea_orm::Statement::from_sql_and_values(
+        backend,
+        update,
+        [long_error.as_str().into(), long.into()],
+    ))
+    .await
+    .unwrap();
+    let long_id = format!("inbox:{long}");
     // A reminder due in an hour: counted apart from the backlog.
     let tx = outbox::Outbox::new("console-tests")
         .begin(&t.db)
@@ -849,6 +971,7 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         .env("CONSOLE_TOKEN", TOKEN)
         .env("TARGET_ID", &target)
         .env("BULK_ID", format!("inbox:{}", f.m5))
+        .env("LONG_ID", &long_id)
         .env("SCREENSHOTS", &shots);
     let output = output_of(command).await;
     assert!(
@@ -925,6 +1048,45 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         "{seen}"
     );
     assert_eq!(seen["elementsInFailures"], 0, "{seen}");
+
+    // The 100 KB error: its row no taller than the others, its first line listed, the whole text
+    // in the detail's scrolling box.
+    let heights: Vec<(String, f64)> = seen["rowHeights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap_or_default().to_owned(),
+                r["height"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let long_height = heights.iter().find(|(id, _)| *id == long_id).unwrap().1;
+    let others = heights
+        .iter()
+        .filter(|(id, _)| *id != long_id)
+        .map(|(_, h)| *h)
+        .fold(0.0_f64, f64::max);
+    assert!(heights.len() >= 6, "{seen}");
+    assert!(
+        long_height <= others + 0.5,
+        "the long error's row is {long_height}px, the tallest other {others}px"
+    );
+    assert_eq!(seen["longListed"], "upstream said no…", "{seen}");
+    assert_eq!(
+        seen["longDetailChars"].as_u64(),
+        Some(long_error.len() as u64),
+        "the detail shows it whole"
+    );
+    assert!(
+        seen["longDetailBoxHeight"].as_f64().unwrap() <= 200.0,
+        "{seen}"
+    );
+    assert!(
+        seen["longFailureBoxHeight"].as_f64().unwrap() <= 200.0,
+        "{seen}"
+    );
 
     // Replayed with its reason: it left the list, the row is due again, the audit trail says who
     // and why.

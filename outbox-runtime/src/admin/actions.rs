@@ -372,7 +372,8 @@ pub async fn resend(
     match which {
         Resend::Events(ids) if ids.is_empty() => return Err(AdminError::NoIds("resend")),
         Resend::Filter(filter) if filter.is_empty() => return Err(AdminError::EmptySentFilter),
-        _ => {}
+        Resend::Filter(filter) => filter.check()?,
+        Resend::Events(_) => {}
     }
     let txn = crate::store::tx::begin_admin(db)
         .await

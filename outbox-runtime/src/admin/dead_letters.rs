@@ -77,5 +77,78 @@ pub async fn dead_letter(
         Source::Inbox => sql::inbox_detail(db, which.id).await,
     }
     .map_err(db_error("reading a row"))?;
-    found.ok_or_else(|| AdminError::NotFound(which.to_string()))
+    let mut detail = found.ok_or_else(|| AdminError::NotFound(which.to_string()))?;
+    if let Some(headers) = &mut detail.headers {
+        mask_secrets(headers);
+    }
+    Ok(detail)
+}
+
+/// What replaces the value of a header that may hold a credential.
+const MASKED: &str = "***";
+
+/// Whether a header of this name may hold a credential or a signature: its value is shown as
+/// [`MASKED`].
+fn secret_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
+    ) || [
+        "signature",
+        "secret",
+        "token",
+        "password",
+        "api-key",
+        "apikey",
+        "credential",
+    ]
+    .iter()
+    .any(|part| name.contains(part))
+}
+
+/// Mask the values of the headers that may hold a credential or a signature, at any depth.
+fn mask_secrets(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (name, value) in map.iter_mut() {
+                if secret_header(name) && !value.is_object() {
+                    *value = serde_json::Value::String(MASKED.to_owned());
+                } else {
+                    mask_secrets(value);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(mask_secrets),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_credentials_and_signatures() {
+        let mut headers = serde_json::json!({
+            "content-type": "application/json",
+            "X-Hub-Signature-256": "sha256=abc",
+            "stripe-signature": "t=1,v1=abc",
+            "authorization": "Bearer abc",
+            "x-api-key": "abc",
+            "user": {"session-token": "abc", "tenant": "acme"},
+        });
+        mask_secrets(&mut headers);
+        assert_eq!(
+            headers,
+            serde_json::json!({
+                "content-type": "application/json",
+                "X-Hub-Signature-256": MASKED,
+                "stripe-signature": MASKED,
+                "authorization": MASKED,
+                "x-api-key": MASKED,
+                "user": {"session-token": MASKED, "tenant": "acme"},
+            })
+        );
+    }
 }

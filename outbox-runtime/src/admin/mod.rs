@@ -41,6 +41,7 @@
 //! inbox still holds the event id suppress it as a duplicate.
 
 mod actions;
+pub mod bounds;
 mod dead_letters;
 mod doctor;
 mod duration;

@@ -62,14 +62,29 @@ pub struct ApiError {
     pub status: u16,
     /// What went wrong and, where it helps, what to do.
     pub error: String,
+    /// What caused a server error, for the service's log only (never in the answer).
+    #[serde(skip)]
+    cause: Option<String>,
 }
+
+/// The cause of a server error, carried in the response's extensions from the handler to the
+/// console's request log.
+#[derive(Debug, Clone)]
+pub(super) struct Cause(pub(super) String);
 
 impl ApiError {
     pub(super) fn new(status: StatusCode, error: impl Into<String>) -> Self {
         ApiError {
             status: status.as_u16(),
             error: error.into(),
+            cause: None,
         }
+    }
+
+    /// The same answer, with its cause for the log.
+    fn caused_by(mut self, cause: impl std::fmt::Display) -> Self {
+        self.cause = Some(cause.to_string());
+        self
     }
 
     fn bad_request(error: impl Into<String>) -> Self {
@@ -80,7 +95,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(self)).into_response()
+        let cause = self.cause.clone();
+        let mut response = (status, Json(self)).into_response();
+        if let Some(cause) = cause {
+            response.extensions_mut().insert(Cause(cause));
+        }
+        response
     }
 }
 
@@ -91,14 +111,13 @@ impl From<AdminError> for ApiError {
             AdminError::NotMigrated(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the outbox tables are missing or out of date: apply the SDK migrations",
-            ),
-            AdminError::Database { doing, error: e } => {
-                tracing::warn!(error = %e, doing, "console: database call failed");
-                Self::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("{doing} failed on the database; the service's log has the details"),
-                )
-            }
+            )
+            .caused_by(&error),
+            AdminError::Database { doing, .. } => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{doing} failed on the database; the service's log has the details"),
+            )
+            .caused_by(&error),
             _ => Self::bad_request(error.to_string()),
         }
     }

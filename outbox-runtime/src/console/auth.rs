@@ -221,8 +221,11 @@ async fn check(State(auth): State<Arc<ConsoleAuth>>, mut request: Request, next:
         )
         .into_response();
     }
-    request.extensions_mut().insert(operator);
-    next.run(request).await
+    request.extensions_mut().insert(operator.clone());
+    let mut response = next.run(request).await;
+    // For the request log, which runs outside this layer.
+    response.extensions_mut().insert(operator);
+    response
 }
 
 #[cfg(test)]

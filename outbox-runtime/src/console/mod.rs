@@ -39,10 +39,18 @@
 //! (`Sec-Fetch-Site`, or an `Origin` that is not the request's `Host`), and take JSON only, which
 //! an HTML form cannot send. Request bodies are limited to 64 KiB, lists to 1,000 ids, texts to
 //! 1,000 characters. Database errors are logged and answered without their details; tokens are
-//! never logged. Binding the listener to anything but loopback is the service's choice.
+//! never logged. Binding the listener to anything but loopback is the service's choice. Every
+//! answer of the API, errors included, says `Cache-Control: no-store` and
+//! `X-Content-Type-Options: nosniff`: dead letters and the audit trail must not be kept by a
+//! browser or a proxy.
+//!
+//! **Log.** Every request is logged (`tracing`, target `outbox_runtime::console`) when it is
+//! answered: method, path, status, time taken and, once authenticated, the operator; at `INFO`,
+//! and at `ERROR` with its cause for a 5xx.
 
 mod api;
 mod auth;
+mod log;
 mod page;
 mod samples;
 
@@ -114,7 +122,11 @@ impl Console {
         let api = router
             .route("/api/openapi.json", axum::routing::get(api::openapi_json))
             .with_state(state);
-        page::routes().merge(auth::guard(api, Arc::new(self.auth)))
+        let api = auth::guard(api, Arc::new(self.auth))
+            .layer(axum::middleware::map_response(log::private_answer));
+        page::routes()
+            .merge(api)
+            .layer(axum::middleware::from_fn(log::request))
     }
 
     /// Serve the console on `listener` until `shutdown` completes, then finish the requests in

@@ -291,8 +291,9 @@ pub(crate) async fn inbox_detail(
     let mut sql = Sql::new(dialect);
     sql.push(&format!(
         "SELECT id, consumer, message_id, event_type, source, aggregate_type, aggregate_id, \
-         aggregate_version, schema_version, payload, status, attempts, next_attempt_at, locked_by, \
-         locked_until, received_at, processed_at, last_error FROM {INBOX_TABLE} WHERE id = "
+         aggregate_version, schema_version, payload, headers, status, attempts, next_attempt_at, \
+         locked_by, locked_until, received_at, processed_at, last_error FROM {INBOX_TABLE} \
+         WHERE id = "
     ))
     .bind(id.into());
     let Some(row) = db.query_one_raw(sql.build()).await? else {
@@ -321,7 +322,10 @@ pub(crate) async fn inbox_detail(
         schema_version: get_opt_i64(&row, "schema_version")?,
         aggregate_version: get_opt_i64(&row, "aggregate_version")?,
         dedup_key: None,
-        headers: None,
+        // The headers a receiver kept (a webhook's, a foreign message's), a JSON object.
+        headers: row
+            .try_get::<Option<String>>("", "headers")?
+            .and_then(|text| serde_json::from_str(&text).ok()),
         payload,
         envelope,
         envelope_error: None,

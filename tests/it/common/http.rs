@@ -37,12 +37,13 @@ pub async fn serve(app: axum::Router) -> (SocketAddr, JoinHandle<()>) {
     (addr, task)
 }
 
-/// An answer: status, body, `Retry-After`.
+/// An answer: status, body, `Retry-After`, every header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     pub status: StatusCode,
     pub body: String,
     pub retry_after: Option<String>,
+    pub headers: HeaderMap,
 }
 
 impl Answer {
@@ -85,6 +86,7 @@ pub async fn send(
     }
     let response = client.request(request).await.map_err(|e| e.to_string())?;
     let status = response.status();
+    let headers = response.headers().clone();
     let retry_after = response
         .headers()
         .get("retry-after")
@@ -99,6 +101,7 @@ pub async fn send(
         status,
         body: String::from_utf8_lossy(&body).into_owned(),
         retry_after,
+        headers,
     })
 }
 

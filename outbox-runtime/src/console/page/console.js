@@ -51,10 +51,23 @@
     return isNaN(d) ? iso : d.toLocaleString();
   }
 
+  // The first line of a text, cut to `max` characters: lists stay one line a row whatever an
+  // error holds; the detail shows it whole.
+  function firstLine(text, max) {
+    const all = String(text || "").trimStart();
+    const first = all.split(/\r?\n|\r/, 1)[0].trimEnd();
+    const limit = max || 160;
+    if (first.length <= limit && first.length === all.trimEnd().length) return first;
+    return first.slice(0, limit - 1) + "…";
+  }
+
+  // A cell is text; `box` puts the text in a block of that class instead (`clip`: one line cut
+  // at the column's width, `long`: a scrolling box).
   function row(cells, attrs) {
     const tr = el("tr", null, attrs);
     for (const c of cells) {
-      const td = el("td", c.text, c.attrs);
+      const td = el("td", c.box ? null : c.text, c.attrs);
+      if (c.box) td.appendChild(el("div", c.text, { class: c.box }));
       if (c.className) td.className = c.className;
       tr.appendChild(td);
     }
@@ -150,7 +163,7 @@
         { text: r.transport },
         { text: r.broker_available ? "available" : "unavailable for " + age(r.unavailable_secs), className: r.broker_available ? "good" : "bad" },
         { text: r.held_back, className: "num" },
-        { text: r.last_error || "" },
+        { text: firstLine(r.last_error), box: "clip" },
       ])), "no relay running");
       drawCharts(samples.samples);
     });
@@ -255,7 +268,7 @@
           { text: d.event_type || "" },
           { text: [d.aggregate_type, d.aggregate_id].filter(Boolean).join(" ") },
           { text: d.attempts, className: "num" },
-          { text: d.last_error || "" },
+          { text: firstLine(d.last_error), box: "clip" },
           { text: when(d.arrived_at) },
         ], { class: "clickable", "data-id": d.id, tabindex: "0" });
         tr.addEventListener("click", () => openDetail(d.id));
@@ -283,16 +296,20 @@
       for (const [k, v] of fields) {
         if (v === null || v === undefined || v === "") continue;
         dl.appendChild(el("dt", k));
-        dl.appendChild(el("dd", v));
+        // An error is shown whole, in a box that scrolls when it is long.
+        const dd = el("dd", k === "Last error" ? null : v);
+        if (k === "Last error") dd.appendChild(el("div", v, { class: "long", "data-testid": "last-error" }));
+        dl.appendChild(dd);
       }
       let payload = d.payload;
       try { payload = JSON.stringify(JSON.parse(d.payload), null, 2); } catch (_) { /* shown as received */ }
       fill("failures", (d.failures || []).slice().reverse().map((f) => row([
         { text: when(f.at) }, { text: f.attempt, className: "num" },
-        { text: f.status, className: f.status === "DEAD" ? "bad" : "" }, { text: f.error },
+        { text: f.status, className: f.status === "DEAD" ? "bad" : "" }, { text: f.error, box: "long" },
       ])), "no failed attempt recorded");
       $("detail-payload").textContent = payload;
       $("detail-envelope").textContent = d.envelope ? JSON.stringify(d.envelope, null, 2) : "–";
+      $("detail-headers").textContent = d.headers ? JSON.stringify(d.headers, null, 2) : "–";
       const dead = d.status === "DEAD";
       $("do-replay").disabled = !dead;
       $("do-ignore").disabled = !dead;
