@@ -111,7 +111,11 @@ async function main() {
     await page.locator("#filters input[name=consumer]").fill("billing");
     await page.locator("#filters button[type=submit]").click();
     const bulkTarget = page.locator(`#dead-list tbody tr[data-id="${process.env.BULK_ID}"]`);
-    await bulkTarget.waitFor();
+    // The row was listed before the filter too: wait for the filtered list itself.
+    await page.waitForFunction((id) => {
+      const rows = [...document.querySelectorAll("#dead-list tbody tr")];
+      return rows.length === 1 && rows[0].dataset.id === id;
+    }, process.env.BULK_ID);
     seen.listedFiltered = await page.$$eval("#dead-list tbody tr", (rows) => rows.map((r) => r.dataset.id || ""));
     await byId("ignore-matching").click();
     await byId("reason-dialog").waitFor();
