@@ -1,0 +1,216 @@
+//! `outbox`: the operations CLI of the outbox SDK (feature `cli`).
+//!
+//! ```text
+//! outbox --database-url postgres://… status
+//! outbox dead list --consumer inventory --error timeout --limit 20 --page 2
+//! outbox dead show inbox:17
+//! outbox replay --id outbox:12 --id inbox:17 --actor alice --reason "stock service fixed"
+//! outbox replay --consumer inventory --type order.placed
+//! outbox ignore inbox:18 inbox:19 --reason "order was cancelled"
+//! outbox ignore --consumer inventory --error "unknown sku" --reason "discontinued items"
+//! outbox resend 0193c1e4-4f9b-7c3a-9d1e-2b5f8a6c0e71
+//! outbox resend --type order.placed --sent-after 2026-12-03T10:00:00Z --sent-before 2026-12-03T11:00:00Z
+//! outbox purge --sent-after 7d --done-after 14d
+//! outbox doctor
+//! outbox audit --limit 20
+//! outbox migrate
+//! OUTBOX_CONSOLE_TOKEN=… outbox serve --listen 127.0.0.1:8080   # feature `console`
+//! outbox catalogue --from events.catalogue.json asyncapi --transport kafka --namespace shop
+//! ```
+//!
+//! Human-readable tables by default, `--json` for scripts. Exit status: 0 done, 1 error, 2 bad
+//! command line, 3 an action left some of the rows asked for unchanged, 4 `doctor` found errors.
+//!
+//! What the tables show comes from the database and may hold anyone's text: control characters
+//! (terminal escape sequences among them) and bidirectional overrides are printed escaped
+//! (`\x1b`, `\u{202e}`), lists show an error's first line cut to the column, `dead show` the
+//! whole text; `--json` prints every value exactly. The log goes to standard error, filtered by
+//! `RUST_LOG` (default `info` for `serve`, `purge` and `migrate`, `warn` for the rest), as text or
+//! with `--log-format json` as one JSON object per line.
+
+//!
+//! One module a role: `args` (the command line), `connect` (the database URL), `commands` (one
+//! function a command), `render` (tables and escaping), `serve` (the console).
+
+mod args;
+mod commands;
+mod connect;
+mod render;
+#[cfg(feature = "console")]
+mod serve;
+
+use std::{fmt::Write as _, process::ExitCode};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[cfg(feature = "console")]
+use args::ServeArgs;
+use args::{DeadCommand, IgnoreArgs, PurgeArgs, ReplayArgs, ResendArgs};
+use render::printable;
+
+const AFTER_HELP: &str = "Exit status: 0 done, 1 error, 2 bad command line, \
+3 an action left some of the rows asked for unchanged, 4 `doctor` found errors.";
+
+/// Operate the transactional outbox and inbox: see what is stuck, how far behind each consumer
+/// is and what died, and fix it.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, after_help = AFTER_HELP)]
+struct Cli {
+    /// Database URL: postgres://…, mysql://… or sqlite://…
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+    /// Print JSON for scripts instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// How the log on standard error is written (`RUST_LOG` says what it holds).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The log's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// One line of text per event.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Counts per status, backlog and its oldest age, consumer lag, dead and stuck rows.
+    Status,
+    /// List or show dead letters.
+    #[command(subcommand)]
+    Dead(DeadCommand),
+    /// Give dead letters another chance: outbox DEAD → PENDING, inbox DEAD → RETRY due now.
+    Replay(ReplayArgs),
+    /// Decide not to handle dead inbox messages: DEAD → IGNORED (by id, by filter, or --all).
+    Ignore(IgnoreArgs),
+    /// Publish sent outbox events again: SENT → PENDING (by event id or by filter).
+    Resend(ResendArgs),
+    /// Delete SENT outbox events and DONE/IGNORED inbox messages older than the retention now.
+    Purge(PurgeArgs),
+    /// Check tables, columns, indexes, migrations, stuck rows and dead letters.
+    Doctor,
+    /// Show the latest admin actions.
+    Audit {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Apply the SDK's migrations (idempotent).
+    Migrate,
+    /// Serve the operator console (web page and REST API) until interrupted. The token comes
+    /// from OUTBOX_CONSOLE_TOKEN or --token-file, never from the command line.
+    #[cfg(feature = "console")]
+    Serve(ServeArgs),
+    /// The event catalogue from a file (`--from FILE`): render it as AsyncAPI, or check a
+    /// service's catalogue against the committed one. `outbox catalogue help` for the commands.
+    /// Print and write a catalogue from the service's own binary, which links its events
+    /// (`outbox::catalogue::cli::run`).
+    #[command(disable_help_flag = true)]
+    Catalogue {
+        /// `[--from FILE] [json | write FILE | check FILE | asyncapi [OPTIONS] | help]`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// An error for the user: printed as `error: …`, exit status 1 (2 for a [`Usage`]).
+pub(crate) type Failure = Box<dyn std::error::Error>;
+
+/// A command line that cannot be carried out as given (exit status 2, like clap's own errors).
+#[derive(Debug)]
+pub(crate) struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+pub(crate) fn usage(error: impl std::fmt::Display) -> Failure {
+    Box::new(Usage(error.to_string()))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Catalogue { args } = cli.command {
+        return outbox::catalogue::cli::run(args);
+    }
+    init_log(&cli);
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                let text = s.to_string();
+                if !message.contains(&text) {
+                    let _ = write!(message, ": {text}");
+                }
+                source = s.source();
+            }
+            eprintln!("error: {}", printable(&message, true));
+            ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
+        }
+    }
+}
+
+/// The log on standard error: `RUST_LOG`'s filter, else `info` for the long-running commands
+/// and `warn` for the rest; text or JSON lines.
+fn init_log(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+
+    let long_running = match &cli.command {
+        Command::Purge(_) | Command::Migrate => true,
+        #[cfg(feature = "console")]
+        Command::Serve(_) => true,
+        _ => false,
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if long_running { "info" } else { "warn" }));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// Open the database and run the command.
+async fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let db = connect::connect(cli.database_url.as_deref()).await?;
+    let json = cli.json;
+    match cli.command {
+        Command::Status => commands::status(&db, json).await,
+        Command::Dead(DeadCommand::List {
+            filter,
+            limit,
+            page,
+        }) => commands::dead_list(&db, json, &filter, limit, page).await,
+        Command::Dead(DeadCommand::Show { id }) => commands::dead_show(&db, json, &id).await,
+        Command::Replay(args) => commands::replay(&db, json, &args).await,
+        Command::Ignore(args) => commands::ignore(&db, json, &args).await,
+        Command::Resend(args) => commands::resend(&db, json, &args).await,
+        Command::Purge(args) => commands::purge(&db, json, &args).await,
+        Command::Doctor => commands::doctor(&db, json).await,
+        Command::Audit { limit } => commands::audit(&db, json, limit).await,
+        Command::Migrate => commands::migrate(&db, json).await,
+        #[cfg(feature = "console")]
+        Command::Serve(args) => {
+            let url = cli.database_url.as_deref().unwrap_or_default();
+            serve::serve(db, url, args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        // Handled in `main`, before any database is opened.
+        Command::Catalogue { args } => Ok(outbox::catalogue::cli::run(args)),
+    }
+}
