@@ -488,7 +488,7 @@ impl Relay {
     /// (retention purges only SENT rows, an operator only finished ones).
     async fn check_visible(&self, ids: &[i64]) -> Result<Vec<store::wal::RowCheck>, String> {
         let check = |ids: Vec<i64>| async move {
-            super::with_transient_retries(|| store::wal::check(&self.db, &ids))
+            super::publish::with_transient_retries(|| store::wal::check(&self.db, &ids))
                 .await
                 .map_err(|e| e.to_string())
         };
