@@ -49,7 +49,7 @@ fn relay(t: &TestDb, transport: &MemoryTransport) -> Relay {
 }
 
 /// Run `sql` with `?` placeholders (numbered for PostgreSQL); returns the rows affected.
-async fn exec<C: ConnectionTrait>(db: &C, sql: &str, values: Vec<Value>) -> u64 {
+pub(crate) async fn exec<C: ConnectionTrait>(db: &C, sql: &str, values: Vec<Value>) -> u64 {
     let backend = db.get_database_backend();
     let sql = placeholders(backend, sql);
     db.execute_raw(Statement::from_sql_and_values(backend, sql, values))

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use hyper::{HeaderMap, Method, StatusCode, header::HeaderValue};
 use outbox::console::{Console, ConsoleAuth, Operator};
-use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 
 use crate::admin::{Fixture, fixture, inbox_state, outbox_row};
@@ -926,19 +925,12 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
     )
     .await;
     // The store keeps 4,000 characters of an error; a row written otherwise may hold more.
-    let backend = t.db.get_database_backend();
-    let update = if backend == sea_orm::DbBackend::Postgres {
-        "UPDATE inbox_event SET last_error = $1 WHERE id = $2"
-    } else {
-        "UPDATE inbox_event SET last_error = ? WHERE id = ?"
-    };
-    t.db.execute_raw(sea_orm::Statement::from_sql_and_values(
-        backend,
-        update,
-        [long_error.as_str().into(), long.into()],
-    ))
-    .await
-    .unwrap();
+    crate::admin::exec(
+        &t.db,
+        "UPDATE inbox_event SET last_error = ? WHERE id = ?",
+        vec![long_error.as_str().into(), long.into()],
+    )
+    .await;
     let long_id = format!("inbox:{long}");
     // A reminder due in an hour: counted apart from the backlog.
     let tx = outbox::Outbox::new("console-tests")

@@ -91,20 +91,18 @@ const MASKED: &str = "***";
 /// [`MASKED`].
 fn secret_header(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    matches!(
-        name.as_str(),
-        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
-    ) || [
-        "signature",
-        "secret",
-        "token",
-        "password",
-        "api-key",
-        "apikey",
-        "credential",
-    ]
-    .iter()
-    .any(|part| name.contains(part))
+    crate::util::text::CREDENTIAL_HEADERS.contains(&name.as_str())
+        || [
+            "signature",
+            "secret",
+            "token",
+            "password",
+            "api-key",
+            "apikey",
+            "credential",
+        ]
+        .iter()
+        .any(|part| name.contains(part))
 }
 
 /// Mask the values of the headers that may hold a credential or a signature, at any depth.

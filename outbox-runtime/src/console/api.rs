@@ -93,9 +93,9 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let cause = self.cause.clone();
+        let cause = self.cause.take();
         let mut response = (status, Json(self)).into_response();
         if let Some(cause) = cause {
             response.extensions_mut().insert(Cause(cause));

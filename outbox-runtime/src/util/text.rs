@@ -18,3 +18,12 @@ pub(crate) fn item_path(module_path: &str, item: &str) -> String {
 pub(crate) fn location(file: &str, line: u32, module_path: &str, item: &str) -> String {
     format!("{file}:{line} ({})", item_path(module_path, item))
 }
+
+/// The headers that carry a caller's credentials: a webhook never keeps them, and an operator is
+/// shown them masked.
+pub(crate) const CREDENTIAL_HEADERS: [&str; 4] = [
+    "authorization",
+    "cookie",
+    "proxy-authorization",
+    "set-cookie",
+];

@@ -115,12 +115,7 @@ impl WebhookResponse {
 }
 
 /// Headers never kept with a message, whatever [`Webhook::keep_header`] asked for.
-const NEVER_KEPT: [&str; 4] = [
-    "authorization",
-    "cookie",
-    "proxy-authorization",
-    "set-cookie",
-];
+const NEVER_KEPT: [&str; 4] = crate::util::text::CREDENTIAL_HEADERS;
 
 /// A webhook endpoint: one consumer, one source. See the module docs for what it answers.
 ///

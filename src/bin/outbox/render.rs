@@ -348,9 +348,10 @@ pub(crate) fn render_detail(d: &DeadLetterDetail) -> String {
         ("processed at", ts(d.processed_at.map(|t| t.to_rfc3339()))),
     ];
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    // A multi-line value (an error with its causes) continues under its first line.
+    let continued = format!("\n{:width$}  ", "");
     for (key, value) in fields {
-        // A multi-line value (an error with its causes) continues under its first line.
-        let value = printable(&value, true).replace('\n', &format!("\n{:width$}  ", ""));
+        let value = printable(&value, true).replace('\n', &continued);
         let _ = writeln!(out, "{key:<width$}  {value}");
     }
     if !d.failures.is_empty() {
