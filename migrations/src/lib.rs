@@ -31,6 +31,7 @@ mod m0006_inbox_external;
 mod m0007_inbox_drop_message_id_key;
 mod m0008_failure;
 mod m0009_scheduled;
+mod m0010_failure_class;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -44,6 +45,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0007_inbox_drop_message_id_key::MIGRATION),
         Box::new(m0008_failure::MIGRATION),
         Box::new(m0009_scheduled::MIGRATION),
+        Box::new(m0010_failure_class::MIGRATION),
     ]
 }
 

@@ -54,7 +54,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 9);
+    assert_eq!(applied, 10);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -100,7 +100,7 @@ async fn up_down_up(t: TestDb) {
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        9
+        10
     );
 }
 
@@ -174,7 +174,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
             "outbox_0006_inbox_external_keys",
             "outbox_0007_inbox_drop_message_id_key",
             "outbox_0008_create_failure",
-            "outbox_0009_create_scheduled"
+            "outbox_0009_create_scheduled",
+            "outbox_0010_failure_class"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();
@@ -231,7 +232,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     use outbox::inbox::{ExternalInbox, IncomingMessage, Receipt, ReceiveError};
     let db = &t.db;
     // Back to the schema of the release before `outbox_0006`.
-    Migrator::down(db, Some(4)).await.unwrap();
+    Migrator::down(db, Some(5)).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         5
@@ -284,7 +285,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     Migrator::up(db, None).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        9
+        10
     );
     assert_eq!(
         inbox.receive(&message("psp-b", "evt_1")).await.unwrap(),
@@ -340,7 +341,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     db.execute_unprepared("DELETE FROM inbox_event WHERE origin = 'psp-b'")
         .await
         .unwrap();
-    Migrator::down(db, Some(3)).await.unwrap();
+    Migrator::down(db, Some(4)).await.unwrap();
     assert_eq!(
         old_release_insert(db, "billing", id9, b"{}").await.unwrap(),
         0

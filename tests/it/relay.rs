@@ -194,6 +194,7 @@ async fn failures_back_off_then_dead_while_others_flow(t: TestDb) {
             row.last_error
         );
         assert_ne!(row.status, "PROCESSING");
+        assert_eq!(row.failure_class.as_deref(), Some("REJECTED"), "{row:?}");
         if attempt < 3 {
             assert_eq!(row.status, "RETRY");
             let delay = row.next_attempt_at.unwrap() - started;
@@ -255,6 +256,7 @@ async fn permanent_rejection_is_dead_at_once(t: TestDb) {
             .unwrap()
             .contains("permanently")
     );
+    assert_eq!(dead[0].failure_class.as_deref(), Some("PERMANENT"));
 }
 
 async fn stale_relay_cannot_overwrite_a_newer_claim(t: TestDb) {
@@ -373,6 +375,7 @@ async fn expired_leases_end_dead(t: TestDb) {
             .unwrap()
             .contains("lease expired")
     );
+    assert_eq!(rows[0].failure_class.as_deref(), Some("LEASE_EXPIRED"));
     assert_eq!(rows[1].status, "PENDING", "its successor waits behind it");
 }
 
@@ -617,21 +620,23 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
         "nothing is published while the broker is unavailable"
     );
 
-    // Retries of two later events: one pushed back by an earlier outage, one that failed on its
-    // own; both due in an hour.
+    // Retries of four later events, all due in an hour: two failed by the previous release
+    // (no `failure_class`; only `last_error`'s wording tells an outage), two by this one, whose
+    // class decides whatever the wording says.
     let backend = t.db.get_database_backend();
-    let retry = |id: i64, error: &str| {
+    let retry = |id: i64, class: Option<&str>, error: &str| {
         let sql = if backend == DbBackend::Postgres {
-            "UPDATE outbox_event SET status = 'RETRY', attempts = 1, last_error = $1, \
-             next_attempt_at = $2 WHERE id = $3"
+            "UPDATE outbox_event SET status = 'RETRY', attempts = 1, failure_class = $1, \
+             last_error = $2, next_attempt_at = $3 WHERE id = $4"
         } else {
-            "UPDATE outbox_event SET status = 'RETRY', attempts = 1, last_error = ?, \
-             next_attempt_at = ? WHERE id = ?"
+            "UPDATE outbox_event SET status = 'RETRY', attempts = 1, failure_class = ?, \
+             last_error = ?, next_attempt_at = ? WHERE id = ?"
         };
         Statement::from_sql_and_values(
             backend,
             sql,
             [
+                class.map(str::to_owned).into(),
                 error.into(),
                 t.dialect()
                     .timestamp(chrono::Utc::now() + chrono::Duration::hours(1)),
@@ -639,22 +644,37 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
             ],
         )
     };
-    let outage_retry = produce(&t, &outbox, 1, 1, 1).await;
-    let own_retry = produce(&t, &outbox, 1, 1, 1).await;
-    assert_eq!((outage_retry, own_retry), (1, 1));
+    // One cart each, so that no retry holds another back.
+    for cart in ["retry-a", "retry-b", "retry-c", "retry-d"] {
+        commit_lines(outbox.begin(&t.db).await.unwrap(), &[(cart, 0)]).await;
+    }
     let last = outbox_rows(&t.db).await;
-    let (outage_id, own_id) = (last[total].id, last[total + 1].id);
-    t.db.execute_raw(retry(outage_id, "broker connection failed: reset by peer"))
-        .await
-        .unwrap();
-    t.db.execute_raw(retry(own_id, "broker rejected the message: no route"))
-        .await
-        .unwrap();
+    let [legacy_outage, legacy_own, outage_id, own_id] = [0, 1, 2, 3].map(|i| last[total + i].id);
+    for (id, class, error) in [
+        (
+            legacy_outage,
+            None,
+            "broker connection failed: reset by peer",
+        ),
+        (legacy_own, None, "broker rejected the message: no route"),
+        (
+            outage_id,
+            Some("CONNECTION"),
+            "the link to the broker went away",
+        ),
+        (
+            own_id,
+            Some("REJECTED"),
+            "broker connection failed: looks like an outage",
+        ),
+    ] {
+        t.db.execute_raw(retry(id, class, error)).await.unwrap();
+    }
 
     let back = Instant::now();
     transport.set_unavailable(false);
     let drained = eventually(Duration::from_secs(10), || async {
-        status_counts(&t.db).await.get("SENT").copied().unwrap_or(0) == total as i64 + 1
+        status_counts(&t.db).await.get("SENT").copied().unwrap_or(0) == total as i64 + 2
     })
     .await;
     let took = back.elapsed();
@@ -680,16 +700,20 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
     );
     eprintln!("relay outage (memory): drained {total} events {took:.2?} after the broker's return");
     let rows = outbox_rows(&t.db).await;
-    let own = rows.iter().find(|r| r.id == own_id).unwrap();
-    assert_eq!(
-        (own.status.as_str(), own.attempts),
-        ("RETRY", 1),
-        "a retry of the message's own failure keeps its due time"
-    );
+    for own_id in [legacy_own, own_id] {
+        let own = rows.iter().find(|r| r.id == own_id).unwrap();
+        assert_eq!(
+            (own.status.as_str(), own.attempts),
+            ("RETRY", 1),
+            "a retry of the message's own failure keeps its due time: {own:?}"
+        );
+    }
     assert!(
         rows.iter()
-            .filter(|r| r.id != own_id)
-            .all(|r| r.status == "SENT" && r.attempts == i64::from(r.id == outage_id)),
+            .filter(|r| r.id != own_id && r.id != legacy_own)
+            .all(|r| r.status == "SENT"
+                && r.failure_class.is_none()
+                && r.attempts == i64::from(r.id == outage_id || r.id == legacy_outage)),
         "{rows:?}"
     );
     assert_eq!(stats.dead, 0);
@@ -853,6 +877,7 @@ async fn a_returned_broker_is_on_trial_until_it_confirms(t: TestDb) {
             .is_some_and(|e| e.starts_with("no confirmation from the broker")),
         "{third:?}"
     );
+    assert_eq!(third.failure_class.as_deref(), Some("TIMEOUT"), "{third:?}");
 }
 
 backend_tests! {

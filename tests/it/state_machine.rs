@@ -47,7 +47,7 @@ use outbox::store::clock::skew_by;
 use outbox::store::inbox::{self as inbox_store, InboxClaim, InboxState, NewInboxRow, Recorded};
 use outbox::store::local::move_to_inbox;
 use outbox::store::relay::{self as relay_store, Claim, FailedEvent, Settlement};
-use outbox::store::{Dialect, Failure, database_now};
+use outbox::store::{Dialect, Failure, FailureClass, database_now};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use serde::{Deserialize, Serialize};
@@ -1156,6 +1156,7 @@ impl OutboxModel {
                 match next.next().unwrap_or(Outcome::Ok) {
                     Outcome::Ok => settlement.sent.push(event.id),
                     failure => {
+                        let failure_was = failure;
                         let attempts = event.attempts + 1;
                         let delay = backoff().delay(event.attempts);
                         let error = format!("{failure:?} failure");
@@ -1172,6 +1173,11 @@ impl OutboxModel {
                         settlement.failed.push(FailedEvent {
                             id: event.id,
                             failure,
+                            class: if failure_was == Outcome::Permanent {
+                                FailureClass::Permanent
+                            } else {
+                                FailureClass::Rejected
+                            },
                         });
                         for rest in run.by_ref() {
                             settlement.released.push(rest.id);

@@ -139,7 +139,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0009` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0010` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -164,6 +164,7 @@ const TABLES: &[TableSpec] = &[
             "created_at",
             "sent_at",
             "last_error",
+            "failure_class",
         ],
     },
     TableSpec {

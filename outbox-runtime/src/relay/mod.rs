@@ -53,7 +53,7 @@ use crate::{
     health::LoopHealth,
     outbox::{Outbox, WakeReceiver},
     store::{
-        self, Failure,
+        self, Failure, FailureClass,
         claim::ClaimParams,
         relay::{Claim, ClaimedEvent, FailedEvent, Settlement},
     },

@@ -412,6 +412,7 @@ impl Relay {
                         settlement.failed.push(FailedEvent {
                             id: event.id,
                             failure,
+                            class: failure_class(&error),
                         });
                         // The rest of this aggregate waits behind the failed event.
                         if self.config.ordering
@@ -541,4 +542,14 @@ pub(super) fn outgoing(event: &ClaimedEvent) -> Result<OutgoingMessage, String> 
         body: Bytes::from(envelope.to_json()),
         headers: envelope.transport_headers(),
     })
+}
+
+/// The class a failed publish is stored under.
+pub(super) fn failure_class(error: &PublishError) -> FailureClass {
+    match error {
+        PublishError::Timeout(_) => FailureClass::Timeout,
+        PublishError::Connection(_) => FailureClass::Connection,
+        PublishError::Rejected(_) => FailureClass::Rejected,
+        PublishError::Permanent(_) => FailureClass::Permanent,
+    }
 }

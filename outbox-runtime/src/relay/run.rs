@@ -245,7 +245,8 @@ impl Relay {
         health.success();
         let made_due = match store::relay::retries_due_now(
             &self.db,
-            &PublishError::UNAVAILABLE_PATTERNS,
+            &FailureClass::OUTAGE,
+            &PublishError::LEGACY_UNAVAILABLE_PATTERNS,
         )
         .await
         {

@@ -496,7 +496,8 @@ pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> 
         &|sql: &mut Sql| {
             sql.push(&format!(
                 "status = {}, sent_at = NULL, attempts = 0, next_attempt_at = NULL, \
-                 locked_by = NULL, locked_until = NULL, claim_token = NULL, last_error = NULL",
+                 locked_by = NULL, locked_until = NULL, claim_token = NULL, failure_class = NULL, \
+                 last_error = NULL",
                 OutboxStatus::Pending.literal()
             ));
         },

@@ -104,7 +104,7 @@ pub async fn move_to_inbox(
         .time(DbTime::NOW)
         .push(", locked_by = ")
         .bind(params.owner.to_owned().into())
-        .push(", locked_until = NULL, last_error = NULL WHERE id IN ")
+        .push(", locked_until = NULL, failure_class = NULL, last_error = NULL WHERE id IN ")
         .bind_list(chunk.iter().map(|id| Value::from(*id)));
         txn.execute_raw(sql.build()).await?;
     }

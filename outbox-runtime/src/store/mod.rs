@@ -46,7 +46,7 @@ pub use clock::{DbTime, database_now};
 pub use dialect::Dialect;
 pub use errors::{is_connection_error, is_transient};
 pub(crate) use outbox::{InsertOutcome, insert_events};
-pub use status::{Failure, InboxStatus, OutboxStatus};
+pub use status::{Failure, FailureClass, InboxStatus, OutboxStatus};
 
 /// The outbox table.
 pub const OUTBOX_TABLE: &str = "outbox_event";

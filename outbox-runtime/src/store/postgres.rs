@@ -133,7 +133,7 @@ impl Backend for Postgres {
     ) -> Option<String> {
         let mut sql = format!(
             "SET LOCAL synchronous_commit = off; UPDATE {table} SET status = {sent}, \
-             sent_at = {}, locked_until = NULL, last_error = NULL \
+             sent_at = {}, locked_until = NULL, failure_class = NULL, last_error = NULL \
              WHERE {} AND id IN (",
             self.time_literal(at),
             fence.literal(),

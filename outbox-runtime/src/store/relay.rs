@@ -16,7 +16,7 @@ use super::{
     claim::{ClaimParams, Queue, hand_back, select_claimable},
     failures::{self, Failed},
     sql::{Arg, Sql},
-    status::{Failure, OutboxStatus},
+    status::{Failure, FailureClass, OutboxStatus},
     tx::begin_work,
 };
 use crate::util::text::truncate;
@@ -265,8 +265,9 @@ pub async fn claim_aged(
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
             "UPDATE {OUTBOX_TABLE} SET attempts = attempts + 1, status = {}, locked_by = NULL, \
-             locked_until = NULL, last_error = ",
-            OutboxStatus::Dead.literal()
+             locked_until = NULL, failure_class = {}, last_error = ",
+            OutboxStatus::Dead.literal(),
+            FailureClass::LeaseExpired.literal(),
         ))
         .bind(
             format!(
@@ -303,6 +304,8 @@ pub struct FailedEvent {
     pub id: i64,
     /// Where it goes: RETRY at a due time, or DEAD.
     pub failure: Failure,
+    /// What kind of failure it was.
+    pub class: FailureClass,
 }
 
 /// What to write back after publishing a claim.
@@ -413,7 +416,7 @@ pub async fn settle(
             OutboxStatus::Sent.literal()
         ))
         .time(DbTime::NOW)
-        .push(", locked_until = NULL, last_error = NULL");
+        .push(", locked_until = NULL, failure_class = NULL, last_error = NULL");
         fence.push_where(&mut sql);
         sql.push(" AND id IN ")
             .bind_list(chunk.iter().map(|id| Value::from(*id)));
@@ -421,7 +424,7 @@ pub async fn settle(
     }
 
     let mut failed = Vec::with_capacity(settlement.failed.len());
-    for FailedEvent { id, failure } in &settlement.failed {
+    for FailedEvent { id, failure, class } in &settlement.failed {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
             "UPDATE {OUTBOX_TABLE} SET status = {}, attempts = ",
@@ -430,7 +433,10 @@ pub async fn settle(
         .bind(i64::from(failure.attempts()).into())
         .push(", next_attempt_at = ")
         .arg(Arg::time_or_null(dialect, failure.due()))
-        .push(", last_error = ")
+        .push(&format!(
+            ", failure_class = {}, last_error = ",
+            class.literal()
+        ))
         .bind(truncate(failure.error(), 4000).into())
         .push(", locked_until = NULL");
         fence.push_where(&mut sql);
@@ -494,8 +500,10 @@ pub(super) async fn mark_dead<C: ConnectionTrait>(
 ) -> Result<(), DbErr> {
     let mut sql = Sql::new(*dialect);
     sql.push(&format!(
-        "UPDATE {OUTBOX_TABLE} SET status = {}, attempts = attempts + 1, last_error = ",
-        OutboxStatus::Dead.literal()
+        "UPDATE {OUTBOX_TABLE} SET status = {}, attempts = attempts + 1, failure_class = {}, \
+         last_error = ",
+        OutboxStatus::Dead.literal(),
+        FailureClass::Unreadable.literal(),
     ))
     .bind(reason.to_owned().into())
     .push(" WHERE id = ")
@@ -504,11 +512,16 @@ pub(super) async fn mark_dead<C: ConnectionTrait>(
     failures::append(conn, Source::Outbox, Failed::Ids(&[id])).await
 }
 
-/// RETRY events whose last failure matches one of `patterns` (SQL `LIKE`) and that are not due
-/// yet become due now; returns how many. After a broker outage: the outage, not the events,
-/// pushed their due times back.
-pub async fn retries_due_now(db: &DatabaseConnection, patterns: &[&str]) -> Result<u64, DbErr> {
-    if patterns.is_empty() {
+/// RETRY events whose last failure is of one of `classes` and that are not due yet become due
+/// now; returns how many. After a broker outage: the outage, not the events, pushed their due
+/// times back. A row failed by a release before `outbox_0010` has no class; it is recognised by
+/// its `last_error` matching one of `legacy_patterns` (SQL `LIKE`), as that release wrote it.
+pub async fn retries_due_now(
+    db: &DatabaseConnection,
+    classes: &[FailureClass],
+    legacy_patterns: &[&str],
+) -> Result<u64, DbErr> {
+    if classes.is_empty() {
         return Ok(0);
     }
     let mut sql = Sql::new(Dialect::of(db));
@@ -519,13 +532,24 @@ pub async fn retries_due_now(db: &DatabaseConnection, patterns: &[&str]) -> Resu
             OutboxStatus::Retry.literal()
         ))
         .time(DbTime::NOW)
-        .push(" AND (");
-    for (i, pattern) in patterns.iter().enumerate() {
-        if i > 0 {
-            sql.push(" OR ");
+        .push(&format!(
+            " AND (failure_class IN ({})",
+            classes
+                .iter()
+                .map(|c| c.literal())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    if !legacy_patterns.is_empty() {
+        sql.push(" OR (failure_class IS NULL AND (");
+        for (i, pattern) in legacy_patterns.iter().enumerate() {
+            if i > 0 {
+                sql.push(" OR ");
+            }
+            sql.push("last_error LIKE ")
+                .bind((*pattern).to_owned().into());
         }
-        sql.push("last_error LIKE ")
-            .bind((*pattern).to_owned().into());
+        sql.push("))");
     }
     sql.push(")");
     Ok(db.execute_raw(sql.build()).await?.rows_affected())

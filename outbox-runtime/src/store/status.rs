@@ -220,3 +220,58 @@ impl Failure {
         }
     }
 }
+
+/// `outbox_event.failure_class`: what kind of failure an event's last failed attempt was,
+/// written beside `last_error`. The relay decides by the class, never by the wording of
+/// `last_error` (rows failed by a release before `outbox_0010` have no class).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// The broker did not confirm in time.
+    Timeout,
+    /// The connection to the broker failed before the confirm.
+    Connection,
+    /// The broker refused the message; a retry may succeed.
+    Rejected,
+    /// The message can never be published (refused for good, or no envelope can be made).
+    Permanent,
+    /// Relays crashed or hung while publishing it, more times than allowed.
+    LeaseExpired,
+    /// The row cannot be read (written by hand with a malformed value).
+    Unreadable,
+}
+
+impl FailureClass {
+    /// The classes of failures that may say the broker is unavailable rather than anything
+    /// about the event: after an outage, the retries they pushed back are due at once.
+    pub const OUTAGE: [FailureClass; 2] = [FailureClass::Timeout, FailureClass::Connection];
+
+    /// The value as an SQL string literal.
+    pub const fn literal(self) -> &'static str {
+        match self {
+            FailureClass::Timeout => "'TIMEOUT'",
+            FailureClass::Connection => "'CONNECTION'",
+            FailureClass::Rejected => "'REJECTED'",
+            FailureClass::Permanent => "'PERMANENT'",
+            FailureClass::LeaseExpired => "'LEASE_EXPIRED'",
+            FailureClass::Unreadable => "'UNREADABLE'",
+        }
+    }
+
+    /// The value stored in the column.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::Timeout => "TIMEOUT",
+            FailureClass::Connection => "CONNECTION",
+            FailureClass::Rejected => "REJECTED",
+            FailureClass::Permanent => "PERMANENT",
+            FailureClass::LeaseExpired => "LEASE_EXPIRED",
+            FailureClass::Unreadable => "UNREADABLE",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -487,14 +487,15 @@ pub struct OutboxRow {
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub sent_at: Option<chrono::DateTime<chrono::Utc>>,
     pub last_error: Option<String>,
+    pub failure_class: Option<String>,
 }
 
 pub async fn outbox_rows<C: ConnectionTrait>(db: &C) -> Vec<OutboxRow> {
     let d = Dialect::of(db);
     let sql = "SELECT id, event_id, source, event_type, CAST(schema_version AS BIGINT) AS schema_version, \
                aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, status, \
-               CAST(attempts AS BIGINT) AS attempts, next_attempt_at, locked_by, claim_token, created_at, sent_at, last_error \
-               FROM outbox_event ORDER BY id";
+               CAST(attempts AS BIGINT) AS attempts, next_attempt_at, locked_by, claim_token, created_at, sent_at, last_error, \
+               failure_class FROM outbox_event ORDER BY id";
     let sql = if d.backend() == DbBackend::MySql {
         sql.replace("AS BIGINT", "AS SIGNED")
     } else {
@@ -528,6 +529,7 @@ fn decode_row(d: &Dialect, r: &QueryResult) -> OutboxRow {
         created_at: d.get_timestamp(r, "created_at").unwrap(),
         sent_at: d.get_opt_timestamp(r, "sent_at").unwrap(),
         last_error: r.try_get("", "last_error").unwrap(),
+        failure_class: r.try_get("", "failure_class").unwrap(),
     }
 }
 
