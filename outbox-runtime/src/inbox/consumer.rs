@@ -224,22 +224,18 @@ impl Consumer {
         error: &super::HandlerError,
         attempts: u32,
     ) -> Failure {
-        let dead = error.is_permanent() || attempts >= self.max_attempts(reg);
-        if dead {
-            return Failure::Dead {
-                attempts,
-                error: error.to_string(),
-            };
-        }
-        let delay = error.retry_after().unwrap_or_else(|| {
-            reg.map_or(self.config.backoff, |r| self.backoff(r))
-                .delay(attempts.saturating_sub(1))
-        });
-        Failure::Retry {
+        Failure::after(
             attempts,
-            delay,
-            error: error.to_string(),
-        }
+            self.max_attempts(reg),
+            error.is_permanent(),
+            || {
+                error.retry_after().unwrap_or_else(|| {
+                    reg.map_or(self.config.backoff, |r| self.backoff(r))
+                        .delay(attempts.saturating_sub(1))
+                })
+            },
+            error.to_string(),
+        )
     }
 
     /// The message's aggregate, when ordering keeps its messages in order.

@@ -33,7 +33,6 @@
 //! do not make it healthy. A permanent rejection (the event goes DEAD) is not a relay failure.
 
 use std::{
-    collections::{HashMap, VecDeque},
     fmt,
     future::Future,
     sync::{
@@ -55,7 +54,7 @@ use crate::{
     store::{
         self, Failure, FailureClass,
         claim::ClaimParams,
-        relay::{Claim, ClaimedEvent, FailedEvent, Settlement},
+        relay::{Claim, ClaimedEvent, Settlement},
     },
     transport::{OutgoingMessage, PublishError, Transport, TransportError, local::LocalDelivery},
 };
@@ -63,6 +62,7 @@ use crate::{
 pub use crate::util::backoff::Backoff;
 
 mod config;
+mod decide;
 mod fast;
 mod publish;
 mod run;

@@ -233,213 +233,156 @@ impl Relay {
         }
     }
 
-    /// Publish a claim wave by wave and decide each event's fate. Also returns the first error
-    /// of a failed publish that a retry may cure (not a permanent rejection), and whether the
-    /// broker is unavailable.
+    /// Publish a claim wave by wave and settle each event by the decisions in `decide`. Also
+    /// returns the first error of a failed publish that a retry may cure (not a permanent
+    /// rejection), and whether the broker is unavailable.
     ///
     /// A lost or refused connection says the broker is unavailable; no confirmation in time
     /// says so when the broker's health check fails too. Then no event is at fault: those events
     /// and everything not yet published are handed back without counting an attempt, and the
-    /// relay stops claiming until the broker answers again (see `wait_for_broker`). Only failures of the message itself (a rejection, or a timeout
-    /// while the broker answers) count toward `max_attempts` and DEAD.
+    /// relay stops claiming until the broker answers again (see `wait_for_broker`). Only
+    /// failures of the message itself (a rejection, or a timeout while the broker answers)
+    /// count toward `max_attempts` and DEAD.
     pub(super) async fn publish(
         &self,
         transport: &dyn Transport,
         claim: &Claim,
         shutdown: &CancellationToken,
     ) -> Published {
-        let mut settlement = Settlement::default();
-        let mut transient_error = None;
-        let mut outage = None;
-        let mut queues: Vec<VecDeque<&ClaimedEvent>> = if self.config.ordering {
-            let mut index: HashMap<(&str, &str), usize> = HashMap::new();
-            let mut queues: Vec<VecDeque<&ClaimedEvent>> = Vec::new();
-            for event in &claim.events {
-                let key = (event.aggregate_type.as_str(), event.aggregate_id.as_str());
-                let slot = *index.entry(key).or_insert_with(|| {
-                    queues.push(VecDeque::new());
-                    queues.len() - 1
-                });
-                queues[slot].push_back(event);
-            }
-            queues
-        } else {
-            vec![claim.events.iter().collect()]
+        let policy = decide::Policy {
+            max_attempts: self.config.max_attempts,
+            backoff: self.config.backoff,
         };
-
+        let mut published = Published {
+            settlement: Settlement::default(),
+            transient_error: None,
+            outage: None,
+        };
+        let settlement = &mut published.settlement;
+        let mut waves = decide::Waves::new(&claim.events, self.config.ordering);
         loop {
-            // One wave: the next event of every aggregate still going (without ordering: all).
-            let wave: Vec<&ClaimedEvent> = if self.config.ordering {
-                queues.iter_mut().filter_map(VecDeque::pop_front).collect()
-            } else {
-                queues.iter_mut().flat_map(|q| q.drain(..)).collect()
-            };
+            let wave = waves.next_wave();
             if wave.is_empty() {
                 break;
             }
             if shutdown.is_cancelled() || self.broker.is_down() {
-                if outage.is_none() && !shutdown.is_cancelled() {
-                    outage = Some("the broker is unavailable".to_owned());
+                if !shutdown.is_cancelled() {
+                    published.outage = Some("the broker is unavailable".to_owned());
                 }
-                release(&mut settlement, wave.into_iter());
-                for queue in &mut queues {
-                    release(&mut settlement, queue.drain(..));
-                }
+                decide::release(settlement, wave.into_iter());
+                waves.release_rest(settlement);
                 break;
             }
-            // The events being published and their messages, index for index.
-            let mut published: Vec<&ClaimedEvent> = Vec::with_capacity(wave.len());
-            let mut outgoing: Vec<OutgoingMessage> = Vec::with_capacity(wave.len());
-            let mut failed_early = Vec::new();
-            for event in &wave {
-                match self::outgoing(event) {
-                    Ok(message) => {
-                        published.push(*event);
-                        outgoing.push(message);
-                    }
-                    Err(reason) => failed_early.push((*event, reason)),
-                }
-            }
-            let results = if outgoing.is_empty() {
-                Vec::new()
-            } else {
-                for message in &outgoing {
-                    tracing::trace!(
-                        event_id = %message.event_id, event_type = %message.event_type,
-                        aggregate_id = %message.aggregate_id, "publishing"
-                    );
-                }
-                let span = tracing::debug_span!(
-                    "outbox.publish",
-                    transport = transport.name(),
-                    messages = outgoing.len()
-                );
-                transport.publish(&outgoing).instrument(span).await
+            let outcomes = publish_wave(transport, wave).await;
+            let outage = match decide::suspicion(&outcomes) {
+                decide::Suspicion::None => None,
+                decide::Suspicion::Lost(reason) => Some(decide::Outage {
+                    reason,
+                    on_trial: false,
+                }),
+                decide::Suspicion::TimedOut => decide::after_timeout(
+                    transport.health().await,
+                    self.broker.on_trial(),
+                    transport.name(),
+                ),
             };
-            let mut outcomes: Vec<(&ClaimedEvent, Result<(), PublishError>)> = published
-                .iter()
-                .enumerate()
-                .map(|(i, event)| {
-                    let result = results.get(i).cloned().unwrap_or_else(|| {
-                        Err(PublishError::Rejected(
-                            "transport returned fewer results than messages".into(),
-                        ))
-                    });
-                    (*event, result)
-                })
-                .collect();
-            outcomes.extend(
-                failed_early
-                    .into_iter()
-                    .map(|(e, reason)| (e, Err(PublishError::Permanent(reason)))),
-            );
-            // A lost connection is the broker's outage; no confirmation in time is when the
-            // broker does not answer its health check either, or when it is on trial after an
-            // outage and has confirmed nothing since (`recovery_trial`).
-            let lost = outcomes.iter().find_map(|(_, r)| match r {
-                Err(error @ PublishError::Connection(_)) => Some(error.to_string()),
-                _ => None,
-            });
-            let mut on_trial = false;
-            let unavailable = match lost {
-                Some(lost) => Some(lost),
-                None if outcomes
-                    .iter()
-                    .any(|(_, r)| matches!(r, Err(PublishError::Timeout(_)))) =>
-                {
-                    match transport.health().await {
-                        Err(e) => Some(e.to_string()),
-                        Ok(()) if self.broker.on_trial() => {
-                            on_trial = true;
-                            Some(format!(
-                                "no confirmation from the broker within the publish timeout \
-                                 since it came back ({} on trial)",
-                                transport.name()
-                            ))
-                        }
-                        Ok(()) => None,
-                    }
-                }
-                None => None,
-            };
-            if let Some(down) = &unavailable {
+            if let Some(down) = &outage {
                 tracing::warn!(
-                    relay = %self.config.relay_id, transport = transport.name(), error = %down,
+                    relay = %self.config.relay_id, transport = transport.name(),
+                    error = %down.reason,
                     "the broker is unavailable: handing the claim back without counting attempts"
                 );
-                outage = Some(down.clone());
-                self.broker.open(down, on_trial);
+                self.broker.open(&down.reason, down.on_trial);
             }
-            for (event, result) in outcomes {
-                match result {
-                    Ok(()) => settlement.sent.push(event.id),
-                    Err(error) if unavailable.is_some() && error.may_be_unavailable() => {
-                        // Not this event's fault: handed back below, with the rest of the claim.
-                        release(&mut settlement, std::iter::once(event));
-                    }
-                    Err(error) => {
-                        if !error.is_permanent() && transient_error.is_none() {
-                            transient_error = Some(error.to_string());
-                        }
-                        let attempts = event.attempts + 1;
-                        let dead = error.is_permanent() || attempts >= self.config.max_attempts;
-                        let delay = self.config.backoff.delay(event.attempts);
-                        if dead {
-                            tracing::error!(
-                                event_id = %event.event_id, event_type = %event.event_type,
-                                aggregate_id = %event.aggregate_id, attempts, error = %error,
-                                "outbox event is DEAD"
-                            );
-                        } else {
-                            tracing::warn!(
-                                event_id = %event.event_id, event_type = %event.event_type,
-                                aggregate_id = %event.aggregate_id, attempts, error = %error,
-                                retry_in = ?delay, "outbox publish failed; will retry"
-                            );
-                        }
-                        let failure = if dead {
-                            Failure::Dead {
-                                attempts,
-                                error: error.to_string(),
-                            }
-                        } else {
-                            Failure::Retry {
-                                attempts,
-                                delay,
-                                error: error.to_string(),
-                            }
-                        };
-                        settlement.failed.push(FailedEvent {
-                            id: event.id,
-                            failure,
-                            class: failure_class(&error),
-                        });
-                        // The rest of this aggregate waits behind the failed event.
-                        if self.config.ordering
-                            && let Some(queue) = queues.iter_mut().find(|q| {
-                                q.front().is_some_and(|next| {
-                                    next.aggregate_type == event.aggregate_type
-                                        && next.aggregate_id == event.aggregate_id
-                                })
-                            })
-                        {
-                            release(&mut settlement, queue.drain(..));
-                        }
-                    }
-                }
+            let first_failed = settlement.failed.len();
+            let decided =
+                decide::settle_wave(outcomes, outage.is_some(), &policy, &mut waves, settlement);
+            for (event, failed) in decided
+                .failed
+                .iter()
+                .zip(&settlement.failed[first_failed..])
+            {
+                log_failure(event, &failed.failure);
             }
-            if unavailable.is_some() {
-                for queue in &mut queues {
-                    release(&mut settlement, queue.drain(..));
-                }
+            if published.transient_error.is_none() {
+                published.transient_error = decided.transient_error;
+            }
+            if let Some(down) = outage {
+                published.outage = Some(down.reason);
+                waves.release_rest(settlement);
                 break;
             }
         }
-        Published {
-            settlement,
-            transient_error,
-            outage,
+        published
+    }
+}
+
+/// Publish one wave: each event's outcome, in the wave's order for those whose message could be
+/// made, then those whose row can never be published (a permanent failure with the reason).
+async fn publish_wave<'a>(
+    transport: &dyn Transport,
+    wave: Vec<&'a ClaimedEvent>,
+) -> Vec<(&'a ClaimedEvent, Result<(), PublishError>)> {
+    let mut published: Vec<&ClaimedEvent> = Vec::with_capacity(wave.len());
+    let mut messages: Vec<OutgoingMessage> = Vec::with_capacity(wave.len());
+    let mut failed_early = Vec::new();
+    for event in wave {
+        match outgoing(event) {
+            Ok(message) => {
+                published.push(event);
+                messages.push(message);
+            }
+            Err(reason) => failed_early.push((event, Err(PublishError::Permanent(reason)))),
         }
+    }
+    let mut results = Vec::new();
+    if !messages.is_empty() {
+        for message in &messages {
+            tracing::trace!(
+                event_id = %message.event_id, event_type = %message.event_type,
+                aggregate_id = %message.aggregate_id, "publishing"
+            );
+        }
+        let span = tracing::debug_span!(
+            "outbox.publish",
+            transport = transport.name(),
+            messages = messages.len()
+        );
+        results = transport.publish(&messages).instrument(span).await;
+    }
+    let mut results = results.into_iter();
+    let mut outcomes: Vec<_> = published
+        .into_iter()
+        .map(|event| {
+            let result = results.next().unwrap_or_else(|| {
+                Err(PublishError::Rejected(
+                    "transport returned fewer results than messages".into(),
+                ))
+            });
+            (event, result)
+        })
+        .collect();
+    outcomes.extend(failed_early);
+    outcomes
+}
+
+/// Log a failed publish's fate: DEAD at error level, a retry at warn.
+fn log_failure(event: &ClaimedEvent, failure: &Failure) {
+    match failure {
+        Failure::Dead { attempts, error } => tracing::error!(
+            event_id = %event.event_id, event_type = %event.event_type,
+            aggregate_id = %event.aggregate_id, attempts, error = %error,
+            "outbox event is DEAD"
+        ),
+        Failure::Retry {
+            attempts,
+            delay,
+            error,
+        } => tracing::warn!(
+            event_id = %event.event_id, event_type = %event.event_type,
+            aggregate_id = %event.aggregate_id, attempts, error = %error,
+            retry_in = ?delay, "outbox publish failed; will retry"
+        ),
     }
 }
 
@@ -518,18 +461,6 @@ where
     }
 }
 
-pub(super) fn release<'a>(
-    settlement: &mut Settlement,
-    events: impl Iterator<Item = &'a ClaimedEvent>,
-) {
-    for event in events {
-        settlement.released.push(event.id);
-        if event.reclaimed {
-            settlement.released_reclaimed.push(event.id);
-        }
-    }
-}
-
 /// The message of a claimed event, ready to publish. An error means the row itself is broken
 /// (it can never be published): the event goes DEAD with the reason.
 pub(super) fn outgoing(event: &ClaimedEvent) -> Result<OutgoingMessage, String> {
@@ -542,14 +473,4 @@ pub(super) fn outgoing(event: &ClaimedEvent) -> Result<OutgoingMessage, String> 
         body: Bytes::from(envelope.to_json()),
         headers: envelope.transport_headers(),
     })
-}
-
-/// The class a failed publish is stored under.
-pub(super) fn failure_class(error: &PublishError) -> FailureClass {
-    match error {
-        PublishError::Timeout(_) => FailureClass::Timeout,
-        PublishError::Connection(_) => FailureClass::Connection,
-        PublishError::Rejected(_) => FailureClass::Rejected,
-        PublishError::Permanent(_) => FailureClass::Permanent,
-    }
 }

@@ -175,6 +175,27 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// The fate of a failed attempt, the same on both tables: DEAD when the failure can never
+    /// be cured (`permanent`) or `attempts` (this one included) reached `max_attempts`, else
+    /// RETRY after `delay()`.
+    pub fn after(
+        attempts: u32,
+        max_attempts: u32,
+        permanent: bool,
+        delay: impl FnOnce() -> std::time::Duration,
+        error: String,
+    ) -> Failure {
+        if permanent || attempts >= max_attempts {
+            Failure::Dead { attempts, error }
+        } else {
+            Failure::Retry {
+                attempts,
+                delay: delay(),
+                error,
+            }
+        }
+    }
+
     /// Attempts so far.
     pub fn attempts(&self) -> u32 {
         match self {
@@ -273,5 +294,38 @@ impl FailureClass {
 impl std::fmt::Display for FailureClass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Failure;
+
+    #[test]
+    fn the_fate_of_a_failed_attempt() {
+        let second = Duration::from_secs(1);
+        // (attempts, max_attempts, permanent, dead)
+        let cases = [
+            (1, 3, false, false),
+            (2, 3, false, false),
+            (3, 3, false, true),
+            (4, 3, false, true),
+            (1, 3, true, true),
+            (1, 1, false, true),
+            (1, 0, false, true),
+        ];
+        for (attempts, max, permanent, dead) in cases {
+            let failure = Failure::after(attempts, max, permanent, || second, "e".into());
+            assert_eq!(
+                failure.is_dead(),
+                dead,
+                "{attempts}/{max} permanent={permanent}"
+            );
+            assert_eq!(failure.attempts(), attempts);
+            assert_eq!(failure.error(), "e");
+            assert_eq!(failure.due().is_some(), !dead);
+        }
     }
 }
