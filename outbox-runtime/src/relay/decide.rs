@@ -12,6 +12,9 @@ use crate::store::{
 use crate::transport::{PublishError, TransportError};
 use crate::util::backoff::Backoff;
 
+/// One event's publish and its result.
+pub(super) type Outcome<'a> = (&'a ClaimedEvent, Result<(), PublishError>);
+
 /// The settings the decisions read.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Policy {
@@ -110,7 +113,7 @@ pub(super) enum Suspicion {
 }
 
 /// What the outcomes of a wave suspect of the broker.
-pub(super) fn suspicion(outcomes: &[(&ClaimedEvent, Result<(), PublishError>)]) -> Suspicion {
+pub(super) fn suspicion(outcomes: &[Outcome<'_>]) -> Suspicion {
     if let Some(lost) = outcomes.iter().find_map(|(_, r)| match r {
         Err(error @ PublishError::Connection(_)) => Some(error.to_string()),
         _ => None,
@@ -196,7 +199,7 @@ pub(super) struct WaveDecided<'a> {
 /// handed back without an attempt counted. Any other failure counts an attempt (RETRY or DEAD)
 /// and, with ordering, hands back the rest of its aggregate.
 pub(super) fn settle_wave<'a>(
-    outcomes: Vec<(&'a ClaimedEvent, Result<(), PublishError>)>,
+    outcomes: Vec<Outcome<'a>>,
     outage: bool,
     policy: &Policy,
     waves: &mut Waves<'a>,
@@ -344,7 +347,7 @@ mod tests {
         let timeout = || Err(PublishError::Timeout(Duration::from_secs(5)));
         let lost = || Err(PublishError::Connection("reset".into()));
         let rejected = || Err(PublishError::Rejected("no route".into()));
-        let cases: Vec<(Vec<(&ClaimedEvent, Result<(), PublishError>)>, Suspicion)> = vec![
+        let cases: Vec<(Vec<Outcome<'_>>, Suspicion)> = vec![
             (vec![(&a, Ok(())), (&b, Ok(()))], Suspicion::None),
             (vec![(&a, rejected()), (&b, Ok(()))], Suspicion::None),
             (vec![(&a, Ok(())), (&b, timeout())], Suspicion::TimedOut),

@@ -322,7 +322,7 @@ impl Relay {
 async fn publish_wave<'a>(
     transport: &dyn Transport,
     wave: Vec<&'a ClaimedEvent>,
-) -> Vec<(&'a ClaimedEvent, Result<(), PublishError>)> {
+) -> Vec<decide::Outcome<'a>> {
     let mut published: Vec<&ClaimedEvent> = Vec::with_capacity(wave.len());
     let mut messages: Vec<OutgoingMessage> = Vec::with_capacity(wave.len());
     let mut failed_early = Vec::new();
