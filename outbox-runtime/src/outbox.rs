@@ -2,15 +2,12 @@
 
 use std::{
     fmt,
-    sync::{
-        Arc, Mutex, RwLock,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
+    sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
 
 use sea_orm::{ConnectionTrait, DatabaseConnection};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::store::{outbox::FastClaim, relay::ClaimedEvent};
@@ -45,7 +42,7 @@ pub(crate) struct Inner {
     wake: watch::Sender<u64>,
     notify: Option<CrossProcessHint>,
     /// The fast path of the relay running on this handle, if one does.
-    fast: RwLock<Option<Arc<FastPath>>>,
+    fast: RwLock<Option<Arc<dyn Handover>>>,
 }
 
 impl fmt::Debug for Outbox {
@@ -197,14 +194,14 @@ impl Outbox {
     }
 
     /// The relay's fast path, when one runs on this handle and takes events now.
-    pub(crate) fn fast_path(&self) -> Option<Arc<FastPath>> {
+    pub(crate) fn fast_path(&self) -> Option<Arc<dyn Handover>> {
         let slot = self.inner.fast.read().unwrap_or_else(|p| p.into_inner());
         slot.as_ref().filter(|f| f.available()).cloned()
     }
 
     /// Let commits hand their events to `fast`; `false` when another relay's fast path already
     /// runs on this handle.
-    pub(crate) fn install_fast_path(&self, fast: Arc<FastPath>) -> bool {
+    pub(crate) fn install_fast_path(&self, fast: Arc<dyn Handover>) -> bool {
         let mut slot = self.inner.fast.write().unwrap_or_else(|p| p.into_inner());
         if slot.is_some() {
             return false;
@@ -216,7 +213,7 @@ impl Outbox {
     /// Commits stop handing events to the fast path with `token`.
     pub(crate) fn remove_fast_path(&self, token: Uuid) {
         let mut slot = self.inner.fast.write().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_some_and(|f| f.token == token) {
+        if slot.as_ref().is_some_and(|f| f.claim().token == token) {
             *slot = None;
         }
     }
@@ -295,87 +292,18 @@ async fn send_hint(db: DatabaseConnection, sql: String, delay: Duration) {
     }
 }
 
-/// A relay's fast path as commits see it: they write their events already claimed by it (see
-/// `store::outbox::FastClaim`) and, after COMMIT, hand the rows they own over to it.
-#[derive(Debug)]
-pub(crate) struct FastPath {
-    /// Stored in `locked_by`.
-    pub(crate) owner: String,
-    /// The fencing token of every row the fast path owns.
-    pub(crate) token: Uuid,
-    /// How long a commit's rows stay leased to it.
-    pub(crate) lease: Duration,
-    /// The relay keeps per-aggregate order.
-    ordering: bool,
-    handoff: mpsc::UnboundedSender<Handoff>,
-    /// The relay's breaker is open: commits write their events PENDING.
-    broker_down: Arc<AtomicBool>,
-    /// Events handed over and not yet taken up.
-    queued: AtomicUsize,
-    /// Above this many queued events, commits write PENDING and leave them to the relay.
-    max_queued: usize,
-}
+/// Where commits hand over the events they wrote claimed: a relay's fast path (`relay/fast.rs`
+/// owns its state, its lease and its publishing). The producer only asks whether it takes
+/// events now, writes them under its claim, and hands them over after COMMIT.
+pub(crate) trait Handover: Send + Sync {
+    /// Whether it takes a commit's events now; else the commit writes them PENDING, for the
+    /// claim loop.
+    fn available(&self) -> bool;
 
-/// Events a commit owns, handed to the fast path.
-#[derive(Debug)]
-pub(crate) struct Handoff {
-    /// In id order.
-    pub(crate) events: Vec<ClaimedEvent>,
-    /// When the transaction committed, by this process's monotonic clock.
-    pub(crate) committed: Instant,
-}
+    /// The claim a commit's INSERT writes its events under.
+    fn claim(&self) -> FastClaim<'_>;
 
-impl FastPath {
-    /// A fast path and the receiving end of its handoffs.
-    pub(crate) fn new(
-        owner: String,
-        lease: Duration,
-        ordering: bool,
-        broker_down: Arc<AtomicBool>,
-        max_queued: usize,
-    ) -> (Arc<FastPath>, mpsc::UnboundedReceiver<Handoff>) {
-        let (handoff, receiver) = mpsc::unbounded_channel();
-        let fast = FastPath {
-            owner,
-            token: Uuid::new_v4(),
-            lease,
-            ordering,
-            handoff,
-            broker_down,
-            queued: AtomicUsize::new(0),
-            max_queued,
-        };
-        (Arc::new(fast), receiver)
-    }
-
-    fn available(&self) -> bool {
-        !self.broker_down.load(Ordering::Relaxed)
-            && self.queued.load(Ordering::Relaxed) < self.max_queued
-            && !self.handoff.is_closed()
-    }
-
-    /// The claim a commit's INSERT writes.
-    pub(crate) fn claim(&self) -> FastClaim<'_> {
-        FastClaim {
-            owner: &self.owner,
-            token: self.token,
-            lease: self.lease,
-            ordering: self.ordering,
-        }
-    }
-
-    /// Hand committed events over; gives them back when the fast path has stopped.
-    pub(crate) fn hand_over(&self, handoff: Handoff) -> Result<(), Handoff> {
-        let n = handoff.events.len();
-        self.queued.fetch_add(n, Ordering::Relaxed);
-        self.handoff.send(handoff).map_err(|e| {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
-            e.0
-        })
-    }
-
-    /// The fast path took `n` handed-over events up.
-    pub(crate) fn taken(&self, n: usize) {
-        self.queued.fetch_sub(n, Ordering::Relaxed);
-    }
+    /// Take the events a commit wrote claimed, in id order, right after COMMIT. `false` when it
+    /// stopped meanwhile: it hands the rows back to PENDING itself.
+    fn hand_over(&self, db: &DatabaseConnection, events: Vec<ClaimedEvent>) -> bool;
 }

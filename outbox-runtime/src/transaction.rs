@@ -21,7 +21,7 @@ use crate::{
     envelope::{RESERVED_ATTRIBUTES, is_valid_extension_name},
     error::{EnqueueError, OutboxError, TransactionError},
     event::{DomainEvent, EventId},
-    outbox::{Handoff, Outbox},
+    outbox::Outbox,
     store,
     trace::TraceContext,
 };
@@ -458,16 +458,10 @@ impl OutboxTransaction {
         } = self.commit_with(fast.as_ref().map(|f| f.claim())).await?;
         if let Some(fast) = fast
             && !owned.is_empty()
+            && !fast.hand_over(&db, owned)
         {
-            let handoff = Handoff {
-                events: owned,
-                committed: std::time::Instant::now(),
-            };
-            if let Err(handoff) = fast.hand_over(handoff) {
-                // The relay stopped meanwhile: the rows go back to PENDING for the next one.
-                release_owned(db.clone(), fast.token, handoff);
-                outbox.committed(&db);
-            }
+            // The relay stopped meanwhile and hands the rows back to PENDING: wake the next.
+            outbox.committed(&db);
         }
         for f in after_commit {
             f();
@@ -610,23 +604,6 @@ struct Committed {
     /// The events written claimed by the fast path, in id order.
     owned: Vec<store::relay::ClaimedEvent>,
     after_commit: Vec<AfterCommit>,
-}
-
-/// Hand rows a stopped fast path owns back as PENDING (fenced by its token), on a task of their
-/// own. If this fails too, the relay takes them over when their lease ends.
-fn release_owned(db: DatabaseConnection, token: Uuid, handoff: Handoff) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let settlement = store::relay::Settlement {
-        released: handoff.events.iter().map(|e| e.id).collect(),
-        ..Default::default()
-    };
-    runtime.spawn(async move {
-        if let Err(e) = store::relay::settle(&db, store::relay::Fence::Claim(token), &settlement).await {
-            tracing::debug!(error = %e, "handing fast-path events back failed; the relay takes them over after their lease");
-        }
-    });
 }
 
 fn check_key(value: &str) -> Result<(), String> {

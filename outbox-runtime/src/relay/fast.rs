@@ -20,17 +20,140 @@
 //!
 //! [`RelayConfig::fast_path_lease`]: super::RelayConfig::fast_path_lease
 
-use std::sync::Arc;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
+use sea_orm::DatabaseConnection;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use super::{Publisher, Relay, RoundReport};
 use crate::{
-    outbox::{FastPath, Handoff, Outbox},
-    store::{self, relay::Claim},
+    outbox::{Handover, Outbox},
+    store::{
+        self,
+        outbox::FastClaim,
+        relay::{Claim, ClaimedEvent, Fence, Settlement},
+    },
     transport::Transport,
 };
+
+/// A relay's fast path: commits through its outbox handle write their events already claimed
+/// by it (see `store::outbox::FastClaim`) and, after COMMIT, hand the rows they own over to it
+/// (the [`Handover`] the handle holds).
+#[derive(Debug)]
+pub(super) struct FastPath {
+    /// Stored in `locked_by`.
+    owner: String,
+    /// The fencing token of every row the fast path owns.
+    token: Uuid,
+    /// How long a commit's rows stay leased to it.
+    lease: Duration,
+    /// The relay keeps per-aggregate order.
+    ordering: bool,
+    handoff: mpsc::UnboundedSender<Handoff>,
+    /// The relay's breaker is open: commits write their events PENDING.
+    broker_down: Arc<AtomicBool>,
+    /// Events handed over and not yet taken up.
+    queued: AtomicUsize,
+    /// Above this many queued events, commits write PENDING and leave them to the relay.
+    max_queued: usize,
+}
+
+/// Events a commit owns, handed to the fast path.
+#[derive(Debug)]
+pub(super) struct Handoff {
+    /// In id order.
+    events: Vec<ClaimedEvent>,
+    /// When the transaction committed, by this process's monotonic clock.
+    committed: Instant,
+}
+
+impl FastPath {
+    /// A fast path and the receiving end of its handoffs.
+    fn new(
+        owner: String,
+        lease: Duration,
+        ordering: bool,
+        broker_down: Arc<AtomicBool>,
+        max_queued: usize,
+    ) -> (Arc<FastPath>, mpsc::UnboundedReceiver<Handoff>) {
+        let (handoff, receiver) = mpsc::unbounded_channel();
+        let fast = FastPath {
+            owner,
+            token: Uuid::new_v4(),
+            lease,
+            ordering,
+            handoff,
+            broker_down,
+            queued: AtomicUsize::new(0),
+            max_queued,
+        };
+        (Arc::new(fast), receiver)
+    }
+
+    /// The fast path took `n` handed-over events up.
+    fn taken(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+impl Handover for FastPath {
+    fn available(&self) -> bool {
+        !self.broker_down.load(Ordering::Relaxed)
+            && self.queued.load(Ordering::Relaxed) < self.max_queued
+            && !self.handoff.is_closed()
+    }
+
+    fn claim(&self) -> FastClaim<'_> {
+        FastClaim {
+            owner: &self.owner,
+            token: self.token,
+            lease: self.lease,
+            ordering: self.ordering,
+        }
+    }
+
+    fn hand_over(&self, db: &DatabaseConnection, events: Vec<ClaimedEvent>) -> bool {
+        let n = events.len();
+        self.queued.fetch_add(n, Ordering::Relaxed);
+        let handoff = Handoff {
+            events,
+            committed: Instant::now(),
+        };
+        match self.handoff.send(handoff) {
+            Ok(()) => true,
+            Err(stopped) => {
+                self.queued.fetch_sub(n, Ordering::Relaxed);
+                release_stopped(db.clone(), self.token, stopped.0);
+                false
+            }
+        }
+    }
+}
+
+/// Hand rows a stopped fast path owns back as PENDING (fenced by its token), on a task of their
+/// own. If this fails too, the relay takes them over when their lease ends.
+fn release_stopped(db: DatabaseConnection, token: Uuid, handoff: Handoff) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let settlement = Settlement {
+        released: handoff.events.iter().map(|e| e.id).collect(),
+        ..Default::default()
+    };
+    runtime.spawn(async move {
+        if let Err(e) = store::relay::settle(&db, Fence::Claim(token), &settlement).await {
+            tracing::debug!(error = %e, "handing fast-path events back failed; the relay takes them over after their lease");
+        }
+    });
+}
 
 /// Events that may wait for the fast path, in batches: beyond, commits leave theirs to the
 /// claim loop.
@@ -55,7 +178,7 @@ impl Relay {
             self.broker.down_flag(),
             self.config.batch_size.max(1) * QUEUED_BATCHES,
         );
-        if !outbox.install_fast_path(fast.clone()) {
+        if !outbox.install_fast_path(fast.clone() as Arc<dyn Handover>) {
             tracing::info!(
                 relay = %self.config.relay_id,
                 "another relay's fast path runs on this outbox handle; this relay only claims"
