@@ -61,14 +61,53 @@ pub const ALL: [&str; 11] = [
     JANITOR_BETWEEN_BATCHES,
 ];
 
-/// The error a `return` failpoint makes the SDK see.
+/// What a `return` failpoint fired: a type of this module's own, so that no error a database or
+/// driver returns can pass for it, whatever its message says.
+#[derive(Debug, thiserror::Error)]
+#[error("failpoint {0} fired")]
+struct Injected(String);
+
+/// The error a `return` failpoint makes the SDK see: a database error carrying [`Injected`].
 pub(crate) fn injected(name: &str) -> sea_orm::DbErr {
-    sea_orm::DbErr::Custom(format!("{INJECTED}{name} fired"))
+    sea_orm::DbErr::TryIntoErr {
+        from: "failpoint",
+        into: "crash",
+        source: std::sync::Arc::new(Injected(name.to_owned())),
+    }
 }
 
 /// Whether `err` came from a `return` failpoint: the process "died", so nothing more is done.
 pub(crate) fn is_injected(err: &sea_orm::DbErr) -> bool {
-    matches!(err, sea_orm::DbErr::Custom(text) if text.starts_with(INJECTED))
+    matches!(err, sea_orm::DbErr::TryIntoErr { source, .. } if source.downcast_ref::<Injected>().is_some())
 }
 
-const INJECTED: &str = "failpoint ";
+#[cfg(test)]
+mod tests {
+    use sea_orm::DbErr;
+
+    use super::{RELAY_AFTER_CLAIM, injected, is_injected};
+
+    #[test]
+    fn only_a_fired_failpoint_is_injected() {
+        let fired = injected(RELAY_AFTER_CLAIM);
+        assert!(is_injected(&fired));
+        assert!(
+            fired
+                .to_string()
+                .contains("outbox::relay::after_claim fired"),
+            "{fired}"
+        );
+        // Errors that say the same words are not.
+        for imitation in [
+            DbErr::Custom(format!("failpoint {RELAY_AFTER_CLAIM} fired")),
+            DbErr::Custom(fired.to_string()),
+            DbErr::TryIntoErr {
+                from: "failpoint",
+                into: "crash",
+                source: std::sync::Arc::new(std::io::Error::other("failpoint fired")),
+            },
+        ] {
+            assert!(!is_injected(&imitation), "{imitation}");
+        }
+    }
+}
