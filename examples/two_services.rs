@@ -169,7 +169,7 @@ async fn producer() -> Result<(), Box<dyn std::error::Error>> {
     create_table(&db, example_order::Entity).await?;
     let runtime = Runtime::builder(db.clone())
         .source("order-service")
-        .transport_arc(transport)
+        .transport(transport)
         .consumers(Vec::<String>::new()) // this process only produces
         .start()
         .await?;
@@ -219,7 +219,7 @@ async fn consumer(wanted: u64) -> Result<(), Box<dyn std::error::Error>> {
     create_table(&db, example_reservation::Entity).await?;
     let runtime = Runtime::builder(db)
         .source("inventory-service")
-        .transport_arc(transport)
+        .transport(transport)
         .without_relay() // this process only consumes
         .expect_consumers(["inventory-example"])
         .start()

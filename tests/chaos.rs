@@ -829,7 +829,7 @@ async fn consume(dir: &Path) -> Result<(), BoxError> {
     };
     let runtime = Runtime::builder(db)
         .source("chaos-consumers")
-        .transport_arc(transport)
+        .transport(transport)
         .without_relay()
         // The relays run the janitor, with their short policy: one policy per database.
         .retention(None, Duration::from_secs(60))

@@ -274,7 +274,7 @@ pub(crate) async fn p4(ctx: &Ctx, consumer: &str, concurrency: usize) -> Result<
 
     let runtime = Runtime::builder(ctx.db.clone())
         .source("bench-p4")
-        .transport_arc(target)
+        .transport(target)
         .without_relay()
         .inbox_config(InboxConfig {
             concurrency,

@@ -225,7 +225,7 @@ async fn measure(
         Mode::ConsumerOnly => {
             let runtime = Runtime::builder(ctx.db.clone())
                 .source("bench-p3")
-                .transport_arc(transport.clone())
+                .transport(transport.clone())
                 .without_relay()
                 .consumers([CONSUMER])
                 .expect_consumers([CONSUMER])
@@ -240,7 +240,7 @@ async fn measure(
             let consumer = raw_consumer(ctx, &transport, seen.clone()).await?;
             let runtime = Runtime::builder(ctx.db.clone())
                 .source("bench-p3")
-                .transport_arc(transport.clone())
+                .transport(transport.clone())
                 .consumers(Vec::<String>::new())
                 .start()
                 .await?;
@@ -281,7 +281,7 @@ async fn measure(
             };
             let builder = Runtime::builder(ctx.db.clone())
                 .source("bench-p3")
-                .transport_arc(transport.clone())
+                .transport(transport.clone())
                 .relay_config(relay)
                 .consumers([CONSUMER])
                 .expect_consumers([CONSUMER]);

@@ -67,7 +67,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
 
     let runtime = Runtime::builder(ctx.db.clone())
         .source("bench-p4")
-        .transport_arc(transport.clone())
+        .transport(transport.clone())
         .without_relay()
         .inbox_config(InboxConfig {
             concurrency: CONCURRENCY,

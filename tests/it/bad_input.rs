@@ -654,7 +654,7 @@ impl Broker {
 
 async fn corpus_through(broker: Broker, t: TestDb) {
     let runtime = Runtime::builder(t.db.clone())
-        .transport_arc(broker.transport())
+        .transport(broker.transport())
         .without_relay()
         .consumers(CONSUMERS)
         .expect_consumers(CONSUMERS)
@@ -1289,7 +1289,7 @@ async fn oversized_event_is_dead_at_once(
 ) {
     let runtime = Runtime::builder(t.db.clone())
         .outbox(&outbox)
-        .transport_arc(transport)
+        .transport(transport)
         .consumers([INLINE])
         .relay_config(relay_config())
         .inbox_config(inbox_config())

@@ -415,7 +415,7 @@ async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
         });
     }
     if let Some(transport) = &setup.transport {
-        builder = builder.transport_arc(transport.clone());
+        builder = builder.transport(transport.clone());
     }
     builder.start().await.unwrap()
 }

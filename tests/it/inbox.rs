@@ -863,3 +863,41 @@ async fn start_fails_for_a_missing_expected_consumer() {
         "{text}"
     );
 }
+
+/// A setting that cannot apply is refused at start, not ignored: a `source` beside an outbox
+/// handle, which has its own.
+#[tokio::test]
+async fn a_source_beside_an_outbox_handle_is_refused() {
+    let Some(t) = test_db(Backend::SqliteMemory, "inbox_source_and_outbox").await else {
+        return;
+    };
+    let outbox = Outbox::new("order-service");
+    let refused = Runtime::builder(t.db.clone())
+        .outbox(&outbox)
+        .source("billing-service")
+        .consumers(Vec::<String>::new())
+        .start()
+        .await
+        .expect_err("a source beside an outbox handle");
+    let message = refused.to_string();
+    assert!(
+        matches!(refused, outbox::RuntimeError::Settings(_)),
+        "{refused:?}"
+    );
+    assert!(
+        message.contains("billing-service") && message.contains("order-service"),
+        "{message}"
+    );
+    // Either alone starts.
+    for builder in [
+        Runtime::builder(t.db.clone()).outbox(&outbox),
+        Runtime::builder(t.db.clone()).source("billing-service"),
+    ] {
+        let runtime = builder
+            .consumers(Vec::<String>::new())
+            .start()
+            .await
+            .unwrap();
+        runtime.shutdown().await;
+    }
+}

@@ -257,7 +257,7 @@ async fn survives_a_20s_broker_outage(
     let runtime = Runtime::builder(t.db.clone())
         .source("outages")
         .consumers([consumer])
-        .transport_arc(transport)
+        .transport(transport)
         .relay_config(relay_config())
         .inbox_config(inbox_config())
         .metrics_interval(Some(Duration::from_millis(100)))
@@ -573,7 +573,7 @@ fn runtime_survives_its_postgres_connections_being_killed() {
         let runtime = Runtime::builder(runtime_db)
             .source("outages")
             .consumers(["pg-kill"])
-            .transport_arc(Arc::new(nats.0.clone()))
+            .transport(Arc::new(nats.0.clone()))
             .relay_config(RelayConfig {
                 // A claim whose write-back was cut off is taken over soon.
                 lease: Duration::from_secs(3),

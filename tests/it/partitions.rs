@@ -140,7 +140,7 @@ async fn survives_a_silent_partition(broker: Broker, consumer: &'static str, tes
     let runtime = Runtime::builder(t.db.clone())
         .source("partitions")
         .consumers([consumer])
-        .transport_arc(transport)
+        .transport(transport)
         .relay_config(relay_config())
         .inbox_config(inbox_config())
         .start()

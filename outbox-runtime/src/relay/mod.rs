@@ -56,7 +56,10 @@ use crate::{
         claim::ClaimParams,
         relay::{Claim, ClaimedEvent, Settlement},
     },
-    transport::{OutgoingMessage, PublishError, Transport, TransportError, local::LocalDelivery},
+    transport::{
+        IntoTransport, OutgoingMessage, PublishError, Transport, TransportError,
+        local::LocalDelivery,
+    },
 };
 
 pub use crate::util::backoff::Backoff;
@@ -127,12 +130,13 @@ impl fmt::Debug for Relay {
 }
 
 impl Relay {
-    /// A relay over `db` publishing to `transport`, with default settings.
-    pub fn new(db: DatabaseConnection, transport: Arc<dyn Transport>) -> Self {
+    /// A relay over `db` publishing to `transport` (by value or in an `Arc`), with default
+    /// settings.
+    pub fn new(db: DatabaseConnection, transport: impl IntoTransport) -> Self {
         let stats = Arc::<RelayStats>::default();
         Relay {
             db,
-            sink: Sink::Broker(transport),
+            sink: Sink::Broker(transport.into_transport()),
             config: RelayConfig::default(),
             outbox: None,
             stats: stats.clone(),

@@ -26,6 +26,8 @@
 
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
+mod start;
+
 use sea_orm::DatabaseConnection;
 use tokio::{sync::Notify, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -40,7 +42,7 @@ use crate::{
     outbox::Outbox,
     registry::{EventCatalogue, RegistryError},
     relay::{Relay, RelayConfig, RelayStats, RelayStatsSnapshot},
-    transport::{Transport, local::LocalDelivery},
+    transport::{IntoTransport, Transport, local::LocalDelivery},
 };
 
 /// Why the runtime did not start.
@@ -81,6 +83,9 @@ pub enum RuntimeError {
     /// The retention policy would purge inbox rows a redelivery could still need.
     #[error("retention: {0}")]
     Retention(crate::retention::RetentionError),
+    /// A setting was given that cannot apply (each says which and why).
+    #[error("runtime settings: {0}")]
+    Settings(String),
 }
 
 impl Default for Janitor {
@@ -253,21 +258,17 @@ impl RuntimeBuilder {
     }
 
     /// The service's CloudEvents `source`, when the runtime creates the outbox handle.
-    /// Default `outbox`.
+    /// Default `outbox`. Given together with [`outbox`](Self::outbox), whose handle has its
+    /// source already, [`start`](Self::start) refuses both with [`RuntimeError::Settings`].
     pub fn source(mut self, source: impl Into<String>) -> Self {
         self.source = Some(source.into());
         self
     }
 
-    /// Publish to and consume from a broker. Without one, the database-local transport is used.
-    pub fn transport(mut self, transport: impl Transport) -> Self {
-        self.transport = Some(Arc::new(transport));
-        self
-    }
-
-    /// Like [`transport`](Self::transport), for a shared transport.
-    pub fn transport_arc(mut self, transport: Arc<dyn Transport>) -> Self {
-        self.transport = Some(transport);
+    /// Publish to and consume from a broker (a transport by value or in an `Arc`). Without
+    /// one, the database-local transport is used.
+    pub fn transport(mut self, transport: impl IntoTransport) -> Self {
+        self.transport = Some(transport.into_transport());
         self
     }
 
@@ -359,201 +360,6 @@ impl RuntimeBuilder {
             janitor.manual_window = manual_window;
         }
         self
-    }
-
-    /// Check the catalogues, set up the transport, and start every loop.
-    pub async fn start(self) -> Result<Runtime, RuntimeError> {
-        crate::metrics::describe();
-        if let Some(janitor) = &self.retention {
-            let relay = self.relay.clone().unwrap_or_default();
-            let horizon = crate::retention::redelivery_horizon(
-                janitor.broker_window,
-                &relay,
-                janitor.manual_window,
-            );
-            janitor
-                .policy
-                .validate(horizon)
-                .map_err(RuntimeError::Retention)?;
-        }
-        let catalogue = EventCatalogue::load().map_err(RuntimeError::Registry)?;
-        catalogue.log();
-        let mut by_consumer = handlers()?;
-        let found = by_consumer.keys().copied().collect::<Vec<_>>().join(", ");
-        for name in &self.expected {
-            if !by_consumer.contains_key(name.as_str()) {
-                return Err(RuntimeError::MissingConsumer(name.clone(), found));
-            }
-        }
-        if let Some(only) = &self.consumers {
-            by_consumer.retain(|name, _| only.iter().any(|o| o == name));
-        }
-        check_upcasters(&by_consumer)?;
-        for (consumer, regs) in &by_consumer {
-            for reg in regs {
-                tracing::info!(
-                    consumer, event_type = reg.event_type, version = reg.schema_version,
-                    source = reg.source.unwrap_or(""), handler = %reg.location(), "inbox handler"
-                );
-            }
-        }
-
-        let outbox = self.outbox.unwrap_or_else(|| {
-            Outbox::new(self.source.clone().unwrap_or_else(|| "outbox".to_owned()))
-        });
-        if let Some(transport) = &self.transport {
-            transport.setup().await?;
-        }
-        let shutdown = CancellationToken::new();
-        let mut tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)> = Vec::new();
-        let mut consumers: BTreeMap<&'static str, Arc<ConsumerStats>> = BTreeMap::new();
-        let mut relay_stats = None;
-        let worker_id = self
-            .relay
-            .as_ref()
-            .map(|r| r.relay_id.clone())
-            .unwrap_or_else(|| RelayConfig::default().relay_id);
-
-        let mut wakes: BTreeMap<&'static str, Arc<Notify>> = BTreeMap::new();
-        for (name, regs) in &by_consumer {
-            let wake = Arc::new(Notify::new());
-            wakes.insert(name, wake.clone());
-            let consumer = Arc::new(Consumer::new(
-                name,
-                regs,
-                self.inbox.clone(),
-                self.db.clone(),
-                outbox.clone(),
-                wake,
-                format!("{worker_id}/{name}"),
-            ));
-            consumers.insert(name, consumer.stats.clone());
-            if let Some(transport) = self.transport.as_ref().filter(|_| consumer.takes_events()) {
-                let health = Arc::new(LoopHealth::new(format!("dispatch:{name}")));
-                let task = tokio::spawn({
-                    let consumer = consumer.clone();
-                    let transport = transport.clone();
-                    let shutdown = shutdown.clone();
-                    let health = health.clone();
-                    async move {
-                        consumer
-                            .run_dispatcher(transport, shutdown, health.clone())
-                            .await;
-                        health.stopped();
-                    }
-                });
-                tasks.push((health, task));
-            }
-            let health = Arc::new(LoopHealth::new(format!("worker:{name}")));
-            let task = tokio::spawn({
-                let shutdown = shutdown.clone();
-                let health = health.clone();
-                async move {
-                    consumer.run_worker(shutdown, health.clone()).await;
-                    health.stopped();
-                }
-            });
-            tasks.push((health, task));
-        }
-
-        if let Some(config) = self.relay {
-            let relay = match &self.transport {
-                Some(transport) => Relay::new(self.db.clone(), transport.clone()),
-                None => {
-                    let delivery = LocalDelivery::for_subscriptions(by_consumer.iter().flat_map(
-                        |(name, regs)| {
-                            regs.iter()
-                                .filter(|reg| reg.source.is_none())
-                                .map(|reg| (*name, reg.event_type))
-                        },
-                    ));
-                    tasks.push(
-                        delivery.spawn_fan_out(wakes.values().cloned().collect(), shutdown.clone()),
-                    );
-                    Relay::local(self.db.clone(), delivery)
-                }
-            }
-            .with_config(config)
-            .with_outbox(&outbox);
-            #[cfg(feature = "postgres-wal")]
-            let relay = match self.wal.clone() {
-                Some(wal) => relay.with_wal(wal),
-                None => relay,
-            };
-            relay_stats = Some(relay.stats_handle());
-            let health = Arc::new(LoopHealth::new("relay".into()));
-            let task = tokio::spawn({
-                let shutdown = shutdown.clone();
-                let health = health.clone();
-                async move {
-                    if let Err(e) = relay.run_with_health(shutdown, &health).await {
-                        health.failure(&e.to_string());
-                        tracing::error!(error = %e, "outbox relay stopped with an error");
-                    }
-                    health.stopped();
-                }
-            });
-            tasks.push((health, task));
-        }
-        if let Some(janitor) = self.retention.clone() {
-            let health = Arc::new(LoopHealth::new("janitor".into()));
-            let task = tokio::spawn({
-                let db = self.db.clone();
-                let shutdown = shutdown.clone();
-                let health = health.clone();
-                let instance = format!("{worker_id}/janitor");
-                async move {
-                    run_janitor(db, janitor, instance, shutdown, &health).await;
-                    health.stopped();
-                }
-            });
-            tasks.push((health, task));
-        }
-        if let Some(interval) = self.metrics_interval {
-            let health = Arc::new(LoopHealth::new("metrics".into()));
-            let task = tokio::spawn({
-                let db = self.db.clone();
-                let shutdown = shutdown.clone();
-                let health = health.clone();
-                async move {
-                    let mut failures = 0;
-                    loop {
-                        match crate::metrics::sample(&db).await {
-                            Ok(()) => {
-                                failures = 0;
-                                health.success();
-                            }
-                            Err(e) => {
-                                failures += 1;
-                                health.failure(&e.to_string());
-                            }
-                        }
-                        tokio::select! {
-                            _ = shutdown.cancelled() => break,
-                            _ = tokio::time::sleep(pause_after(interval, failures)) => {}
-                        }
-                    }
-                    health.stopped();
-                }
-            });
-            tasks.push((health, task));
-        }
-        tracing::info!(
-            consumers = by_consumer.len(),
-            transport = self
-                .transport
-                .as_ref()
-                .map_or("database-local", |t| t.name()),
-            "outbox runtime started"
-        );
-        Ok(Runtime {
-            external: ExternalInbox::with_wakes(self.db.clone(), wakes),
-            outbox,
-            shutdown,
-            tasks,
-            consumers,
-            relay_stats,
-        })
     }
 }
 

@@ -286,6 +286,31 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     async fn health(&self) -> Result<(), TransportError>;
 }
 
+/// What a relay or a runtime takes as its transport: one by value (`NatsTransport`), or one
+/// shared in an `Arc` (`Arc<NatsTransport>`, `Arc<dyn Transport>`).
+pub trait IntoTransport {
+    /// The transport, shared.
+    fn into_transport(self) -> std::sync::Arc<dyn Transport>;
+}
+
+impl<T: Transport> IntoTransport for T {
+    fn into_transport(self) -> std::sync::Arc<dyn Transport> {
+        std::sync::Arc::new(self)
+    }
+}
+
+impl<T: Transport> IntoTransport for std::sync::Arc<T> {
+    fn into_transport(self) -> std::sync::Arc<dyn Transport> {
+        self
+    }
+}
+
+impl IntoTransport for std::sync::Arc<dyn Transport> {
+    fn into_transport(self) -> std::sync::Arc<dyn Transport> {
+        self
+    }
+}
+
 /// Deliveries of one subscription.
 #[async_trait::async_trait]
 pub trait Subscription: Send + fmt::Debug {

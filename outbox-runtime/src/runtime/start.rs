@@ -1,0 +1,253 @@
+//! Starting the runtime: check the settings and the catalogues, then spawn each loop (a
+//! dispatcher and a worker per consumer, the relay, the janitor, the metrics sampler) under one
+//! cancellation token.
+
+use super::*;
+
+/// The consumers to run, each with its handlers.
+type ByConsumer = BTreeMap<&'static str, Vec<&'static HandlerRegistration>>;
+
+/// The loops being started, each with its health.
+struct Loops {
+    shutdown: CancellationToken,
+    tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)>,
+}
+
+impl Loops {
+    /// Spawn the loop `name`, which reports to its health and is marked stopped when it ends.
+    fn spawn<F, Fut>(&mut self, name: String, run: F)
+    where
+        F: FnOnce(CancellationToken, Arc<LoopHealth>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let health = Arc::new(LoopHealth::new(name));
+        let task = run(self.shutdown.clone(), health.clone());
+        let stopped = health.clone();
+        let task = tokio::spawn(async move {
+            task.await;
+            stopped.stopped();
+        });
+        self.tasks.push((health, task));
+    }
+}
+
+impl RuntimeBuilder {
+    /// Check the settings and the catalogues, set up the transport, and start every loop.
+    pub async fn start(self) -> Result<Runtime, RuntimeError> {
+        crate::metrics::describe();
+        self.check_settings()?;
+        let by_consumer = self.consumers_to_run()?;
+        let outbox = match (&self.outbox, &self.source) {
+            (Some(outbox), _) => outbox.clone(),
+            (None, source) => Outbox::new(source.clone().unwrap_or_else(|| "outbox".to_owned())),
+        };
+        if let Some(transport) = &self.transport {
+            transport.setup().await?;
+        }
+        let mut loops = Loops {
+            shutdown: CancellationToken::new(),
+            tasks: Vec::new(),
+        };
+        let worker_id = self
+            .relay
+            .as_ref()
+            .map(|r| r.relay_id.clone())
+            .unwrap_or_else(|| RelayConfig::default().relay_id);
+        let (consumers, wakes) =
+            self.start_consumers(&by_consumer, &outbox, &worker_id, &mut loops);
+        let relay_stats = self.start_relay(&by_consumer, &outbox, &wakes, &mut loops);
+        self.start_janitor(&worker_id, &mut loops);
+        self.start_sampler(&mut loops);
+        tracing::info!(
+            consumers = by_consumer.len(),
+            transport = self
+                .transport
+                .as_ref()
+                .map_or("database-local", |t| t.name()),
+            "outbox runtime started"
+        );
+        Ok(Runtime {
+            external: ExternalInbox::with_wakes(self.db.clone(), wakes),
+            outbox,
+            shutdown: loops.shutdown,
+            tasks: loops.tasks,
+            consumers,
+            relay_stats,
+        })
+    }
+
+    /// Settings that cannot apply together, and a retention policy that would purge inbox rows
+    /// a redelivery could still need.
+    fn check_settings(&self) -> Result<(), RuntimeError> {
+        if let (Some(outbox), Some(source)) = (&self.outbox, &self.source) {
+            return Err(RuntimeError::Settings(format!(
+                "`source(\"{source}\")` cannot apply: the outbox handle given with `outbox()` has \
+                 its own source (`{}`); set the source where the handle is built",
+                outbox.source()
+            )));
+        }
+        if let Some(janitor) = &self.retention {
+            let relay = self.relay.clone().unwrap_or_default();
+            let horizon = crate::retention::redelivery_horizon(
+                janitor.broker_window,
+                &relay,
+                janitor.manual_window,
+            );
+            janitor
+                .policy
+                .validate(horizon)
+                .map_err(RuntimeError::Retention)?;
+        }
+        Ok(())
+    }
+
+    /// The handlers linked in, by consumer, checked (the event catalogue, the consumers
+    /// expected, the upcasters) and narrowed to the consumers this process runs.
+    fn consumers_to_run(&self) -> Result<ByConsumer, RuntimeError> {
+        let catalogue = EventCatalogue::load().map_err(RuntimeError::Registry)?;
+        catalogue.log();
+        let mut by_consumer = handlers()?;
+        let found = by_consumer.keys().copied().collect::<Vec<_>>().join(", ");
+        for name in &self.expected {
+            if !by_consumer.contains_key(name.as_str()) {
+                return Err(RuntimeError::MissingConsumer(name.clone(), found));
+            }
+        }
+        if let Some(only) = &self.consumers {
+            by_consumer.retain(|name, _| only.iter().any(|o| o == name));
+        }
+        check_upcasters(&by_consumer)?;
+        for (consumer, regs) in &by_consumer {
+            for reg in regs {
+                tracing::info!(
+                    consumer, event_type = reg.event_type, version = reg.schema_version,
+                    source = reg.source.unwrap_or(""), handler = %reg.location(), "inbox handler"
+                );
+            }
+        }
+        Ok(by_consumer)
+    }
+
+    /// A worker per consumer, and a dispatcher for each that takes events from the broker.
+    /// Returns the consumers' counters and the signals that wake their workers.
+    #[allow(clippy::type_complexity)]
+    fn start_consumers(
+        &self,
+        by_consumer: &ByConsumer,
+        outbox: &Outbox,
+        worker_id: &str,
+        loops: &mut Loops,
+    ) -> (
+        BTreeMap<&'static str, Arc<ConsumerStats>>,
+        BTreeMap<&'static str, Arc<Notify>>,
+    ) {
+        let mut consumers = BTreeMap::new();
+        let mut wakes = BTreeMap::new();
+        for (name, regs) in by_consumer {
+            let wake = Arc::new(Notify::new());
+            wakes.insert(*name, wake.clone());
+            let consumer = Arc::new(Consumer::new(
+                name,
+                regs,
+                self.inbox.clone(),
+                self.db.clone(),
+                outbox.clone(),
+                wake,
+                format!("{worker_id}/{name}"),
+            ));
+            consumers.insert(*name, consumer.stats.clone());
+            if let Some(transport) = self.transport.as_ref().filter(|_| consumer.takes_events()) {
+                let (consumer, transport) = (consumer.clone(), transport.clone());
+                loops.spawn(format!("dispatch:{name}"), |shutdown, health| async move {
+                    consumer.run_dispatcher(transport, shutdown, health).await;
+                });
+            }
+            loops.spawn(format!("worker:{name}"), |shutdown, health| async move {
+                consumer.run_worker(shutdown, health).await;
+            });
+        }
+        (consumers, wakes)
+    }
+
+    /// The relay, unless this process runs none: to the broker, or without one to the local
+    /// consumers' inbox rows (with the fan-out that wakes their workers).
+    fn start_relay(
+        &self,
+        by_consumer: &ByConsumer,
+        outbox: &Outbox,
+        wakes: &BTreeMap<&'static str, Arc<Notify>>,
+        loops: &mut Loops,
+    ) -> Option<Arc<RelayStats>> {
+        let config = self.relay.clone()?;
+        let relay = match &self.transport {
+            Some(transport) => Relay::new(self.db.clone(), transport.clone()),
+            None => {
+                let delivery = LocalDelivery::for_subscriptions(by_consumer.iter().flat_map(
+                    |(name, regs)| {
+                        regs.iter()
+                            .filter(|reg| reg.source.is_none())
+                            .map(|reg| (*name, reg.event_type))
+                    },
+                ));
+                loops.tasks.push(
+                    delivery
+                        .spawn_fan_out(wakes.values().cloned().collect(), loops.shutdown.clone()),
+                );
+                Relay::local(self.db.clone(), delivery)
+            }
+        }
+        .with_config(config)
+        .with_outbox(outbox);
+        #[cfg(feature = "postgres-wal")]
+        let relay = match self.wal.clone() {
+            Some(wal) => relay.with_wal(wal),
+            None => relay,
+        };
+        let stats = relay.stats_handle();
+        loops.spawn("relay".into(), |shutdown, health| async move {
+            if let Err(e) = relay.run_with_health(shutdown, &health).await {
+                health.failure(&e.to_string());
+                tracing::error!(error = %e, "outbox relay stopped with an error");
+            }
+        });
+        Some(stats)
+    }
+
+    /// The retention janitor, when retention is on.
+    fn start_janitor(&self, worker_id: &str, loops: &mut Loops) {
+        let Some(janitor) = self.retention.clone() else {
+            return;
+        };
+        let (db, instance) = (self.db.clone(), format!("{worker_id}/janitor"));
+        loops.spawn("janitor".into(), |shutdown, health| async move {
+            run_janitor(db, janitor, instance, shutdown, &health).await;
+        });
+    }
+
+    /// The loop that samples the backlog's gauges, when metrics are on.
+    fn start_sampler(&self, loops: &mut Loops) {
+        let Some(interval) = self.metrics_interval else {
+            return;
+        };
+        let db = self.db.clone();
+        loops.spawn("metrics".into(), |shutdown, health| async move {
+            let mut failures = 0;
+            loop {
+                match crate::metrics::sample(&db).await {
+                    Ok(()) => {
+                        failures = 0;
+                        health.success();
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        health.failure(&e.to_string());
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(pause_after(interval, failures)) => {}
+                }
+            }
+        });
+    }
+}
