@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{Publisher, Relay, RoundReport};
+use super::{Relay, RoundReport, Source};
 use crate::{
     outbox::{Handover, Outbox},
     store::{
@@ -270,7 +270,7 @@ impl Relay {
                 report,
                 batch.committed,
                 shutdown,
-                Publisher::FastPath,
+                Source::FastPath,
             )
             .await
         {

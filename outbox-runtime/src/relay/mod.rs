@@ -75,7 +75,7 @@ mod wal;
 mod watch;
 
 pub use config::{RelayConfig, RelayError};
-use publish::{Claimed, InFlight, Publisher, Round};
+use publish::{Claimed, InFlight, Round, Source};
 pub use stats::{RelayStats, RelayStatsSnapshot, RoundReport};
 
 #[cfg(feature = "postgres-wal")]

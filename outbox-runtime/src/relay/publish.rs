@@ -119,33 +119,18 @@ impl Relay {
         mut report: RoundReport,
         claimed: Instant,
         shutdown: &CancellationToken,
-        by: Publisher,
+        source: Source,
     ) -> Result<Round, RelayError> {
-        match by {
-            Publisher::Relay => {
-                failpoint!(error crate::failpoints::RELAY_AFTER_CLAIM);
-            }
-            Publisher::FastPath => {
-                failpoint!(error crate::failpoints::FAST_PATH_AFTER_COMMIT);
-            }
-            Publisher::Wal => {}
+        #[cfg(feature = "failpoints")]
+        if let Some(name) = source.failpoint_before_publish() {
+            failpoint!(error name);
         }
         let Published {
             settlement,
             transient_error,
             outage,
         } = self.publish(transport, &claim, shutdown).await;
-        match by {
-            Publisher::Relay => {
-                failpoint!(error crate::failpoints::RELAY_AFTER_PUBLISH);
-            }
-            Publisher::FastPath => {
-                failpoint!(error crate::failpoints::FAST_PATH_AFTER_PUBLISH);
-            }
-            Publisher::Wal => {
-                failpoint!(error crate::failpoints::WAL_AFTER_PUBLISH);
-            }
-        }
+        failpoint!(error source.failpoint_after_publish());
         if !settlement.sent.is_empty() {
             self.broker.confirmed();
         }
@@ -153,10 +138,7 @@ impl Relay {
             self.broker.held_back(&settlement.released);
             crate::metrics::held_back(transport.name(), settlement.released.len());
         }
-        let fence = match by {
-            Publisher::Wal => store::relay::Fence::Pending,
-            Publisher::Relay | Publisher::FastPath => store::relay::Fence::Claim(claim.token),
-        };
+        let fence = source.fence(claim.token);
         let settled = self.settle(fence, &settlement).await?;
 
         report.sent = settlement.sent.len();
@@ -386,14 +368,48 @@ fn log_failure(event: &ClaimedEvent, failure: &Failure) {
     }
 }
 
-/// Who publishes a claim: the relay, the fast path (the rows a commit wrote claimed), or the
-/// WAL stream (PENDING rows it read from the log, unclaimed).
+/// Where a batch to publish came from: the claim loop's claim, the rows a commit wrote claimed
+/// by the fast path, or the PENDING rows the WAL stream read from the log (unclaimed). Every
+/// source feeds the same [`publish_step`](Relay::publish_step), one publish and one settle; a
+/// source decides only how the write-back is fenced and where a crash can be injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Publisher {
-    Relay,
+pub(super) enum Source {
+    Claim,
     FastPath,
     #[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
     Wal,
+}
+
+impl Source {
+    /// Which rows the write-back may change: those under the batch's claim `token`, or, for
+    /// the WAL's rows that no relay claimed, those still PENDING.
+    fn fence(self, token: uuid::Uuid) -> store::relay::Fence {
+        match self {
+            Source::Claim | Source::FastPath => store::relay::Fence::Claim(token),
+            Source::Wal => store::relay::Fence::Pending,
+        }
+    }
+
+    /// Where a batch of this source can "crash" after it was claimed, before it is published.
+    #[cfg(feature = "failpoints")]
+    fn failpoint_before_publish(self) -> Option<&'static str> {
+        match self {
+            Source::Claim => Some(crate::failpoints::RELAY_AFTER_CLAIM),
+            Source::FastPath => Some(crate::failpoints::FAST_PATH_AFTER_COMMIT),
+            Source::Wal => None,
+        }
+    }
+
+    /// Where a batch of this source can "crash" once the broker confirmed it, before it is
+    /// settled.
+    #[cfg(feature = "failpoints")]
+    fn failpoint_after_publish(self) -> &'static str {
+        match self {
+            Source::Claim => crate::failpoints::RELAY_AFTER_PUBLISH,
+            Source::FastPath => crate::failpoints::FAST_PATH_AFTER_PUBLISH,
+            Source::Wal => crate::failpoints::WAL_AFTER_PUBLISH,
+        }
+    }
 }
 
 /// What publishing a claim decided.

@@ -2,160 +2,240 @@
 
 use super::*;
 
+/// What runs beside the claim loop: started with it, joined when it stops.
+#[derive(Default)]
+struct Beside {
+    /// Records the broker's state in `outbox_relay` (`spawn_heartbeat`).
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// Publishes the rows commits hand over (`relay/fast.rs`).
+    fast_path: Option<tokio::task::JoinHandle<()>>,
+    /// Streams committed rows from the WAL (`relay/wal/`).
+    wal: Option<tokio::task::JoinHandle<()>>,
+    /// Hears other processes' commit notifications.
+    listener: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The claim loop's state between rounds.
+struct ClaimLoop<'a> {
+    health: &'a LoopHealth,
+    /// The broker failed the last publishes and none has been confirmed since.
+    publishing_failed: bool,
+    /// The last claim, being published and settled while the next one is claimed.
+    in_flight: Option<InFlight<'a>>,
+    /// Claim at once instead of waiting for a wake-up: at start, after a full claim (a backlog
+    /// remains), after an error, and after a claim that ran beside a round in flight (it could
+    /// not take the events queued behind that round's aggregates).
+    look_now: bool,
+    /// The last claim found events: look again after `linger`.
+    lingering: bool,
+}
+
+/// Why the claim loop stopped waiting.
+enum Woken {
+    Shutdown,
+    /// A commit, a notification, or the poll interval: claim.
+    Look,
+    /// The round in flight finished (and was accounted for): wait on.
+    RoundFinished,
+}
+
 impl Relay {
+    /// The claim loop, with the fast path or the WAL stream and the heartbeat beside it, until
+    /// `shutdown`; each round's outcome goes to `health`.
     pub(crate) async fn run_with_health(
         &self,
         shutdown: CancellationToken,
         health: &LoopHealth,
     ) -> Result<(), RelayError> {
-        let mut heartbeat = None;
-        let mut fast_path = None;
-        #[allow(unused_mut)]
-        let mut wal: Option<tokio::task::JoinHandle<()>> = None;
-        if let Sink::Broker(transport) = &self.sink {
-            transport.setup().await?;
-            crate::metrics::broker_available(transport.name(), true);
-            self.broker.seen();
-            heartbeat = Some(self.spawn_heartbeat(transport.clone(), &shutdown));
-            #[cfg(feature = "postgres-wal")]
-            {
-                wal = self.spawn_wal(transport.clone(), &shutdown);
-            }
-            if wal.is_none() {
-                fast_path = self.spawn_fast_path(transport.clone(), &shutdown);
-            }
-        }
+        let mut beside = self.start_beside(&shutdown).await?;
         // Beside the WAL stream, commits are the stream's: the claim loop only polls.
         let mut wake: Option<WakeReceiver> = match self.wal_mode() {
             true => None,
             false => self.outbox.as_ref().map(Outbox::subscribe),
         };
         let hint = Arc::new(Notify::new());
-        let listener = match self.wal_mode() {
-            true => None,
-            false => self.spawn_listener(&hint, &shutdown),
-        };
+        if !self.wal_mode() {
+            beside.listener = self.spawn_listener(&hint, &shutdown);
+        }
         tracing::info!(relay = %self.config.relay_id, transport = self.sink.name(), "outbox relay started");
-
-        // The broker failed the last publishes and none has been confirmed since.
-        let mut publishing_failed = false;
-        // The last claim, being published and settled while the next one is claimed.
-        let mut in_flight: Option<InFlight<'_>> = None;
-        // Claim at once instead of waiting for a wake-up: at start, after a full claim (a
-        // backlog remains), after an error, and after a claim that ran beside a round in
-        // flight (it could not take the events queued behind that round's aggregates).
-        let mut look_now = true;
-        // The last claim found events: look again after `linger`.
-        let mut lingering = false;
+        let mut claims = ClaimLoop {
+            health,
+            publishing_failed: false,
+            in_flight: None,
+            look_now: true,
+            lingering: false,
+        };
         while !shutdown.is_cancelled() {
             if self.broker.is_down() {
-                // The claim in flight hands its events back at once (the breaker is open).
-                if let Some(round) = in_flight.take() {
-                    self.account(round.await, health, &mut publishing_failed);
-                }
-                if self.wait_for_broker(&shutdown, health).await {
-                    publishing_failed = false;
-                }
-                look_now = true;
-                lingering = false;
+                self.ride_out_outage(&mut claims, &shutdown).await;
                 continue;
             }
-            if !look_now {
-                let sleep = match self.config.linger {
-                    Some(linger) if lingering => linger,
-                    _ => self.config.poll_interval,
-                };
-                let finished = tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = async {
-                        match wake.as_mut() {
-                            Some(w) => w.woken().await,
-                            None => std::future::pending().await,
-                        }
-                    } => None,
-                    _ = hint.notified() => None,
-                    _ = tokio::time::sleep(sleep) => None,
-                    round = async {
-                        match in_flight.as_mut() {
-                            Some(round) => round.await,
-                            None => std::future::pending().await,
-                        }
-                    } => Some(round),
-                };
-                if let Some(round) = finished {
-                    // Finishing a round is no reason to look again: wait on.
-                    in_flight = None;
-                    if !self.account(round, health, &mut publishing_failed) {
-                        self.pause(&shutdown).await;
-                        look_now = true;
-                    }
-                    continue;
+            if !claims.look_now {
+                match self
+                    .wait_for_work(&mut claims, &mut wake, &hint, &shutdown)
+                    .await
+                {
+                    Woken::Shutdown => break,
+                    Woken::RoundFinished => continue,
+                    Woken::Look => {}
                 }
             }
-            let overlapped = in_flight.is_some();
-            let (claimed, previous) = match in_flight.take() {
-                Some(previous) => {
-                    let (claimed, previous) = tokio::join!(self.claim_step(), previous);
-                    (claimed, Some(previous))
+            self.claim_next(&mut claims, &shutdown).await;
+        }
+        self.stop_beside(claims, beside).await;
+        tracing::info!(relay = %self.config.relay_id, "outbox relay stopped");
+        Ok(())
+    }
+
+    /// Set the transport up and start what runs beside the claim loop: the heartbeat, and the
+    /// WAL stream or else the fast path. A database-local relay runs none of them.
+    async fn start_beside(&self, shutdown: &CancellationToken) -> Result<Beside, RelayError> {
+        let mut beside = Beside::default();
+        let Sink::Broker(transport) = &self.sink else {
+            return Ok(beside);
+        };
+        transport.setup().await?;
+        crate::metrics::broker_available(transport.name(), true);
+        self.broker.seen();
+        beside.heartbeat = Some(self.spawn_heartbeat(transport.clone(), shutdown));
+        #[cfg(feature = "postgres-wal")]
+        {
+            beside.wal = self.spawn_wal(transport.clone(), shutdown);
+        }
+        if beside.wal.is_none() {
+            beside.fast_path = self.spawn_fast_path(transport.clone(), shutdown);
+        }
+        Ok(beside)
+    }
+
+    /// The breaker is open: let the round in flight hand its events back, then claim nothing
+    /// until the broker answers again.
+    async fn ride_out_outage<'a>(
+        &'a self,
+        claims: &mut ClaimLoop<'a>,
+        shutdown: &'a CancellationToken,
+    ) {
+        if let Some(round) = claims.in_flight.take() {
+            self.account(round.await, claims.health, &mut claims.publishing_failed);
+        }
+        if self.wait_for_broker(shutdown, claims.health).await {
+            claims.publishing_failed = false;
+        }
+        claims.look_now = true;
+        claims.lingering = false;
+    }
+
+    /// Wait for a reason to claim: a commit in this process, another's notification, the poll
+    /// interval (or `linger` after a claim that found events), or the round in flight ending.
+    async fn wait_for_work<'a>(
+        &'a self,
+        claims: &mut ClaimLoop<'a>,
+        wake: &mut Option<WakeReceiver>,
+        hint: &Notify,
+        shutdown: &'a CancellationToken,
+    ) -> Woken {
+        let sleep = match self.config.linger {
+            Some(linger) if claims.lingering => linger,
+            _ => self.config.poll_interval,
+        };
+        let finished = tokio::select! {
+            _ = shutdown.cancelled() => return Woken::Shutdown,
+            _ = async {
+                match wake.as_mut() {
+                    Some(w) => w.woken().await,
+                    None => std::future::pending().await,
                 }
-                None => (self.claim_step().await, None),
-            };
-            let mut failed =
-                previous.is_some_and(|round| !self.account(round, health, &mut publishing_failed));
-            look_now = overlapped;
-            lingering = false;
-            match claimed {
-                Ok(Claimed::Done(round)) => {
-                    look_now |= round.report.claimed + round.report.dead >= self.config.batch_size;
-                    lingering = round.report.claimed > 0;
-                    failed |= !self.account(Ok(round), health, &mut publishing_failed);
+            } => None,
+            _ = hint.notified() => None,
+            _ = tokio::time::sleep(sleep) => None,
+            round = async {
+                match claims.in_flight.as_mut() {
+                    Some(round) => round.await,
+                    None => std::future::pending().await,
                 }
-                Ok(Claimed::Publish {
+            } => Some(round),
+        };
+        let Some(round) = finished else {
+            return Woken::Look;
+        };
+        // Finishing a round is no reason to look again: wait on.
+        claims.in_flight = None;
+        if !self.account(round, claims.health, &mut claims.publishing_failed) {
+            self.pause(shutdown).await;
+            claims.look_now = true;
+        }
+        Woken::RoundFinished
+    }
+
+    /// Claim the next batch, beside the round in flight (whose publish and settle go on
+    /// meanwhile); account for both, and leave the new claim publishing in flight.
+    async fn claim_next<'a>(&'a self, claims: &mut ClaimLoop<'a>, shutdown: &'a CancellationToken) {
+        let overlapped = claims.in_flight.is_some();
+        let (claimed, previous) = match claims.in_flight.take() {
+            Some(previous) => {
+                let (claimed, previous) = tokio::join!(self.claim_step(), previous);
+                (claimed, Some(previous))
+            }
+            None => (self.claim_step().await, None),
+        };
+        let mut failed = previous.is_some_and(|round| {
+            !self.account(round, claims.health, &mut claims.publishing_failed)
+        });
+        claims.look_now = overlapped;
+        claims.lingering = false;
+        match claimed {
+            Ok(Claimed::Done(round)) => {
+                claims.look_now |=
+                    round.report.claimed + round.report.dead >= self.config.batch_size;
+                claims.lingering = round.report.claimed > 0;
+                failed |= !self.account(Ok(round), claims.health, &mut claims.publishing_failed);
+            }
+            Ok(Claimed::Publish {
+                transport,
+                claim,
+                report,
+                claimed,
+            }) => {
+                claims.look_now |= report.claimed + report.dead >= self.config.batch_size;
+                claims.lingering = true;
+                claims.in_flight = Some(Box::pin(self.publish_step(
                     transport,
                     claim,
                     report,
                     claimed,
-                }) => {
-                    look_now |= report.claimed + report.dead >= self.config.batch_size;
-                    lingering = true;
-                    in_flight = Some(Box::pin(self.publish_step(
-                        transport,
-                        claim,
-                        report,
-                        claimed,
-                        &shutdown,
-                        Publisher::Relay,
-                    )));
-                }
-                Err(e) => failed |= !self.account(Err(e), health, &mut publishing_failed),
+                    shutdown,
+                    Source::Claim,
+                )));
             }
-            if failed {
-                self.pause(&shutdown).await;
-                look_now = true;
-            }
+            Err(e) => failed |= !self.account(Err(e), claims.health, &mut claims.publishing_failed),
         }
-        if let Some(round) = in_flight.take() {
-            // Shutting down: what was not published yet is handed back.
-            self.account(round.await, health, &mut publishing_failed);
+        if failed {
+            self.pause(shutdown).await;
+            claims.look_now = true;
         }
-        if let Some(fast_path) = fast_path {
-            // It hands back what it was given and not yet published.
+    }
+
+    /// Shutting down: the round in flight hands back what it has not published, the fast path
+    /// what it was given, the WAL stream finishes its batch and confirms it; then the listener
+    /// and the heartbeat stop, and the relay's row in `outbox_relay` goes.
+    async fn stop_beside(&self, mut claims: ClaimLoop<'_>, beside: Beside) {
+        if let Some(round) = claims.in_flight.take() {
+            self.account(round.await, claims.health, &mut claims.publishing_failed);
+        }
+        if let Some(fast_path) = beside.fast_path {
             let _ = fast_path.await;
         }
-        if let Some(wal) = wal {
-            // It finishes its batch and confirms what it published.
+        if let Some(wal) = beside.wal {
             let _ = wal.await;
         }
-        if let Some(listener) = listener {
+        if let Some(listener) = beside.listener {
             listener.abort();
             let _ = listener.await;
         }
-        if let Some(heartbeat) = heartbeat {
+        if let Some(heartbeat) = beside.heartbeat {
             let _ = heartbeat.await;
             watch::forget(&self.db, &self.config.relay_id).await;
         }
-        tracing::info!(relay = %self.config.relay_id, "outbox relay stopped");
-        Ok(())
     }
 
     /// Report a round's outcome to the loop's health; `false` when it failed on the database,
@@ -348,15 +428,8 @@ impl Relay {
                 report,
                 claimed,
             } => {
-                self.publish_step(
-                    transport,
-                    claim,
-                    report,
-                    claimed,
-                    shutdown,
-                    Publisher::Relay,
-                )
-                .await
+                self.publish_step(transport, claim, report, claimed, shutdown, Source::Claim)
+                    .await
             }
         }
     }

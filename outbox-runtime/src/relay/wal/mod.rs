@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use self::pgoutput::{Message, Relations};
-use super::{Publisher, Relay, RoundReport};
+use super::{Relay, RoundReport, Source};
 use crate::{
     store::{
         self, OUTBOX_TABLE,
@@ -539,7 +539,7 @@ impl Relay {
             ..RoundReport::default()
         };
         let round = self
-            .publish_step(transport, claim, report, read, shutdown, Publisher::Wal)
+            .publish_step(transport, claim, report, read, shutdown, Source::Wal)
             .await
             .map_err(|e| e.to_string())?;
         Ok(round.outage.is_none() && !(shutdown.is_cancelled() && round.report.released > 0))
