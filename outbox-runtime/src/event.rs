@@ -69,8 +69,12 @@ pub struct EventRegistration {
     pub line: u32,
     /// The payload's JSON Schema (draft-07), when the feature `catalogue` is on and the type
     /// implements `schemars::JsonSchema`; see [`catalogue`](crate::catalogue).
-    pub schema: crate::catalogue::SchemaFn,
+    pub schema: SchemaFn,
 }
+
+/// What an [`EventRegistration`] calls for its type's JSON Schema (see
+/// [`catalogue`](crate::catalogue)).
+pub type SchemaFn = fn() -> Option<serde_json::Value>;
 
 /// Equal when they name the same declaration (the schema function follows from it).
 impl PartialEq for EventRegistration {

@@ -22,10 +22,7 @@ use std::{
 
 use serde_json::value::RawValue;
 
-use crate::{
-    envelope::Envelope,
-    inbox::{HandlerRegistration, linked::by_event_type},
-};
+use crate::envelope::Envelope;
 
 /// Where an upcast envelope carries the version it was received in (a name no CloudEvents
 /// extension can have).
@@ -185,50 +182,45 @@ impl Upcasters {
         errors
     }
 
-    /// Gaps in the chains that lead to a consumer's handlers: for each event type it handles, every
-    /// version an upcaster reads below a handled version must reach a handled version.
-    pub fn check_consumer(
+    /// The first gap in the chains from the versions upcasters read of `event_type` to the
+    /// versions a consumer handles (`handled`, each with where its handler is): every version
+    /// an upcaster reads below the highest handled one must reach a handled version.
+    pub(crate) fn missing_step<T>(
         &self,
         consumer: &str,
-        handlers: &[&'static HandlerRegistration],
-    ) -> Vec<UpcastError> {
-        let mut errors = Vec::new();
-        for (event_type, versions) in &by_event_type(handlers) {
-            let froms: BTreeSet<u32> = self
-                .steps
-                .keys()
-                .filter(|(t, _)| t == event_type)
-                .map(|(_, v)| *v)
-                .collect();
-            let Some(&top) = versions.keys().next_back() else {
-                continue;
-            };
-            for &from in froms.iter().filter(|v| **v < top) {
-                if self.handled_version(event_type, from, versions).is_some() {
-                    continue;
-                }
-                let mut missing = from;
-                while self.steps.contains_key(&(*event_type, missing)) {
-                    missing += 1;
-                }
-                let (handled_version, handler) = versions
-                    .range(missing + 1..)
-                    .next()
-                    .map(|(v, r)| (*v, r.location()))
-                    .unwrap_or((top, versions[&top].location()));
-                errors.push(UpcastError::MissingStep {
-                    consumer: consumer.to_owned(),
-                    event_type: (*event_type).to_owned(),
-                    first_from: from,
-                    missing,
-                    next: missing + 1,
-                    handled: handled_version,
-                    handler,
-                });
-                break;
-            }
+        event_type: &str,
+        handled: &BTreeMap<u32, T>,
+        location: impl Fn(&T) -> String,
+    ) -> Option<UpcastError> {
+        let froms: BTreeSet<u32> = self
+            .steps
+            .keys()
+            .filter(|(t, _)| *t == event_type)
+            .map(|(_, v)| *v)
+            .collect();
+        let &top = handled.keys().next_back()?;
+        let from = froms
+            .into_iter()
+            .filter(|v| *v < top)
+            .find(|from| self.handled_version(event_type, *from, handled).is_none())?;
+        let mut missing = from;
+        while self.steps.contains_key(&(event_type, missing)) {
+            missing += 1;
         }
-        errors
+        let (handled_version, handler) = handled
+            .range(missing + 1..)
+            .next()
+            .map(|(v, r)| (*v, location(r)))
+            .unwrap_or((top, location(&handled[&top])));
+        Some(UpcastError::MissingStep {
+            consumer: consumer.to_owned(),
+            event_type: event_type.to_owned(),
+            first_from: from,
+            missing,
+            next: missing + 1,
+            handled: handled_version,
+            handler,
+        })
     }
 
     /// The version of `handled` a message of `version` goes to: its own, or else the lowest

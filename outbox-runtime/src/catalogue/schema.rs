@@ -6,8 +6,7 @@ use std::marker::PhantomData;
 
 use serde_json::{Map, Value};
 
-/// What an [`EventRegistration`](crate::event::EventRegistration) calls for its type's schema.
-pub type SchemaFn = fn() -> Option<Value>;
+pub use crate::event::SchemaFn;
 
 /// The schema source of one event type, chosen by method resolution in the derive's generated
 /// code: [`ViaJsonSchema`] when the type implements `schemars::JsonSchema` (and the feature

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::HandlerRegistration;
+use crate::upcast::{UpcastError, Upcasters};
 
 /// Two handlers claim the same consumer, event type and version.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,4 +87,21 @@ fn handlers_from(
         list.push(reg);
     }
     Ok(by_consumer)
+}
+
+impl Upcasters {
+    /// Gaps in the chains that lead to a consumer's handlers: for each event type it handles,
+    /// every version an upcaster reads below a handled version must reach a handled version.
+    pub fn check_consumer(
+        &self,
+        consumer: &str,
+        handlers: &[&'static HandlerRegistration],
+    ) -> Vec<UpcastError> {
+        by_event_type(handlers)
+            .iter()
+            .filter_map(|(event_type, versions)| {
+                self.missing_step(consumer, event_type, versions, |reg| reg.location())
+            })
+            .collect()
+    }
 }
