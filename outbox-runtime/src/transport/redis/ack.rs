@@ -7,7 +7,7 @@ use ::redis::{Cmd, Value};
 
 use super::{
     RedisTransport, TRANSPORT,
-    subscription::{Held, Ids},
+    held::{Held, Ids},
 };
 use crate::transport::{Acker, TransportError};
 

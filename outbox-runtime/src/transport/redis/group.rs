@@ -5,19 +5,14 @@ use std::time::Duration;
 
 use ::redis::{RedisError, aio::ConnectionManager};
 
-use super::{
-    RedisTransport, TRANSPORT,
-    connection::Failure,
-    reply::parse_consumers,
-    subscription::{Ids, RedisSubscription},
-};
+use super::{RedisTransport, TRANSPORT, connection::Failure, held::Ids};
 use crate::transport::TransportError;
 
 /// Consumers of the group with nothing pending are looked for this often.
 pub(super) const JANITOR_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Consumers idle for less than this are never removed by the janitor.
-const JANITOR_MIN_IDLE: Duration = Duration::from_secs(600);
+pub(super) const JANITOR_MIN_IDLE: Duration = Duration::from_secs(600);
 
 /// Removes a consumer from its group only when it has nothing pending, atomically:
 /// `KEYS[1]` stream, `ARGV[1]` group, `ARGV[2]` consumer. Returns 0 when removed, -1 when kept.
@@ -85,36 +80,4 @@ pub(super) async fn delete_if_idle(
         tracing::debug!(stream = %ids.key, group = %ids.group, consumer, "removed an idle consumer");
     }
     Ok(removed)
-}
-
-impl RedisSubscription {
-    /// Removes consumers of the group that have nothing pending and have been idle for long;
-    /// failures are only logged.
-    pub(super) async fn remove_idle_consumers(&mut self) {
-        let min_idle = JANITOR_MIN_IDLE.max(self.claim_idle * 2);
-        let mut cmd = ::redis::cmd("XINFO");
-        cmd.arg("CONSUMERS").arg(&self.ids.key).arg(&self.ids.group);
-        let reply = match self.query(&cmd, self.command_timeout()).await {
-            Ok(reply) => reply,
-            Err(failure) => {
-                tracing::debug!(error = %failure, "cannot list the group's consumers");
-                return;
-            }
-        };
-        let mut conn = self.transport.shared();
-        for (name, pending, idle) in parse_consumers(reply) {
-            if name == self.ids.consumer || pending > 0 || idle < min_idle {
-                continue;
-            }
-            let removal = delete_if_idle(&mut conn, &self.ids, &name);
-            match tokio::time::timeout(self.command_timeout(), removal).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(err)) => {
-                    tracing::debug!(consumer = %name, error = %err, "cannot remove an idle consumer");
-                    return;
-                }
-                Err(_elapsed) => return,
-            }
-        }
-    }
 }

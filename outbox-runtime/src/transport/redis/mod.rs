@@ -112,6 +112,7 @@ mod ack;
 mod config;
 mod connection;
 mod group;
+mod held;
 mod publish;
 mod read;
 mod reply;

@@ -5,19 +5,20 @@ use crate::transport::{check_consumer_name, distinct_event_types};
 use std::{
     collections::{HashSet, VecDeque},
     fmt,
-    sync::{Arc, Mutex, PoisonError},
+    sync::Arc,
     time::Duration,
 };
 
 use ::redis::{Cmd, Value, aio::MultiplexedConnection};
-use tokio::{sync::Notify, time::Instant};
+use tokio::time::Instant;
 
 use super::{
     RedisTransport, TRANSPORT,
     ack::RedisAcker,
     connection::{Failure, open_read_connection},
-    group::{JANITOR_INTERVAL, delete_if_idle},
-    reply::Fields,
+    group::{JANITOR_INTERVAL, JANITOR_MIN_IDLE, delete_if_idle},
+    held::{Held, Ids},
+    reply::{Fields, parse_consumers},
 };
 use crate::transport::{Delivery, SubscribeOptions, Subscription, TransportError};
 
@@ -124,47 +125,6 @@ fn member_name() -> String {
         .collect();
     let host = if host.is_empty() { "host" } else { &host };
     format!("{host}-{}-{:08x}", std::process::id(), fastrand::u32(..))
-}
-
-/// Stream, group and Redis consumer of one subscription.
-#[derive(Debug)]
-pub(super) struct Ids {
-    pub(super) key: String,
-    pub(super) group: String,
-    pub(super) consumer: String,
-}
-
-/// Entry ids a subscription read and has not settled yet (buffered or handed out).
-#[derive(Debug, Default)]
-pub(super) struct Held {
-    ids: Mutex<HashSet<String>>,
-    /// Signalled when an entry is settled or dropped: there is room for another.
-    settled: Notify,
-}
-
-impl Held {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.ids.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub(super) fn contains(&self, id: &str) -> bool {
-        self.lock().contains(id)
-    }
-
-    pub(super) fn insert(&self, id: &str) {
-        self.lock().insert(id.to_owned());
-    }
-
-    pub(super) fn release(&self, id: &str) {
-        let removed = self.lock().remove(id);
-        if removed {
-            self.settled.notify_one();
-        }
-    }
 }
 
 /// An entry ready to be handed out.
@@ -393,6 +353,38 @@ impl RedisSubscription {
             return self.reread(&from, count).await;
         }
         self.read_new(count).await
+    }
+}
+
+impl RedisSubscription {
+    /// Removes consumers of the group that have nothing pending and have been idle for long;
+    /// failures are only logged.
+    pub(super) async fn remove_idle_consumers(&mut self) {
+        let min_idle = JANITOR_MIN_IDLE.max(self.claim_idle * 2);
+        let mut cmd = ::redis::cmd("XINFO");
+        cmd.arg("CONSUMERS").arg(&self.ids.key).arg(&self.ids.group);
+        let reply = match self.query(&cmd, self.command_timeout()).await {
+            Ok(reply) => reply,
+            Err(failure) => {
+                tracing::debug!(error = %failure, "cannot list the group's consumers");
+                return;
+            }
+        };
+        let mut conn = self.transport.shared();
+        for (name, pending, idle) in parse_consumers(reply) {
+            if name == self.ids.consumer || pending > 0 || idle < min_idle {
+                continue;
+            }
+            let removal = delete_if_idle(&mut conn, &self.ids, &name);
+            match tokio::time::timeout(self.command_timeout(), removal).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => {
+                    tracing::debug!(consumer = %name, error = %err, "cannot remove an idle consumer");
+                    return;
+                }
+                Err(_elapsed) => return,
+            }
+        }
     }
 }
 
