@@ -1,23 +1,14 @@
 #![doc = include_str!("../README.md")]
 
+// The root holds what a service producing events names (one path each) and the modules of
+// everything else; each item has one path. Handlers, the runtime, relays and transports are
+// reached through their modules (`outbox::inbox::Event`, `outbox::runtime::Runtime`,
+// `outbox::relay::Relay`, `outbox::transport::nats::NatsTransport`) or the prelude.
+
 pub use outbox_runtime::CancellationToken;
 pub use outbox_runtime::event::{AggregateVersionValue, DedupKeyValue};
 #[cfg(feature = "failpoints")]
 pub use outbox_runtime::failpoints;
-pub use outbox_runtime::inbox::InboxConfig;
-#[cfg(feature = "postgres-wal")]
-pub use outbox_runtime::relay::WalConfig;
-pub use outbox_runtime::relay::{Backoff, Relay, RelayConfig, RelayError, RelayHandle};
-pub use outbox_runtime::runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeReport};
-#[cfg(feature = "kafka")]
-pub use outbox_runtime::transport::kafka::KafkaTransport;
-#[cfg(feature = "nats")]
-pub use outbox_runtime::transport::nats::NatsTransport;
-#[cfg(feature = "rabbitmq")]
-pub use outbox_runtime::transport::rabbitmq::RabbitMqTransport;
-#[cfg(feature = "redis")]
-pub use outbox_runtime::transport::redis::RedisTransport;
-pub use outbox_runtime::transport::{Transport, memory::MemoryTransport};
 #[cfg(feature = "webhook")]
 pub use outbox_runtime::webhook;
 
@@ -39,11 +30,9 @@ pub mod console {
     }
 }
 pub use outbox_runtime::{
-    CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, Event, EventId, EventMeta,
-    EventRegistration, HandlerContext, HandlerError, HandlerMode, HandlerRegistration, Headers,
-    InboxTransaction, Outbox, OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent,
-    TraceContext, TraceContextError, TransactionError, WakeReceiver, inbox, registry, relay,
-    runtime, trace, transport,
+    CommitReport, DomainEvent, EnqueueError, Envelope, EnvelopeError, EventId, Headers, Outbox,
+    OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TransactionError, WakeReceiver,
+    inbox, registry, relay, runtime, trace, transport,
 };
 pub use outbox_runtime::{admin, catalogue, metrics, retention, upcast};
 
@@ -67,10 +56,12 @@ pub use outbox_migrations::{Migrator, migrate, migrations};
 
 /// Everything a service needs in one `use outbox::prelude::*;`.
 pub mod prelude {
+    pub use crate::inbox::{Event, HandlerError, InboxTransaction};
+    pub use crate::runtime::Runtime;
+    pub use crate::trace::TraceContext;
     pub use crate::{
-        CommitReport, DomainEvent, EnqueueError, Envelope, Event, EventId, HandlerError,
-        InboxTransaction, Outbox, OutboxError, OutboxTransaction, Runtime, TraceContext,
-        TransactionError,
+        CommitReport, DomainEvent, EnqueueError, Envelope, EventId, Outbox, OutboxError,
+        OutboxTransaction, TransactionError,
     };
     #[cfg(feature = "macros")]
     pub use crate::{inbox_handler, upcaster};

@@ -64,9 +64,9 @@ async fn start(t: &TestDb, transport: &MemoryTransport, mode: Mode) -> Runtime {
     let builder = Runtime::builder(t.db.clone());
     #[cfg(feature = "postgres-wal")]
     let builder = match mode {
-        Mode::Wal => builder.wal(outbox::WalConfig {
+        Mode::Wal => builder.wal(outbox::relay::WalConfig {
             table_grace: Duration::from_secs(2),
-            ..outbox::WalConfig::new(t.url.clone()).slot(format!("outbox_{}", t.name))
+            ..outbox::relay::WalConfig::new(t.url.clone()).slot(format!("outbox_{}", t.name))
         }),
         _ => builder,
     };
@@ -195,7 +195,7 @@ async fn survives_with(
 }
 
 struct Outcome {
-    report: outbox::RuntimeReport,
+    report: outbox::runtime::RuntimeReport,
     transport: MemoryTransport,
     rows: Vec<OutboxRow>,
     /// Per cart, the lines in the order their effects committed.

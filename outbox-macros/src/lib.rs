@@ -62,7 +62,7 @@ use syn::{DeriveInput, parse_macro_input};
 ///
 /// The struct must have named fields, no generic parameters, and implement `serde::Serialize`.
 ///
-/// The derive also submits an `outbox::EventRegistration` (names, Rust type, source location) to
+/// The derive also submits an `outbox::registry::EventRegistration` (names, Rust type, source location) to
 /// the compile-time event catalogue. A registration counts only when the crate holding the derive
 /// is linked into the final binary.
 #[proc_macro_derive(DomainEvent, attributes(event))]
@@ -125,7 +125,7 @@ pub fn derive_domain_event(input: TokenStream) -> TokenStream {
 /// checked at compile time, and reported on the token to change.
 ///
 /// The function stays as written, so tests can call it directly. The attribute adds a wrapper that
-/// decodes the payload and calls it, and submits an `outbox::HandlerRegistration` (consumer, event
+/// decodes the payload and calls it, and submits an `outbox::inbox::HandlerRegistration` (consumer, event
 /// type and schema version, options, source location) that the runtime finds at start-up. A
 /// registration counts only when the crate holding the handler is linked into the final binary.
 #[proc_macro_attribute]

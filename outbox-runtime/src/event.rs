@@ -110,6 +110,17 @@ impl EventRegistration {
 
 inventory::collect!(EventRegistration);
 
+/// An event not written because its `(event_type, dedup_key)` was already in the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedEvent {
+    /// The id `enqueue` returned for it (no row has it).
+    pub event_id: EventId,
+    /// Its type.
+    pub event_type: String,
+    /// The key that was already present.
+    pub dedup_key: String,
+}
+
 /// Values usable as `#[event(aggregate_version)]`: integers and `Option`s of them.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be an aggregate version",

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::event::EventRegistration;
+pub use crate::event::{EventRegistration, SchemaFn};
 
 /// Every event type linked into this binary, in a stable order (event type, then version).
 pub fn events() -> Vec<&'static EventRegistration> {

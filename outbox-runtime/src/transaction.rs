@@ -33,8 +33,8 @@ pub type Headers = BTreeMap<String, String>;
 /// Longest aggregate id, dedup key or source the tables hold.
 const MAX_KEY_CHARS: usize = 255;
 
+pub use crate::event::SkippedEvent;
 pub(crate) use crate::store::outbox::PendingEvent;
-pub use crate::store::outbox::SkippedEvent;
 use crate::store::scheduled::{Due, ScheduledEvent};
 
 /// What a commit wrote.

@@ -845,7 +845,10 @@ fn handlers_are_registered_with_their_options() {
     assert_eq!(limited.event_type, "line.added");
     assert_eq!(limited.max_attempts, Some(3));
     assert_eq!(limited.backoff_base_ms, Some(10));
-    assert_eq!(handlers["t-stored"][0].mode, outbox::HandlerMode::Stored);
+    assert_eq!(
+        handlers["t-stored"][0].mode,
+        outbox::inbox::HandlerMode::Stored
+    );
     assert!(limited.file.ends_with("inbox.rs"));
 }
 
@@ -881,7 +884,7 @@ async fn a_source_beside_an_outbox_handle_is_refused() {
         .expect_err("a source beside an outbox handle");
     let message = refused.to_string();
     assert!(
-        matches!(refused, outbox::RuntimeError::Settings(_)),
+        matches!(refused, outbox::runtime::RuntimeError::Settings(_)),
         "{refused:?}"
     );
     assert!(

@@ -161,7 +161,7 @@ async fn trace_context_survives_the_broker() {
         .await
         .unwrap();
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let trace = outbox::TraceContext::new(traceparent, Some("shop=1".into())).unwrap();
+    let trace = outbox::trace::TraceContext::new(traceparent, Some("shop=1".into())).unwrap();
     let outbox = runtime.outbox().clone();
     trace
         .scope(async {
@@ -188,7 +188,7 @@ async fn trace_context_survives_the_broker() {
     assert_eq!(original.headers["traceparent"], traceparent);
     let follow_up = rows.iter().find(|r| r.event_type == "line.traced").unwrap();
     let child = follow_up.headers["traceparent"].as_str().unwrap();
-    let child = outbox::TraceContext::new(child, None).unwrap();
+    let child = outbox::trace::TraceContext::new(child, None).unwrap();
     assert_eq!(
         child.trace_id(),
         "4bf92f3577b34da6a3ce929d0e0e4736",

@@ -13,9 +13,9 @@ use crate::common::workload::{
     relay_config, wait_for_effects, wait_subscribed,
 };
 use crate::common::*;
-use outbox::KafkaTransport;
 use outbox::prelude::*;
 use outbox::runtime::Runtime;
+use outbox::transport::kafka::KafkaTransport;
 
 const CONSUMER: &str = "rebalance-kafka";
 

@@ -11,9 +11,9 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use crate::common::carts::*;
 use crate::common::*;
-use outbox::WalConfig;
 use outbox::admin::{DoctorOptions, Severity};
 use outbox::prelude::*;
+use outbox::relay::WalConfig;
 use outbox::relay::{Backoff, Relay, RelayConfig, RelayHandle};
 use outbox::store;
 use outbox::transport::memory::MemoryTransport;

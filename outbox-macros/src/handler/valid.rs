@@ -668,8 +668,8 @@ mod tests {
     fn defaults() {
         let function: Function = syn::parse2(quote! {
             pub(crate) async fn reserve(
-                _: &'_ outbox::InboxTransaction,
-                outbox::Event { payload, .. }: outbox::Event<crate::events::OrderPlaced>,
+                _: &'_ outbox::inbox::InboxTransaction,
+                outbox::inbox::Event { payload, .. }: outbox::inbox::Event<crate::events::OrderPlaced>,
             ) -> outbox::HandlerResult {}
         })
         .unwrap();

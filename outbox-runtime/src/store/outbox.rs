@@ -17,6 +17,7 @@ use super::{
     sql::{Arg, Sql},
 };
 use crate::event::EventId;
+pub(crate) use crate::event::SkippedEvent;
 
 /// An event serialized at `enqueue`, waiting for commit.
 #[derive(Debug, Clone)]
@@ -62,17 +63,6 @@ impl PendingEvent {
             dedup_key: self.dedup_key.clone().unwrap_or_default(),
         }
     }
-}
-
-/// An event not written because its `(event_type, dedup_key)` was already in the outbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkippedEvent {
-    /// The id `enqueue` returned for it (no row has it).
-    pub event_id: EventId,
-    /// Its type.
-    pub event_type: String,
-    /// The key that was already present.
-    pub dedup_key: String,
 }
 
 /// The values of [`INSERT_COLUMNS`] for `event`, bound, comma-separated.

@@ -268,11 +268,11 @@ pub async fn logical_test_db(test: &str) -> Option<TestDb> {
 /// What the tests' handlers do: one `effect` row in the handler's transaction, under its
 /// consumer's name.
 pub async fn insert_effect(
-    tx: &outbox::InboxTransaction,
+    tx: &outbox::inbox::InboxTransaction,
     event_id: &str,
     cart: &str,
     seq: i64,
-) -> Result<(), outbox::HandlerError> {
+) -> Result<(), outbox::inbox::HandlerError> {
     use sea_orm::{ActiveModelTrait, NotSet, Set};
     effect::ActiveModel {
         id: NotSet,
@@ -789,13 +789,13 @@ pub fn should_fail(key: &str) -> bool {
 pub async fn worker_runtime<const N: usize>(
     db: &DatabaseConnection,
     consumers: [&str; N],
-) -> outbox::Runtime {
-    outbox::Runtime::builder(db.clone())
+) -> outbox::runtime::Runtime {
+    outbox::runtime::Runtime::builder(db.clone())
         .consumers(consumers)
         .without_relay()
-        .inbox_config(outbox::InboxConfig {
+        .inbox_config(outbox::inbox::InboxConfig {
             poll_interval: Duration::from_millis(50),
-            ..outbox::InboxConfig::default()
+            ..outbox::inbox::InboxConfig::default()
         })
         .start()
         .await

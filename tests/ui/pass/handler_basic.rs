@@ -2,7 +2,7 @@
 // schema version taken from the event's `DomainEvent` impl, the options (`None` when not given),
 // the wrapper the runtime calls, and where the handler was written.
 use outbox::prelude::*;
-use outbox::{HandlerMode, HandlerRegistration};
+use outbox::inbox::{HandlerMode, HandlerRegistration};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize, DomainEvent)]
@@ -40,7 +40,7 @@ async fn reserve_stock(
 }
 
 mod billing {
-    use outbox::{Event, HandlerError, InboxTransaction, inbox_handler};
+    use outbox::{inbox::{Event, HandlerError, InboxTransaction}, inbox_handler};
 
     /// Defaults: only the consumer is given.
     #[inbox_handler(consumer = "billing")]

@@ -1,5 +1,5 @@
 use outbox::prelude::*;
-use outbox::{HandlerMode, HandlerRegistration};
+use outbox::inbox::{HandlerMode, HandlerRegistration};
 use serde::Deserialize;
 
 // A payment provider's JSON: no `DomainEvent`, only `Deserialize`.

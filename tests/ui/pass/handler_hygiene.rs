@@ -67,9 +67,9 @@ pub mod shadowing {
     /// A handler written among the shadowing items, through the renamed crate.
     #[renamed::inbox_handler(consumer = "shadow", max_attempts = 2, crate = "renamed")]
     pub(crate) async fn on_shadow(
-        _tx: &renamed::InboxTransaction,
-        event: renamed::Event<ShadowHappened>,
-    ) -> ::core::result::Result<(), renamed::HandlerError> {
+        _tx: &renamed::inbox::InboxTransaction,
+        event: renamed::inbox::Event<ShadowHappened>,
+    ) -> ::core::result::Result<(), renamed::inbox::HandlerError> {
         let _ = event.id;
         ::core::result::Result::Ok(())
     }
@@ -81,9 +81,9 @@ pub mod no_prelude {
     /// A handler whose name is a raw identifier.
     #[::renamed::inbox_handler(consumer = "raw", crate = "::renamed")]
     pub(crate) async fn r#match(
-        _tx: &::renamed::InboxTransaction,
-        _event: ::renamed::Event<crate::events::ShadowHappened>,
-    ) -> ::core::result::Result<(), ::renamed::HandlerError> {
+        _tx: &::renamed::inbox::InboxTransaction,
+        _event: ::renamed::inbox::Event<crate::events::ShadowHappened>,
+    ) -> ::core::result::Result<(), ::renamed::inbox::HandlerError> {
         ::core::result::Result::Ok(())
     }
 }
@@ -91,7 +91,8 @@ pub mod no_prelude {
 /// Handlers named like the wrapper's locals still get called.
 pub mod names {
     use crate::events::ShadowHappened;
-    use renamed::{Event, HandlerError, InboxTransaction, inbox_handler};
+    use renamed::inbox::{Event, HandlerError, InboxTransaction};
+    use renamed::inbox_handler;
 
     /// Named like the decoded event.
     #[inbox_handler(consumer = "names-event", crate = "renamed")]
@@ -125,7 +126,7 @@ pub mod names {
 
 fn main() {
     let find = |consumer: &str| {
-        renamed::__private01::inventory::iter::<renamed::HandlerRegistration>
+        renamed::__private01::inventory::iter::<renamed::inbox::HandlerRegistration>
             .into_iter()
             .find(|registration| registration.consumer == consumer)
             .expect("registered")

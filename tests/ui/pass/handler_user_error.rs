@@ -61,7 +61,7 @@ async fn archive(_tx: &InboxTransaction, event: Event<ParcelShipped>) -> Outcome
 }
 
 fn main() {
-    let consumers: Vec<_> = outbox::__private01::inventory::iter::<outbox::HandlerRegistration>
+    let consumers: Vec<_> = outbox::__private01::inventory::iter::<outbox::inbox::HandlerRegistration>
         .into_iter()
         .map(|registration| (registration.consumer, registration.event_type))
         .collect();

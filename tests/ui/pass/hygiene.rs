@@ -76,7 +76,7 @@ fn main() {
     let raw = no_prelude::Raw { r#type: "t" };
     assert_eq!(raw.aggregate_id(), "t");
     assert_eq!(<no_prelude::Raw as DomainEvent>::EVENT_TYPE, "shadow.raw");
-    let registration = renamed_outbox::__private01::inventory::iter::<renamed_outbox::EventRegistration>
+    let registration = renamed_outbox::__private01::inventory::iter::<renamed_outbox::registry::EventRegistration>
         .into_iter()
         .find(|registration| registration.event_type == "shadow.raw")
         .expect("registered");

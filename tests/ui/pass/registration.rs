@@ -1,6 +1,6 @@
 // Every derive submits an `EventRegistration` with its names and where it was written.
 use outbox::DomainEvent;
-use outbox::EventRegistration;
+use outbox::registry::EventRegistration;
 use serde::Serialize;
 
 #[derive(Serialize, DomainEvent)]
