@@ -1,15 +1,19 @@
 //! Claiming rows of a work queue table (`outbox_event`, `inbox_event`) in id order, with
-//! optional per-aggregate order. The statements' shapes that differ per backend are the
-//! dialect's ([`Backend::heads_query`], [`Backend::push_window_bound`],
-//! [`Backend::heads_beyond_window`]); the defaults here are the partial-index shapes PostgreSQL
-//! and SQLite share.
+//! optional per-aggregate order. The statements take the shape the dialect's planner reads
+//! fast ([`QueueScan`]): over a partial index of the unfinished rows (PostgreSQL, SQLite), or
+//! one `(status, id)` range per status (MySQL/MariaDB); both shapes are here, side by side.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, QueryResult, Statement, Value};
 
-use super::{DbTime, Dialect, dialect::Backend, sql::Sql, status::WorkStatus};
+use super::{
+    DbTime, Dialect,
+    dialect::{NextAggregate, QueueScan},
+    sql::Sql,
+    status::WorkStatus,
+};
 
 /// How to claim from a work queue: the relay's claim of outbox events, the worker's claim of
 /// inbox messages, the database-local transport's move.
@@ -134,7 +138,7 @@ pub(crate) async fn select_claimable(
     // the dialect can (one round trip less per claim); otherwise it is asked for first.
     let heads_bound = if !ordering {
         HeadsBound::Unbounded
-    } else if dialect.window_in_heads_query() {
+    } else if window_in_heads_query(queue) {
         HeadsBound::Window(window)
     } else {
         match window_bound(txn, queue, window).await? {
@@ -149,7 +153,7 @@ pub(crate) async fn select_claimable(
         bound: heads_bound,
     };
     let mut rows = Vec::new();
-    for row in txn.query_all_raw(dialect.heads_query(&heads)).await? {
+    for row in txn.query_all_raw(heads_query(&heads)).await? {
         rows.push(Candidate {
             id: row.try_get("", "id")?,
             row,
@@ -174,10 +178,7 @@ pub(crate) async fn select_claimable(
             bound,
             budget: window + 2 * limit,
         };
-        for row in txn
-            .query_all_raw(dialect.heads_beyond_window(&beyond))
-            .await?
-        {
+        for row in txn.query_all_raw(heads_beyond_window(&beyond)).await? {
             let id: i64 = row.try_get("", "id")?;
             if !seen.contains(&id) {
                 rows.push(Candidate { id, row });
@@ -384,7 +385,7 @@ async fn window_bound(
     window: usize,
 ) -> Result<Option<i64>, DbErr> {
     let mut sql = Sql::new(queue.dialect);
-    queue.dialect.push_window_bound(&mut sql, queue, window);
+    push_window_bound(&mut sql, queue, window);
     match txn.query_one_raw(sql.build()).await? {
         Some(row) => Ok(Some(row.try_get("", "id")?)),
         None => Ok(None),
@@ -393,7 +394,7 @@ async fn window_bound(
 
 /// The query of [`window_bound`], also used as a scalar subquery: served by the
 /// unsent/unfinished partial index.
-pub(crate) fn push_window_bound_filtered(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+fn push_window_bound_filtered(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
     sql.push(&format!(
         "SELECT id FROM {} WHERE {} AND status <> {}",
         queue.table,
@@ -432,7 +433,7 @@ pub struct HeadsQuery<'a> {
 }
 
 /// [`HeadsQuery`] over the partial index of unfinished rows, from the first of them.
-pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
+fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     let HeadsQuery {
         queue,
         limit,
@@ -444,7 +445,7 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     let columns = prefixed_columns(queue.columns, "o");
     if let HeadsBound::Window(window) = bound {
         sql.push("WITH w AS (");
-        dialect.push_window_bound(&mut sql, queue, *window);
+        push_window_bound(&mut sql, queue, *window);
         sql.push(") ");
     }
     sql.push(&format!("SELECT {columns}"));
@@ -496,7 +497,7 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
 ///
 /// Candidates are each aggregate's first unfinished row, found by a loose index scan over the
 /// aggregate index that jumps from one `(aggregate_type, aggregate_id)` to the next (a recursive
-/// CTE by default, each step the dialect's [`Backend::push_next_aggregate`]). The scan visits at
+/// CTE over a partial index, each step a [`NextAggregate`] seek). The scan visits at
 /// most `budget` aggregates in key order: more than the window can hold, so that it always
 /// reaches aggregates beyond it (with more aggregates than that, the first in key order, not in
 /// id order). Rows without an aggregate type (inbox messages from other producers) are each
@@ -517,10 +518,7 @@ pub struct BeyondWindow<'a> {
 }
 
 /// [`BeyondWindow`] with a recursive CTE walking the aggregate index.
-pub(crate) fn beyond_window_recursive<B: Backend + ?Sized>(
-    backend: &B,
-    query: &BeyondWindow<'_>,
-) -> Statement {
+fn beyond_window_recursive(query: &BeyondWindow<'_>, next: NextAggregate) -> Statement {
     let queue = query.queue;
     let table = queue.table;
     let mut sql = Sql::new(queue.dialect);
@@ -536,7 +534,7 @@ pub(crate) fn beyond_window_recursive<B: Backend + ?Sized>(
          ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) s \
          UNION ALL SELECT a.n + 1, f.id, f.aggregate_type, f.aggregate_id FROM agg a ",
     );
-    backend.push_next_aggregate(&mut sql, queue);
+    push_next_aggregate(&mut sql, queue, next);
     sql.push(&format!(" WHERE a.n < {}) ", query.budget));
     push_beyond_window_select(&mut sql, queue);
     sql.push("SELECT id FROM agg UNION ALL ");
@@ -575,4 +573,185 @@ pub(crate) fn push_beyond_window_rest(sql: &mut Sql, query: &BeyondWindow<'_>) {
     push_no_unfinished_predecessor(sql, queue);
     sql.push(&format!(" ORDER BY o.id LIMIT {}", query.room));
     sql.push(queue.dialect.lock_rows(true));
+}
+
+/// Whether the heads query computes the window's bound itself (one round trip less per claim)
+/// rather than asking for it first.
+fn window_in_heads_query(queue: &Queue<'_>) -> bool {
+    matches!(queue.dialect.queue_scan(), QueueScan::PartialIndex { .. })
+}
+
+/// The query of [`window_bound`], in the dialect's shape.
+fn push_window_bound(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+    match queue.dialect.queue_scan() {
+        QueueScan::PartialIndex { .. } => push_window_bound_filtered(sql, queue, window),
+        QueueScan::StatusRanges => push_window_bound_by_status(sql, queue, window),
+    }
+}
+
+/// The claim's [`HeadsQuery`], in the dialect's shape.
+fn heads_query(query: &HeadsQuery<'_>) -> Statement {
+    match query.queue.dialect.queue_scan() {
+        QueueScan::PartialIndex { .. } => heads_query_ranged(query),
+        QueueScan::StatusRanges => heads_query_by_status(query),
+    }
+}
+
+/// The claim's query of the heads [`BeyondWindow`], in the dialect's shape.
+fn heads_beyond_window(query: &BeyondWindow<'_>) -> Statement {
+    match query.queue.dialect.queue_scan() {
+        QueueScan::PartialIndex { next } => beyond_window_recursive(query, next),
+        QueueScan::StatusRanges => beyond_window_grouped(query),
+    }
+}
+
+/// In the loose index scan of [`beyond_window_recursive`]: the join from aggregate `a` to the
+/// next one in key order, `f`.
+fn push_next_aggregate(sql: &mut Sql, queue: &Queue<'_>, next: NextAggregate) {
+    match next {
+        NextAggregate::RowValue => push_next_aggregate_by_row_value(sql, queue),
+        NextAggregate::SameTypeThenLater => push_next_aggregate_in_two_seeks(sql, queue),
+    }
+}
+
+/// The query of [`window_bound`] without partial indexes: one `(status, id)` range per status
+/// the window counts.
+fn push_window_bound_by_status(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+    sql.push("SELECT id FROM (");
+    for (i, status) in WINDOW_STATUSES.into_iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!(
+            "(SELECT id FROM {} WHERE status = {} AND {}",
+            queue.table,
+            status.literal(),
+            queue.unfinished("")
+        ));
+        push_scope_of(sql, queue, "");
+        sql.push(&format!(" ORDER BY id LIMIT {window})"));
+    }
+    sql.push(") w");
+    sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
+}
+
+/// [`HeadsQuery`] without partial indexes: one range scan of `(status, id)` per claimable status, each
+/// stopping after `limit` rows, beats filtering every unfinished row then sorting.
+fn heads_query_by_status(query: &HeadsQuery<'_>) -> Statement {
+    let HeadsQuery {
+        queue,
+        limit,
+        ordering,
+        bound,
+    } = query;
+    let mut sql = Sql::new(queue.dialect);
+    let columns = prefixed_columns(queue.columns, "o");
+    let branches: [(WorkStatus, Option<&str>); 3] = [
+        (WorkStatus::Pending, None),
+        (WorkStatus::Retry, Some("o.next_attempt_at <= ")),
+        (WorkStatus::Processing, Some("o.locked_until < ")),
+    ];
+    for (i, (status, due)) in branches.into_iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!("(SELECT {columns}"));
+        push_now_column(&mut sql);
+        if *ordering {
+            push_has_next(&mut sql, queue);
+        }
+        sql.push(&format!(
+            " FROM {} o WHERE o.status = {}",
+            queue.table,
+            status.literal()
+        ));
+        push_scope_of(&mut sql, queue, "o.");
+        if let Some(due) = due {
+            sql.push(" AND ").push(due).time(DbTime::NOW);
+        } else {
+            push_pending_age(&mut sql, queue, "o.");
+        }
+        if let HeadsBound::At(bound) = bound {
+            sql.push(" AND o.id <= ").bind((*bound).into());
+        }
+        if *ordering {
+            push_no_unfinished_predecessor(&mut sql, queue);
+        }
+        sql.push(&format!(
+            " ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+        ));
+    }
+    sql.push(&format!(" ORDER BY id LIMIT {limit}"));
+    sql.build()
+}
+
+/// [`BeyondWindow`] without partial indexes. MySQL's dependent subqueries cannot seek on an outer value: a head is also the first row
+/// of its status in its aggregate, found by a `GROUP BY` that MySQL runs as a loose index
+/// scan of `(aggregate_type, aggregate_id, status, id)`, one per claimable status.
+fn beyond_window_grouped(query: &BeyondWindow<'_>) -> Statement {
+    let queue = query.queue;
+    let table = queue.table;
+    // The index column before the aggregate when the queue is scoped (the inbox's consumer).
+    let lead = match queue.scope {
+        Some((column, _)) => format!("{column}, "),
+        None => String::new(),
+    };
+    let mut sql = Sql::new(queue.dialect);
+    push_beyond_window_select(&mut sql, queue);
+    for status in [
+        WorkStatus::Pending,
+        WorkStatus::Retry,
+        WorkStatus::Processing,
+    ] {
+        sql.push(&format!(
+            "(SELECT MIN(id) AS id FROM {table} WHERE status = {}",
+            status.literal()
+        ));
+        push_scope_of(&mut sql, queue, "");
+        sql.push(&format!(
+            " GROUP BY {lead}aggregate_type, aggregate_id \
+             ORDER BY {lead}aggregate_type, aggregate_id LIMIT {}) UNION ALL ",
+            query.budget
+        ));
+    }
+    push_beyond_window_rest(&mut sql, query);
+    sql.build()
+}
+
+/// [`NextAggregate::RowValue`]: a lateral subquery seeking the aggregate index past `(a.t, a.i)`.
+fn push_next_aggregate_by_row_value(sql: &mut Sql, queue: &Queue<'_>) {
+    sql.push(&format!(
+        "CROSS JOIN LATERAL (SELECT e.id, e.aggregate_type, e.aggregate_id \
+         FROM {} e WHERE {}",
+        queue.table,
+        queue.unfinished("e.")
+    ));
+    push_scope_of(sql, queue, "e.");
+    sql.push(
+        " AND (e.aggregate_type, e.aggregate_id) > (a.t, a.i) AND e.aggregate_id IS NOT NULL \
+         ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) f",
+    );
+}
+
+/// [`NextAggregate::SameTypeThenLater`]. SQLite sorts NULLs first, and with the `aggregate_id IS NOT NULL` that skipping them
+/// needs it no longer seeks on the row value: two seeks instead, the next id of the same
+/// type, else the first aggregate of a later type.
+fn push_next_aggregate_in_two_seeks(sql: &mut Sql, queue: &Queue<'_>) {
+    let table = queue.table;
+    sql.push(&format!(
+        "JOIN {table} f ON f.id = COALESCE((SELECT e.id FROM {table} e WHERE {}",
+        queue.unfinished("e.")
+    ));
+    push_scope_of(sql, queue, "e.");
+    sql.push(&format!(
+        " AND e.aggregate_type = a.t AND e.aggregate_id > a.i \
+         ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1), \
+         (SELECT e.id FROM {table} e WHERE {}",
+        queue.unfinished("e.")
+    ));
+    push_scope_of(sql, queue, "e.");
+    sql.push(
+        " AND e.aggregate_type > a.t AND e.aggregate_id IS NOT NULL \
+         ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1))",
+    );
 }

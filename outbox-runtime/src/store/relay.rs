@@ -396,8 +396,9 @@ pub async fn settle(
         if settlement.sent.is_empty() {
             return Ok(Settled::default());
         }
+        let rule = fence.literal();
         if let Some(sql) =
-            dialect.sent_in_one_round_trip(OUTBOX_TABLE, fence, &settlement.sent, DbTime::NOW)
+            dialect.sent_in_one_round_trip(OUTBOX_TABLE, &rule, &settlement.sent, DbTime::NOW)
         {
             let result = db.execute_unprepared(&sql).await?;
             return Ok(Settled {
