@@ -131,80 +131,133 @@ pub(crate) async fn select_claimable(
     limit: usize,
     ordering: bool,
 ) -> Result<Claimable, DbErr> {
-    let dialect = queue.dialect;
     let limit = limit.max(1);
     let window = window_size(limit);
-    // The heads query computes the window's bound itself and returns it with every row where
-    // the dialect can (one round trip less per claim); otherwise it is asked for first.
-    let heads_bound = if !ordering {
-        HeadsBound::Unbounded
-    } else if window_in_heads_query(queue) {
-        HeadsBound::Window(window)
-    } else {
-        match window_bound(txn, queue, window).await? {
-            Some(bound) => HeadsBound::At(bound),
-            None => HeadsBound::Unbounded,
-        }
-    };
+    let bound = heads_bound(txn, queue, window, ordering).await?;
     let heads = HeadsQuery {
         queue,
         limit,
         ordering,
-        bound: heads_bound,
+        bound,
     };
+    let mut rows = select_heads(txn, &heads).await?;
+    if let Some(bound) = full_window_bound(txn, queue, window, bound, &rows).await?
+        && rows.len() < limit
+    {
+        add_heads_beyond_window(txn, queue, limit, window, bound, &mut rows).await?;
+    }
+    let Some(first) = rows.first() else {
+        return Ok(Claimable { rows, now: None });
+    };
+    let now = queue.dialect.get_timestamp(&first.row, NOW_COLUMN)?;
+    // The heads query says which heads have a later unfinished row; the beyond-window query
+    // does not, so its heads count as having one.
+    if ordering && rows.len() < limit && rows.iter().any(|c| has_next(&c.row)) {
+        add_runs(txn, queue, limit, now, &mut rows).await?;
+    }
+    Ok(Claimable {
+        rows,
+        now: Some(now),
+    })
+}
+
+/// The heads query's bound on ids. It computes the window's bound itself and returns it with
+/// every row where the dialect can (one round trip less per claim); otherwise it is asked for
+/// first.
+async fn heads_bound(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    window: usize,
+    ordering: bool,
+) -> Result<HeadsBound, DbErr> {
+    if !ordering {
+        return Ok(HeadsBound::Unbounded);
+    }
+    if window_in_heads_query(queue) {
+        return Ok(HeadsBound::Window(window));
+    }
+    Ok(match window_bound(txn, queue, window).await? {
+        Some(bound) => HeadsBound::At(bound),
+        None => HeadsBound::Unbounded,
+    })
+}
+
+/// The rows of the heads query, in id order.
+async fn select_heads(
+    txn: &DatabaseTransaction,
+    heads: &HeadsQuery<'_>,
+) -> Result<Vec<Candidate>, DbErr> {
     let mut rows = Vec::new();
-    for row in txn.query_all_raw(heads_query(&heads)).await? {
+    for row in txn.query_all_raw(heads_query(heads)).await? {
         rows.push(Candidate {
             id: row.try_get("", "id")?,
             row,
         });
     }
-    let bound = match heads_bound {
-        HeadsBound::Unbounded => None,
-        HeadsBound::At(bound) => Some(bound),
-        HeadsBound::Window(_) => match rows.first() {
-            Some(c) => c.row.try_get::<Option<i64>>("", "window_bound")?,
-            // No head in the window: whether it is full decides whether to look beyond it.
-            None => window_bound(txn, queue, window).await?,
-        },
-    };
-    if let Some(bound) = bound
-        && rows.len() < limit
-    {
-        let seen: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
-        let beyond = BeyondWindow {
-            queue,
-            room: limit - rows.len(),
-            bound,
-            budget: window + 2 * limit,
-        };
-        for row in txn.query_all_raw(heads_beyond_window(&beyond)).await? {
-            let id: i64 = row.try_get("", "id")?;
-            if !seen.contains(&id) {
-                rows.push(Candidate { id, row });
-            }
-        }
-        rows.sort_by_key(|c| c.id);
-    }
-    let now = match rows.first() {
-        Some(c) => Some(dialect.get_timestamp(&c.row, NOW_COLUMN)?),
-        None => None,
-    };
-    let done = |rows| Ok(Claimable { rows, now });
-    let Some(now) = now else {
-        return done(rows);
-    };
-    // The heads query says which heads have a later unfinished row; the beyond-window query
-    // does not, so its heads count as having one.
-    if !ordering || rows.len() >= limit || !rows.iter().any(|c| has_next(&c.row)) {
-        return done(rows);
-    }
+    Ok(rows)
+}
 
-    // The runs behind each head.
+/// The window's bound when the window is full (`None`: the heads query read every unfinished
+/// row): as asked for first, or as the heads query returned it.
+async fn full_window_bound(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    window: usize,
+    bound: HeadsBound,
+    heads: &[Candidate],
+) -> Result<Option<i64>, DbErr> {
+    match bound {
+        HeadsBound::Unbounded => Ok(None),
+        HeadsBound::At(bound) => Ok(Some(bound)),
+        HeadsBound::Window(_) => match heads.first() {
+            Some(c) => c.row.try_get::<Option<i64>>("", "window_bound"),
+            // No head in the window: whether it is full decides whether to look beyond it.
+            None => window_bound(txn, queue, window).await,
+        },
+    }
+}
+
+/// Add the heads after the window's `bound` (see [`BeyondWindow`]) that are not among `rows`
+/// yet, while there is room; `rows` stay in id order.
+async fn add_heads_beyond_window(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    limit: usize,
+    window: usize,
+    bound: i64,
+    rows: &mut Vec<Candidate>,
+) -> Result<(), DbErr> {
+    let seen: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
+    let beyond = BeyondWindow {
+        queue,
+        room: limit - rows.len(),
+        bound,
+        budget: window + 2 * limit,
+    };
+    for row in txn.query_all_raw(heads_beyond_window(&beyond)).await? {
+        let id: i64 = row.try_get("", "id")?;
+        if !seen.contains(&id) {
+            rows.push(Candidate { id, row });
+        }
+    }
+    rows.sort_by_key(|c| c.id);
+    Ok(())
+}
+
+/// Add the runs behind the heads in `rows`: each aggregate's claimable rows right after its
+/// head, up to the first that is not claimable (leases judged by `now`, the database's time the
+/// heads query read), while there is room; `rows` stay in id order.
+async fn add_runs(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    limit: usize,
+    now: DateTime<Utc>,
+    rows: &mut Vec<Candidate>,
+) -> Result<(), DbErr> {
     let heads: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
     let min_head = rows.iter().map(|c| c.id).min().unwrap_or(0);
     let mut aggregates = Vec::new();
-    for c in &rows {
+    for c in rows.iter() {
         if let (Some(t), Some(i)) = aggregate_of(&c.row)? {
             aggregates.push((t, i));
         }
@@ -212,9 +265,45 @@ pub(crate) async fn select_claimable(
     aggregates.sort_unstable();
     aggregates.dedup();
     if aggregates.is_empty() {
-        return done(rows);
+        return Ok(());
     }
-    let mut sql = Sql::new(dialect);
+    // The other heads are among these rows too: room for them on top of the run rows.
+    let room = limit - rows.len() + heads.len();
+    let statement = runs_query(queue, &aggregates, min_head, room);
+    let mut open: std::collections::HashSet<(String, String)> = aggregates.into_iter().collect();
+    for row in txn.query_all_raw(statement).await? {
+        if rows.len() >= limit {
+            break;
+        }
+        let id: i64 = row.try_get("", "id")?;
+        if heads.contains(&id) {
+            continue;
+        }
+        let (Some(t), Some(i)) = aggregate_of(&row)? else {
+            continue;
+        };
+        let key = (t, i);
+        if !open.contains(&key) {
+            continue;
+        }
+        if run_row_claimable(queue.dialect, &row, now)? {
+            rows.push(Candidate { id, row });
+        } else {
+            open.remove(&key);
+        }
+    }
+    rows.sort_by_key(|c| c.id);
+    Ok(())
+}
+
+/// The unfinished rows after `min_head` of `aggregates`, in id order, at most `limit`, locked.
+fn runs_query(
+    queue: &Queue<'_>,
+    aggregates: &[(String, String)],
+    min_head: i64,
+    limit: usize,
+) -> Statement {
+    let mut sql = Sql::new(queue.dialect);
     sql.push(&format!(
         "SELECT {} FROM {} WHERE {} AND id > {min_head}",
         queue.columns,
@@ -236,41 +325,22 @@ pub(crate) async fn select_claimable(
             .bind(aggregate_id.clone().into())
             .push(")");
     }
-    // The other heads are among these rows too: room for them on top of the run rows.
-    sql.push(&format!(
-        ") ORDER BY id LIMIT {}",
-        limit - rows.len() + heads.len()
-    ));
-    sql.push(dialect.lock_rows(false));
-    let mut open: std::collections::HashSet<(String, String)> = aggregates.into_iter().collect();
-    for row in txn.query_all_raw(sql.build()).await? {
-        if rows.len() >= limit {
-            break;
-        }
-        let id: i64 = row.try_get("", "id")?;
-        if heads.contains(&id) {
-            continue;
-        }
-        let (Some(t), Some(i)) = aggregate_of(&row)? else {
-            continue;
-        };
-        let key = (t, i);
-        if !open.contains(&key) {
-            continue;
-        }
-        let status = WorkStatus::parse(&row.try_get::<String>("", "status")?);
-        // Leases are judged by the database's time the heads query read.
-        let locked_until = dialect.get_opt_timestamp(&row, "locked_until")?;
-        let claimable = status == Some(WorkStatus::Pending)
-            || (status == Some(WorkStatus::Processing) && locked_until.is_some_and(|t| t < now));
-        if claimable {
-            rows.push(Candidate { id, row });
-        } else {
-            open.remove(&key);
-        }
-    }
-    rows.sort_by_key(|c| c.id);
-    done(rows)
+    sql.push(&format!(") ORDER BY id LIMIT {limit}"));
+    sql.push(queue.dialect.lock_rows(false));
+    sql.build()
+}
+
+/// Whether a row of a run can be claimed now: PENDING, or PROCESSING with its lease expired by
+/// `now`.
+fn run_row_claimable(
+    dialect: Dialect,
+    row: &QueryResult,
+    now: DateTime<Utc>,
+) -> Result<bool, DbErr> {
+    let status = WorkStatus::parse(&row.try_get::<String>("", "status")?);
+    let locked_until = dialect.get_opt_timestamp(row, "locked_until")?;
+    Ok(status == Some(WorkStatus::Pending)
+        || (status == Some(WorkStatus::Processing) && locked_until.is_some_and(|t| t < now)))
 }
 
 /// Whether a candidate may have a run behind it: the heads query's `has_next` column; `true`
