@@ -208,15 +208,13 @@ fn mask_literals(text: &str) -> String {
             i += 36;
             continue;
         }
-        if c == '\'' {
-            if let Some(end) = chars[i + 1..].iter().position(|&q| q == '\'') {
-                let inner: String = chars[i + 1..i + 1 + end].iter().collect();
-                if looks_like_time(&inner) {
-                    out.push_str("'<time>'");
-                    i += end + 2;
-                    continue;
-                }
-            }
+        if c == '\''
+            && let Some(end) = chars[i + 1..].iter().position(|&q| q == '\'')
+            && looks_like_time(&chars[i + 1..i + 1 + end].iter().collect::<String>())
+        {
+            out.push_str("'<time>'");
+            i += end + 2;
+            continue;
         }
         out.push(c);
         i += 1;
