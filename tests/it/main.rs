@@ -27,6 +27,7 @@ mod conformance;
 mod console;
 mod delayed;
 mod fast_path;
+mod golden_sql;
 mod inbox;
 #[cfg(feature = "nats")]
 mod inbox_nats;

@@ -1,15 +1,19 @@
 //! Claiming rows of a work queue table (`outbox_event`, `inbox_event`) in id order, with
-//! optional per-aggregate order. The statements' shapes that differ per backend are the
-//! dialect's ([`Backend::heads_query`], [`Backend::push_window_bound`],
-//! [`Backend::heads_beyond_window`]); the defaults here are the partial-index shapes PostgreSQL
-//! and SQLite share.
+//! optional per-aggregate order. The statements take the shape the dialect's planner reads
+//! fast ([`QueueScan`]): over a partial index of the unfinished rows (PostgreSQL, SQLite), or
+//! one `(status, id)` range per status (MySQL/MariaDB); both shapes are here, side by side.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, QueryResult, Statement, Value};
 
-use super::{DbTime, Dialect, dialect::Backend, sql::Sql, status::WorkStatus};
+use super::{
+    DbTime, Dialect,
+    dialect::{NextAggregate, QueueScan},
+    sql::Sql,
+    status::WorkStatus,
+};
 
 /// How to claim from a work queue: the relay's claim of outbox events, the worker's claim of
 /// inbox messages, the database-local transport's move.
@@ -127,83 +131,133 @@ pub(crate) async fn select_claimable(
     limit: usize,
     ordering: bool,
 ) -> Result<Claimable, DbErr> {
-    let dialect = queue.dialect;
     let limit = limit.max(1);
     let window = window_size(limit);
-    // The heads query computes the window's bound itself and returns it with every row where
-    // the dialect can (one round trip less per claim); otherwise it is asked for first.
-    let heads_bound = if !ordering {
-        HeadsBound::Unbounded
-    } else if dialect.window_in_heads_query() {
-        HeadsBound::Window(window)
-    } else {
-        match window_bound(txn, queue, window).await? {
-            Some(bound) => HeadsBound::At(bound),
-            None => HeadsBound::Unbounded,
-        }
-    };
+    let bound = heads_bound(txn, queue, window, ordering).await?;
     let heads = HeadsQuery {
         queue,
         limit,
         ordering,
-        bound: heads_bound,
+        bound,
     };
+    let mut rows = select_heads(txn, &heads).await?;
+    if let Some(bound) = full_window_bound(txn, queue, window, bound, &rows).await?
+        && rows.len() < limit
+    {
+        add_heads_beyond_window(txn, queue, limit, window, bound, &mut rows).await?;
+    }
+    let Some(first) = rows.first() else {
+        return Ok(Claimable { rows, now: None });
+    };
+    let now = queue.dialect.get_timestamp(&first.row, NOW_COLUMN)?;
+    // The heads query says which heads have a later unfinished row; the beyond-window query
+    // does not, so its heads count as having one.
+    if ordering && rows.len() < limit && rows.iter().any(|c| has_next(&c.row)) {
+        add_runs(txn, queue, limit, now, &mut rows).await?;
+    }
+    Ok(Claimable {
+        rows,
+        now: Some(now),
+    })
+}
+
+/// The heads query's bound on ids. It computes the window's bound itself and returns it with
+/// every row where the dialect can (one round trip less per claim); otherwise it is asked for
+/// first.
+async fn heads_bound(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    window: usize,
+    ordering: bool,
+) -> Result<HeadsBound, DbErr> {
+    if !ordering {
+        return Ok(HeadsBound::Unbounded);
+    }
+    if window_in_heads_query(queue) {
+        return Ok(HeadsBound::Window(window));
+    }
+    Ok(match window_bound(txn, queue, window).await? {
+        Some(bound) => HeadsBound::At(bound),
+        None => HeadsBound::Unbounded,
+    })
+}
+
+/// The rows of the heads query, in id order.
+async fn select_heads(
+    txn: &DatabaseTransaction,
+    heads: &HeadsQuery<'_>,
+) -> Result<Vec<Candidate>, DbErr> {
     let mut rows = Vec::new();
-    for row in txn.query_all_raw(dialect.heads_query(&heads)).await? {
+    for row in txn.query_all_raw(heads_query(heads)).await? {
         rows.push(Candidate {
             id: row.try_get("", "id")?,
             row,
         });
     }
-    let bound = match heads_bound {
-        HeadsBound::Unbounded => None,
-        HeadsBound::At(bound) => Some(bound),
-        HeadsBound::Window(_) => match rows.first() {
-            Some(c) => c.row.try_get::<Option<i64>>("", "window_bound")?,
-            // No head in the window: whether it is full decides whether to look beyond it.
-            None => window_bound(txn, queue, window).await?,
-        },
-    };
-    if let Some(bound) = bound
-        && rows.len() < limit
-    {
-        let seen: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
-        let beyond = BeyondWindow {
-            queue,
-            room: limit - rows.len(),
-            bound,
-            budget: window + 2 * limit,
-        };
-        for row in txn
-            .query_all_raw(dialect.heads_beyond_window(&beyond))
-            .await?
-        {
-            let id: i64 = row.try_get("", "id")?;
-            if !seen.contains(&id) {
-                rows.push(Candidate { id, row });
-            }
-        }
-        rows.sort_by_key(|c| c.id);
-    }
-    let now = match rows.first() {
-        Some(c) => Some(dialect.get_timestamp(&c.row, NOW_COLUMN)?),
-        None => None,
-    };
-    let done = |rows| Ok(Claimable { rows, now });
-    let Some(now) = now else {
-        return done(rows);
-    };
-    // The heads query says which heads have a later unfinished row; the beyond-window query
-    // does not, so its heads count as having one.
-    if !ordering || rows.len() >= limit || !rows.iter().any(|c| has_next(&c.row)) {
-        return done(rows);
-    }
+    Ok(rows)
+}
 
-    // The runs behind each head.
+/// The window's bound when the window is full (`None`: the heads query read every unfinished
+/// row): as asked for first, or as the heads query returned it.
+async fn full_window_bound(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    window: usize,
+    bound: HeadsBound,
+    heads: &[Candidate],
+) -> Result<Option<i64>, DbErr> {
+    match bound {
+        HeadsBound::Unbounded => Ok(None),
+        HeadsBound::At(bound) => Ok(Some(bound)),
+        HeadsBound::Window(_) => match heads.first() {
+            Some(c) => c.row.try_get::<Option<i64>>("", "window_bound"),
+            // No head in the window: whether it is full decides whether to look beyond it.
+            None => window_bound(txn, queue, window).await,
+        },
+    }
+}
+
+/// Add the heads after the window's `bound` (see [`BeyondWindow`]) that are not among `rows`
+/// yet, while there is room; `rows` stay in id order.
+async fn add_heads_beyond_window(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    limit: usize,
+    window: usize,
+    bound: i64,
+    rows: &mut Vec<Candidate>,
+) -> Result<(), DbErr> {
+    let seen: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
+    let beyond = BeyondWindow {
+        queue,
+        room: limit - rows.len(),
+        bound,
+        budget: window + 2 * limit,
+    };
+    for row in txn.query_all_raw(heads_beyond_window(&beyond)).await? {
+        let id: i64 = row.try_get("", "id")?;
+        if !seen.contains(&id) {
+            rows.push(Candidate { id, row });
+        }
+    }
+    rows.sort_by_key(|c| c.id);
+    Ok(())
+}
+
+/// Add the runs behind the heads in `rows`: each aggregate's claimable rows right after its
+/// head, up to the first that is not claimable (leases judged by `now`, the database's time the
+/// heads query read), while there is room; `rows` stay in id order.
+async fn add_runs(
+    txn: &DatabaseTransaction,
+    queue: &Queue<'_>,
+    limit: usize,
+    now: DateTime<Utc>,
+    rows: &mut Vec<Candidate>,
+) -> Result<(), DbErr> {
     let heads: std::collections::HashSet<i64> = rows.iter().map(|c| c.id).collect();
     let min_head = rows.iter().map(|c| c.id).min().unwrap_or(0);
     let mut aggregates = Vec::new();
-    for c in &rows {
+    for c in rows.iter() {
         if let (Some(t), Some(i)) = aggregate_of(&c.row)? {
             aggregates.push((t, i));
         }
@@ -211,9 +265,45 @@ pub(crate) async fn select_claimable(
     aggregates.sort_unstable();
     aggregates.dedup();
     if aggregates.is_empty() {
-        return done(rows);
+        return Ok(());
     }
-    let mut sql = Sql::new(dialect);
+    // The other heads are among these rows too: room for them on top of the run rows.
+    let room = limit - rows.len() + heads.len();
+    let statement = runs_query(queue, &aggregates, min_head, room);
+    let mut open: std::collections::HashSet<(String, String)> = aggregates.into_iter().collect();
+    for row in txn.query_all_raw(statement).await? {
+        if rows.len() >= limit {
+            break;
+        }
+        let id: i64 = row.try_get("", "id")?;
+        if heads.contains(&id) {
+            continue;
+        }
+        let (Some(t), Some(i)) = aggregate_of(&row)? else {
+            continue;
+        };
+        let key = (t, i);
+        if !open.contains(&key) {
+            continue;
+        }
+        if run_row_claimable(queue.dialect, &row, now)? {
+            rows.push(Candidate { id, row });
+        } else {
+            open.remove(&key);
+        }
+    }
+    rows.sort_by_key(|c| c.id);
+    Ok(())
+}
+
+/// The unfinished rows after `min_head` of `aggregates`, in id order, at most `limit`, locked.
+fn runs_query(
+    queue: &Queue<'_>,
+    aggregates: &[(String, String)],
+    min_head: i64,
+    limit: usize,
+) -> Statement {
+    let mut sql = Sql::new(queue.dialect);
     sql.push(&format!(
         "SELECT {} FROM {} WHERE {} AND id > {min_head}",
         queue.columns,
@@ -235,41 +325,22 @@ pub(crate) async fn select_claimable(
             .bind(aggregate_id.clone().into())
             .push(")");
     }
-    // The other heads are among these rows too: room for them on top of the run rows.
-    sql.push(&format!(
-        ") ORDER BY id LIMIT {}",
-        limit - rows.len() + heads.len()
-    ));
-    sql.push(dialect.lock_rows(false));
-    let mut open: std::collections::HashSet<(String, String)> = aggregates.into_iter().collect();
-    for row in txn.query_all_raw(sql.build()).await? {
-        if rows.len() >= limit {
-            break;
-        }
-        let id: i64 = row.try_get("", "id")?;
-        if heads.contains(&id) {
-            continue;
-        }
-        let (Some(t), Some(i)) = aggregate_of(&row)? else {
-            continue;
-        };
-        let key = (t, i);
-        if !open.contains(&key) {
-            continue;
-        }
-        let status = WorkStatus::parse(&row.try_get::<String>("", "status")?);
-        // Leases are judged by the database's time the heads query read.
-        let locked_until = dialect.get_opt_timestamp(&row, "locked_until")?;
-        let claimable = status == Some(WorkStatus::Pending)
-            || (status == Some(WorkStatus::Processing) && locked_until.is_some_and(|t| t < now));
-        if claimable {
-            rows.push(Candidate { id, row });
-        } else {
-            open.remove(&key);
-        }
-    }
-    rows.sort_by_key(|c| c.id);
-    done(rows)
+    sql.push(&format!(") ORDER BY id LIMIT {limit}"));
+    sql.push(queue.dialect.lock_rows(false));
+    sql.build()
+}
+
+/// Whether a row of a run can be claimed now: PENDING, or PROCESSING with its lease expired by
+/// `now`.
+fn run_row_claimable(
+    dialect: Dialect,
+    row: &QueryResult,
+    now: DateTime<Utc>,
+) -> Result<bool, DbErr> {
+    let status = WorkStatus::parse(&row.try_get::<String>("", "status")?);
+    let locked_until = dialect.get_opt_timestamp(row, "locked_until")?;
+    Ok(status == Some(WorkStatus::Pending)
+        || (status == Some(WorkStatus::Processing) && locked_until.is_some_and(|t| t < now)))
 }
 
 /// Whether a candidate may have a run behind it: the heads query's `has_next` column; `true`
@@ -384,7 +455,7 @@ async fn window_bound(
     window: usize,
 ) -> Result<Option<i64>, DbErr> {
     let mut sql = Sql::new(queue.dialect);
-    queue.dialect.push_window_bound(&mut sql, queue, window);
+    push_window_bound(&mut sql, queue, window);
     match txn.query_one_raw(sql.build()).await? {
         Some(row) => Ok(Some(row.try_get("", "id")?)),
         None => Ok(None),
@@ -393,7 +464,7 @@ async fn window_bound(
 
 /// The query of [`window_bound`], also used as a scalar subquery: served by the
 /// unsent/unfinished partial index.
-pub(crate) fn push_window_bound_filtered(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+fn push_window_bound_filtered(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
     sql.push(&format!(
         "SELECT id FROM {} WHERE {} AND status <> {}",
         queue.table,
@@ -432,7 +503,7 @@ pub struct HeadsQuery<'a> {
 }
 
 /// [`HeadsQuery`] over the partial index of unfinished rows, from the first of them.
-pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
+fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     let HeadsQuery {
         queue,
         limit,
@@ -444,7 +515,7 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     let columns = prefixed_columns(queue.columns, "o");
     if let HeadsBound::Window(window) = bound {
         sql.push("WITH w AS (");
-        dialect.push_window_bound(&mut sql, queue, *window);
+        push_window_bound(&mut sql, queue, *window);
         sql.push(") ");
     }
     sql.push(&format!("SELECT {columns}"));
@@ -496,7 +567,7 @@ pub(crate) fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
 ///
 /// Candidates are each aggregate's first unfinished row, found by a loose index scan over the
 /// aggregate index that jumps from one `(aggregate_type, aggregate_id)` to the next (a recursive
-/// CTE by default, each step the dialect's [`Backend::push_next_aggregate`]). The scan visits at
+/// CTE over a partial index, each step a [`NextAggregate`] seek). The scan visits at
 /// most `budget` aggregates in key order: more than the window can hold, so that it always
 /// reaches aggregates beyond it (with more aggregates than that, the first in key order, not in
 /// id order). Rows without an aggregate type (inbox messages from other producers) are each
@@ -517,10 +588,7 @@ pub struct BeyondWindow<'a> {
 }
 
 /// [`BeyondWindow`] with a recursive CTE walking the aggregate index.
-pub(crate) fn beyond_window_recursive<B: Backend + ?Sized>(
-    backend: &B,
-    query: &BeyondWindow<'_>,
-) -> Statement {
+fn beyond_window_recursive(query: &BeyondWindow<'_>, next: NextAggregate) -> Statement {
     let queue = query.queue;
     let table = queue.table;
     let mut sql = Sql::new(queue.dialect);
@@ -536,7 +604,7 @@ pub(crate) fn beyond_window_recursive<B: Backend + ?Sized>(
          ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) s \
          UNION ALL SELECT a.n + 1, f.id, f.aggregate_type, f.aggregate_id FROM agg a ",
     );
-    backend.push_next_aggregate(&mut sql, queue);
+    push_next_aggregate(&mut sql, queue, next);
     sql.push(&format!(" WHERE a.n < {}) ", query.budget));
     push_beyond_window_select(&mut sql, queue);
     sql.push("SELECT id FROM agg UNION ALL ");
@@ -575,4 +643,185 @@ pub(crate) fn push_beyond_window_rest(sql: &mut Sql, query: &BeyondWindow<'_>) {
     push_no_unfinished_predecessor(sql, queue);
     sql.push(&format!(" ORDER BY o.id LIMIT {}", query.room));
     sql.push(queue.dialect.lock_rows(true));
+}
+
+/// Whether the heads query computes the window's bound itself (one round trip less per claim)
+/// rather than asking for it first.
+fn window_in_heads_query(queue: &Queue<'_>) -> bool {
+    matches!(queue.dialect.queue_scan(), QueueScan::PartialIndex { .. })
+}
+
+/// The query of [`window_bound`], in the dialect's shape.
+fn push_window_bound(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+    match queue.dialect.queue_scan() {
+        QueueScan::PartialIndex { .. } => push_window_bound_filtered(sql, queue, window),
+        QueueScan::StatusRanges => push_window_bound_by_status(sql, queue, window),
+    }
+}
+
+/// The claim's [`HeadsQuery`], in the dialect's shape.
+fn heads_query(query: &HeadsQuery<'_>) -> Statement {
+    match query.queue.dialect.queue_scan() {
+        QueueScan::PartialIndex { .. } => heads_query_ranged(query),
+        QueueScan::StatusRanges => heads_query_by_status(query),
+    }
+}
+
+/// The claim's query of the heads [`BeyondWindow`], in the dialect's shape.
+fn heads_beyond_window(query: &BeyondWindow<'_>) -> Statement {
+    match query.queue.dialect.queue_scan() {
+        QueueScan::PartialIndex { next } => beyond_window_recursive(query, next),
+        QueueScan::StatusRanges => beyond_window_grouped(query),
+    }
+}
+
+/// In the loose index scan of [`beyond_window_recursive`]: the join from aggregate `a` to the
+/// next one in key order, `f`.
+fn push_next_aggregate(sql: &mut Sql, queue: &Queue<'_>, next: NextAggregate) {
+    match next {
+        NextAggregate::RowValue => push_next_aggregate_by_row_value(sql, queue),
+        NextAggregate::SameTypeThenLater => push_next_aggregate_in_two_seeks(sql, queue),
+    }
+}
+
+/// The query of [`window_bound`] without partial indexes: one `(status, id)` range per status
+/// the window counts.
+fn push_window_bound_by_status(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
+    sql.push("SELECT id FROM (");
+    for (i, status) in WINDOW_STATUSES.into_iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!(
+            "(SELECT id FROM {} WHERE status = {} AND {}",
+            queue.table,
+            status.literal(),
+            queue.unfinished("")
+        ));
+        push_scope_of(sql, queue, "");
+        sql.push(&format!(" ORDER BY id LIMIT {window})"));
+    }
+    sql.push(") w");
+    sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
+}
+
+/// [`HeadsQuery`] without partial indexes: one range scan of `(status, id)` per claimable status, each
+/// stopping after `limit` rows, beats filtering every unfinished row then sorting.
+fn heads_query_by_status(query: &HeadsQuery<'_>) -> Statement {
+    let HeadsQuery {
+        queue,
+        limit,
+        ordering,
+        bound,
+    } = query;
+    let mut sql = Sql::new(queue.dialect);
+    let columns = prefixed_columns(queue.columns, "o");
+    let branches: [(WorkStatus, Option<&str>); 3] = [
+        (WorkStatus::Pending, None),
+        (WorkStatus::Retry, Some("o.next_attempt_at <= ")),
+        (WorkStatus::Processing, Some("o.locked_until < ")),
+    ];
+    for (i, (status, due)) in branches.into_iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!("(SELECT {columns}"));
+        push_now_column(&mut sql);
+        if *ordering {
+            push_has_next(&mut sql, queue);
+        }
+        sql.push(&format!(
+            " FROM {} o WHERE o.status = {}",
+            queue.table,
+            status.literal()
+        ));
+        push_scope_of(&mut sql, queue, "o.");
+        if let Some(due) = due {
+            sql.push(" AND ").push(due).time(DbTime::NOW);
+        } else {
+            push_pending_age(&mut sql, queue, "o.");
+        }
+        if let HeadsBound::At(bound) = bound {
+            sql.push(" AND o.id <= ").bind((*bound).into());
+        }
+        if *ordering {
+            push_no_unfinished_predecessor(&mut sql, queue);
+        }
+        sql.push(&format!(
+            " ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
+        ));
+    }
+    sql.push(&format!(" ORDER BY id LIMIT {limit}"));
+    sql.build()
+}
+
+/// [`BeyondWindow`] without partial indexes. MySQL's dependent subqueries cannot seek on an outer value: a head is also the first row
+/// of its status in its aggregate, found by a `GROUP BY` that MySQL runs as a loose index
+/// scan of `(aggregate_type, aggregate_id, status, id)`, one per claimable status.
+fn beyond_window_grouped(query: &BeyondWindow<'_>) -> Statement {
+    let queue = query.queue;
+    let table = queue.table;
+    // The index column before the aggregate when the queue is scoped (the inbox's consumer).
+    let lead = match queue.scope {
+        Some((column, _)) => format!("{column}, "),
+        None => String::new(),
+    };
+    let mut sql = Sql::new(queue.dialect);
+    push_beyond_window_select(&mut sql, queue);
+    for status in [
+        WorkStatus::Pending,
+        WorkStatus::Retry,
+        WorkStatus::Processing,
+    ] {
+        sql.push(&format!(
+            "(SELECT MIN(id) AS id FROM {table} WHERE status = {}",
+            status.literal()
+        ));
+        push_scope_of(&mut sql, queue, "");
+        sql.push(&format!(
+            " GROUP BY {lead}aggregate_type, aggregate_id \
+             ORDER BY {lead}aggregate_type, aggregate_id LIMIT {}) UNION ALL ",
+            query.budget
+        ));
+    }
+    push_beyond_window_rest(&mut sql, query);
+    sql.build()
+}
+
+/// [`NextAggregate::RowValue`]: a lateral subquery seeking the aggregate index past `(a.t, a.i)`.
+fn push_next_aggregate_by_row_value(sql: &mut Sql, queue: &Queue<'_>) {
+    sql.push(&format!(
+        "CROSS JOIN LATERAL (SELECT e.id, e.aggregate_type, e.aggregate_id \
+         FROM {} e WHERE {}",
+        queue.table,
+        queue.unfinished("e.")
+    ));
+    push_scope_of(sql, queue, "e.");
+    sql.push(
+        " AND (e.aggregate_type, e.aggregate_id) > (a.t, a.i) AND e.aggregate_id IS NOT NULL \
+         ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) f",
+    );
+}
+
+/// [`NextAggregate::SameTypeThenLater`]. SQLite sorts NULLs first, and with the `aggregate_id IS NOT NULL` that skipping them
+/// needs it no longer seeks on the row value: two seeks instead, the next id of the same
+/// type, else the first aggregate of a later type.
+fn push_next_aggregate_in_two_seeks(sql: &mut Sql, queue: &Queue<'_>) {
+    let table = queue.table;
+    sql.push(&format!(
+        "JOIN {table} f ON f.id = COALESCE((SELECT e.id FROM {table} e WHERE {}",
+        queue.unfinished("e.")
+    ));
+    push_scope_of(sql, queue, "e.");
+    sql.push(&format!(
+        " AND e.aggregate_type = a.t AND e.aggregate_id > a.i \
+         ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1), \
+         (SELECT e.id FROM {table} e WHERE {}",
+        queue.unfinished("e.")
+    ));
+    push_scope_of(sql, queue, "e.");
+    sql.push(
+        " AND e.aggregate_type > a.t AND e.aggregate_id IS NOT NULL \
+         ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1))",
+    );
 }

@@ -7,13 +7,11 @@
 //! The process's own wall clock is read only where nothing depends on it agreeing with another
 //! host's (log lines, a loop's last success); intervals inside one process (backoff, polling,
 //! timeouts) use the monotonic clock.
+//!
+//! This file says what an instant is; `sql.rs` writes one into a statement (`Sql::time`) and
+//! reads the database's current time (`database_now`).
 
 use std::time::Duration;
-
-use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DbErr};
-
-use super::{Dialect, sql::Sql};
 
 /// An instant by the database's clock: its current time when the statement runs, shifted by an
 /// offset the process chose.
@@ -46,35 +44,6 @@ impl DbTime {
     pub(crate) fn offset_micros(self) -> i64 {
         self.offset_micros.saturating_add(skew::micros())
     }
-}
-
-impl Sql {
-    /// Append the instant `t` as the database computes it: its clock's current time, plus the
-    /// offset as a bound value when there is one.
-    pub fn time(&mut self, t: DbTime) -> &mut Self {
-        let offset = t.offset_micros();
-        if offset == 0 {
-            let now = self.dialect.time_expression(None);
-            self.push(&now)
-        } else {
-            let placeholder = self.bind_placeholder(offset.into());
-            let shifted = self.dialect.time_expression(Some(&placeholder));
-            self.push(&shifted)
-        }
-    }
-}
-
-/// The database's current time (one round trip): what the admin API and the metrics measure
-/// ages against, and where retention's cutoffs are counted back from.
-pub async fn database_now<C: ConnectionTrait + ?Sized>(conn: &C) -> Result<DateTime<Utc>, DbErr> {
-    let dialect = Dialect::of(conn);
-    let mut sql = Sql::new(dialect);
-    sql.push("SELECT ").time(DbTime::NOW).push(" AS now");
-    let row = conn
-        .query_one_raw(sql.build())
-        .await?
-        .ok_or_else(|| DbErr::RecordNotFound("the database's current time".to_owned()))?;
-    dialect.get_timestamp(&row, "now")
 }
 
 /// The test clock: a skew added to the database's time in the statements a thread builds, so a

@@ -13,7 +13,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::{claim, mysql::MySql, postgres::Postgres, sql::Sql, sqlite::Sqlite};
+use super::{mysql::MySql, postgres::Postgres, sqlite::Sqlite};
 
 /// One backend's SQL: the defaults are what PostgreSQL, MySQL/MariaDB and SQLite share, or what
 /// most of them do. Sealed: the SDK's three backends are its only implementations.
@@ -52,7 +52,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     fn time_expression(&self, offset: Option<&str>) -> String;
 
     /// The instant `t` as an expression with its offset written as a literal, for statements
-    /// not built with [`Sql`] (the offset is a number this process made, never input).
+    /// not built with [`Sql`](super::sql::Sql) (the offset is a number this process made, never input).
     fn time_literal(&self, t: super::DbTime) -> String {
         match t.offset_micros() {
             0 => self.time_expression(None),
@@ -183,37 +183,17 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// The indexes the SDK's migrations create on `table` on this backend.
     fn expected_indexes(&self, table: &str) -> &'static [&'static str];
 
-    /// Whether the claim's heads query computes the window's bound itself (one round trip less
-    /// per claim) rather than asking for it first.
-    fn window_in_heads_query(&self) -> bool {
-        true
-    }
+    /// How the backend's planner reads a work queue, which shapes the claim's statements
+    /// (`claim.rs`).
+    fn queue_scan(&self) -> QueueScan;
 
-    /// The query of the claim window's bound (see `claim::window_bound`).
-    fn push_window_bound(&self, sql: &mut Sql, queue: &claim::Queue<'_>, window: usize) {
-        claim::push_window_bound_filtered(sql, queue, window);
-    }
-
-    /// The claim's heads query (see `claim::heads_query`).
-    fn heads_query(&self, query: &claim::HeadsQuery<'_>) -> Statement {
-        claim::heads_query_ranged(query)
-    }
-
-    /// The claim's query of the heads beyond the window (see `claim::beyond_window`).
-    fn heads_beyond_window(&self, query: &claim::BeyondWindow<'_>) -> Statement {
-        claim::beyond_window_recursive(self, query)
-    }
-
-    /// In the loose index scan of `claim::beyond_window_recursive`: the join from aggregate
-    /// `a` to the next one in key order, `f`.
-    fn push_next_aggregate(&self, _sql: &mut Sql, _queue: &claim::Queue<'_>) {}
-
-    /// One statement, sent as a simple query, that marks `ids` SENT at `at` under `fence`, when
+    /// One statement, sent as a simple query, that marks `ids` SENT at `at` where `fence` (a
+    /// condition with its values written as literals: the write-back's fencing rule) holds, when
     /// the backend can run a claim's usual write-back that way in one round trip.
     fn sent_in_one_round_trip(
         &self,
         _table: &str,
-        _fence: super::relay::Fence,
+        _fence: &str,
         _ids: &[i64],
         _at: super::DbTime,
     ) -> Option<String> {
@@ -244,6 +224,35 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     ) -> Statement {
         super::retention::purge_by_subquery(purge, statuses, limit, self.lock_rows(true))
     }
+}
+
+/// How a backend's planner reads a work queue (`outbox_event`, `inbox_event`) fast: the claim
+/// (`claim.rs`) writes its statements in the shape this names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueScan {
+    /// A partial index of the unfinished rows, read as one id range: the heads query computes
+    /// the claim window's bound itself, and the heads beyond the window are found by a loose
+    /// index scan over the aggregate index (a recursive CTE), each step a `next` seek.
+    PartialIndex {
+        /// How the loose index scan steps from one aggregate to the next.
+        next: NextAggregate,
+    },
+    /// No partial indexes: one `(status, id)` range per status. The window's bound is asked
+    /// for first, and the heads beyond the window are each status's first row per aggregate,
+    /// found by a `GROUP BY` the planner runs as a loose index scan.
+    StatusRanges,
+}
+
+/// A step of the loose index scan over `(aggregate_type, aggregate_id, id)`: from aggregate
+/// `(a.t, a.i)` to the next one in key order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextAggregate {
+    /// One seek past the row value `(a.t, a.i)`, in a lateral subquery.
+    RowValue,
+    /// Two seeks, for a planner that sorts NULLs first and, with the `aggregate_id IS NOT NULL`
+    /// that skipping them needs, no longer seeks on the row value: the next id of the same
+    /// type, else the first aggregate of a later type.
+    SameTypeThenLater,
 }
 
 pub(super) mod sealed {

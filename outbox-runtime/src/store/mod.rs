@@ -42,10 +42,11 @@ pub mod status;
 pub mod tx;
 pub mod wal;
 
-pub use clock::{DbTime, database_now};
+pub use clock::DbTime;
 pub use dialect::Dialect;
 pub use errors::{is_connection_error, is_transient};
 pub(crate) use outbox::{InsertOutcome, insert_events};
+pub use sql::database_now;
 pub use status::{Failure, FailureClass, InboxStatus, OutboxStatus};
 
 /// The outbox table.

@@ -5,12 +5,10 @@
 use sea_orm::{DbBackend, Statement};
 
 use super::{
-    DbTime,
-    claim::{self, BeyondWindow, HeadsBound, HeadsQuery, Queue},
-    dialect::{Backend, sealed::Sealed},
+    dialect::{Backend, QueueScan, sealed::Sealed},
     retention::Purge,
     sql::Sql,
-    status::{OutboxStatus, WorkStatus},
+    status::OutboxStatus,
 };
 
 /// The MySQL/MariaDB dialect.
@@ -88,111 +86,9 @@ impl Backend for MySql {
         }
     }
 
-    fn window_in_heads_query(&self) -> bool {
-        false
-    }
-
-    /// One `(status, id)` range per status the window counts.
-    fn push_window_bound(&self, sql: &mut Sql, queue: &Queue<'_>, window: usize) {
-        sql.push("SELECT id FROM (");
-        for (i, status) in claim::WINDOW_STATUSES.into_iter().enumerate() {
-            if i > 0 {
-                sql.push(" UNION ALL ");
-            }
-            sql.push(&format!(
-                "(SELECT id FROM {} WHERE status = {} AND {}",
-                queue.table,
-                status.literal(),
-                queue.unfinished("")
-            ));
-            claim::push_scope_of(sql, queue, "");
-            sql.push(&format!(" ORDER BY id LIMIT {window})"));
-        }
-        sql.push(") w");
-        sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
-    }
-
-    /// Without partial indexes, one range scan of `(status, id)` per claimable status, each
-    /// stopping after `limit` rows, beats filtering every unfinished row then sorting.
-    fn heads_query(&self, query: &HeadsQuery<'_>) -> Statement {
-        let HeadsQuery {
-            queue,
-            limit,
-            ordering,
-            bound,
-        } = query;
-        let mut sql = Sql::new(queue.dialect);
-        let columns = claim::prefixed_columns(queue.columns, "o");
-        let branches: [(WorkStatus, Option<&str>); 3] = [
-            (WorkStatus::Pending, None),
-            (WorkStatus::Retry, Some("o.next_attempt_at <= ")),
-            (WorkStatus::Processing, Some("o.locked_until < ")),
-        ];
-        for (i, (status, due)) in branches.into_iter().enumerate() {
-            if i > 0 {
-                sql.push(" UNION ALL ");
-            }
-            sql.push(&format!("(SELECT {columns}"));
-            claim::push_now_column(&mut sql);
-            if *ordering {
-                claim::push_has_next(&mut sql, queue);
-            }
-            sql.push(&format!(
-                " FROM {} o WHERE o.status = {}",
-                queue.table,
-                status.literal()
-            ));
-            claim::push_scope_of(&mut sql, queue, "o.");
-            if let Some(due) = due {
-                sql.push(" AND ").push(due).time(DbTime::NOW);
-            } else {
-                claim::push_pending_age(&mut sql, queue, "o.");
-            }
-            if let HeadsBound::At(bound) = bound {
-                sql.push(" AND o.id <= ").bind((*bound).into());
-            }
-            if *ordering {
-                claim::push_no_unfinished_predecessor(&mut sql, queue);
-            }
-            sql.push(&format!(
-                " ORDER BY o.id LIMIT {limit} FOR UPDATE SKIP LOCKED)"
-            ));
-        }
-        sql.push(&format!(" ORDER BY id LIMIT {limit}"));
-        sql.build()
-    }
-
-    /// MySQL's dependent subqueries cannot seek on an outer value: a head is also the first row
-    /// of its status in its aggregate, found by a `GROUP BY` that MySQL runs as a loose index
-    /// scan of `(aggregate_type, aggregate_id, status, id)`, one per claimable status.
-    fn heads_beyond_window(&self, query: &BeyondWindow<'_>) -> Statement {
-        let queue = query.queue;
-        let table = queue.table;
-        // The index column before the aggregate when the queue is scoped (the inbox's consumer).
-        let lead = match queue.scope {
-            Some((column, _)) => format!("{column}, "),
-            None => String::new(),
-        };
-        let mut sql = Sql::new(queue.dialect);
-        claim::push_beyond_window_select(&mut sql, queue);
-        for status in [
-            WorkStatus::Pending,
-            WorkStatus::Retry,
-            WorkStatus::Processing,
-        ] {
-            sql.push(&format!(
-                "(SELECT MIN(id) AS id FROM {table} WHERE status = {}",
-                status.literal()
-            ));
-            claim::push_scope_of(&mut sql, queue, "");
-            sql.push(&format!(
-                " GROUP BY {lead}aggregate_type, aggregate_id \
-                 ORDER BY {lead}aggregate_type, aggregate_id LIMIT {}) UNION ALL ",
-                query.budget
-            ));
-        }
-        claim::push_beyond_window_rest(&mut sql, query);
-        sql.build()
+    /// No partial indexes: every claim statement reads one `(status, id)` range per status.
+    fn queue_scan(&self) -> QueueScan {
+        QueueScan::StatusRanges
     }
 
     fn purge_by_status(&self) -> bool {

@@ -200,56 +200,7 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
         None => batch_rows.max(1),
     };
     for chunk in to_write.chunks(rows) {
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "INSERT INTO {OUTBOX_TABLE} ({}, created_at",
-            INSERT_COLUMNS.join(", ")
-        ));
-        if fast.is_some() {
-            sql.push(", status, locked_by, locked_until, claim_token");
-        }
-        sql.push(") VALUES ");
-        for (i, (_, event)) in chunk.iter().enumerate() {
-            if i > 0 {
-                sql.push(", ");
-            }
-            sql.push("(");
-            push_event_values(&mut sql, event);
-            // Written by the database's clock, like every instant the SDK stores.
-            sql.push(", ").time(DbTime::NOW);
-            if let Some(fast) = fast {
-                let key = (event.aggregate_type.as_ref(), event.aggregate_id.as_str());
-                let before = earlier.entry(key).or_default();
-                let check = fast.ordering.then_some(before.as_slice());
-                // status, locked_by, locked_until: the fast path's claim, or PENDING unleased.
-                let (pending, processing) = (
-                    OutboxStatus::Pending.literal(),
-                    OutboxStatus::Processing.literal(),
-                );
-                let owner = Arg::Value(fast.owner.to_owned().into());
-                let until = Arg::Time(DbTime::after(fast.lease));
-                sql.push(", ");
-                push_fast_claim(
-                    &mut sql,
-                    event,
-                    check,
-                    Claimed::Literal(processing),
-                    pending,
-                );
-                sql.push(", ");
-                push_fast_claim(&mut sql, event, check, Claimed::Arg(owner), "NULL");
-                sql.push(", ");
-                push_fast_claim(&mut sql, event, check, Claimed::Arg(until), "NULL");
-                before.push(event.event_id);
-                sql.push(", ").bind(dialect.uuid(fast.token));
-            }
-            sql.push(")");
-        }
-        if let Some(clause) =
-            dialect.outbox_insert_conflict(chunk.iter().any(|(_, e)| e.dedup_key.is_some()))
-        {
-            sql.push(" ").push(clause);
-        }
+        let mut sql = insert_statement(dialect, chunk, fast, &mut earlier);
         match returned.as_mut() {
             Some(returned) if dialect.insert_returning() => {
                 sql.push(" RETURNING ")
@@ -268,42 +219,11 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
     if let Some(returned) = returned.as_mut()
         && !dialect.insert_returning()
     {
-        for chunk in to_write.chunks(batch_rows.clamp(1, 1000)) {
-            let mut sql = Sql::new(dialect);
-            sql.push(&format!(
-                "SELECT {} FROM {OUTBOX_TABLE} WHERE event_id IN ",
-                returned_columns(true)
-            ))
-            .bind_list(chunk.iter().map(|(_, e)| dialect.uuid(e.event_id)));
-            for row in conn.query_all_raw(sql.build()).await? {
-                read_returned(&dialect, &row, returned, true)?;
-            }
-        }
+        read_back(conn, &to_write, batch_rows, returned).await?;
     }
 
     match returned {
-        Some(mut returned) => {
-            for (index, event) in &to_write {
-                match returned.remove(&event.event_id) {
-                    // Read back on MySQL: a row of another transaction's event with the same
-                    // id cannot exist (ids are v7 UUIDs made here), so present means written.
-                    Some(row) => {
-                        // Stored payloads are read with the fast path only.
-                        if let (true, Some((payload, headers))) = (row.owned, row.stored) {
-                            outcome.owned.push(OwnedRow {
-                                index: *index,
-                                id: row.id,
-                                created_at: row.created_at,
-                                payload,
-                                headers,
-                            });
-                        }
-                    }
-                    None => outcome.skipped.push(event.skipped()),
-                }
-            }
-            outcome.owned.sort_by_key(|r| r.id);
-        }
+        Some(returned) => sort_written(&to_write, returned, &mut outcome),
         None => {
             // Which events with a dedup key were skipped because the table already had their
             // key?
@@ -319,6 +239,125 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
     }
     outcome.written = events.len() - outcome.skipped.len();
     Ok(outcome)
+}
+
+/// The multi-row INSERT of `chunk`, up to its conflict clause: each row written by the
+/// database's clock and, with the fast path, already claimed by it (`earlier` collects each
+/// aggregate's events of the buffer as they are written).
+fn insert_statement<'e>(
+    dialect: Dialect,
+    chunk: &[(usize, &'e PendingEvent)],
+    fast: Option<FastClaim<'_>>,
+    earlier: &mut HashMap<(&'e str, &'e str), Vec<Uuid>>,
+) -> Sql {
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!(
+        "INSERT INTO {OUTBOX_TABLE} ({}, created_at",
+        INSERT_COLUMNS.join(", ")
+    ));
+    if fast.is_some() {
+        sql.push(", status, locked_by, locked_until, claim_token");
+    }
+    sql.push(") VALUES ");
+    for (i, (_, event)) in chunk.iter().enumerate() {
+        if i > 0 {
+            sql.push(", ");
+        }
+        sql.push("(");
+        push_event_values(&mut sql, event);
+        // Written by the database's clock, like every instant the SDK stores.
+        sql.push(", ").time(DbTime::NOW);
+        if let Some(fast) = fast {
+            let key = (event.aggregate_type.as_ref(), event.aggregate_id.as_str());
+            let before = earlier.entry(key).or_default();
+            push_fast_claim_values(&mut sql, event, fast, before);
+            before.push(event.event_id);
+        }
+        sql.push(")");
+    }
+    if let Some(clause) =
+        dialect.outbox_insert_conflict(chunk.iter().any(|(_, e)| e.dedup_key.is_some()))
+    {
+        sql.push(" ").push(clause);
+    }
+    sql
+}
+
+/// `, status, locked_by, locked_until, claim_token` of a row the fast path writes: its claim,
+/// or PENDING unleased when it must wait behind `earlier` events of its aggregate.
+fn push_fast_claim_values(
+    sql: &mut Sql,
+    event: &PendingEvent,
+    fast: FastClaim<'_>,
+    earlier: &[Uuid],
+) {
+    let check = fast.ordering.then_some(earlier);
+    // status, locked_by, locked_until: the fast path's claim, or PENDING unleased.
+    let (pending, processing) = (
+        OutboxStatus::Pending.literal(),
+        OutboxStatus::Processing.literal(),
+    );
+    let owner = Arg::Value(fast.owner.to_owned().into());
+    let until = Arg::Time(DbTime::after(fast.lease));
+    sql.push(", ");
+    push_fast_claim(sql, event, check, Claimed::Literal(processing), pending);
+    sql.push(", ");
+    push_fast_claim(sql, event, check, Claimed::Arg(owner), "NULL");
+    sql.push(", ");
+    push_fast_claim(sql, event, check, Claimed::Arg(until), "NULL");
+    let token = sql.dialect().uuid(fast.token);
+    sql.push(", ").bind(token);
+}
+
+/// Read the written rows back by event id (where an INSERT returns none).
+async fn read_back<C: ConnectionTrait>(
+    conn: &C,
+    to_write: &[(usize, &PendingEvent)],
+    batch_rows: usize,
+    returned: &mut Written,
+) -> Result<(), DbErr> {
+    let dialect = Dialect::of(conn);
+    for chunk in to_write.chunks(batch_rows.clamp(1, 1000)) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "SELECT {} FROM {OUTBOX_TABLE} WHERE event_id IN ",
+            returned_columns(true)
+        ))
+        .bind_list(chunk.iter().map(|(_, e)| dialect.uuid(e.event_id)));
+        for row in conn.query_all_raw(sql.build()).await? {
+            read_returned(&dialect, &row, returned, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// Sort the events written from those skipped, by the rows the INSERT returned (or that were
+/// read back); the rows the fast path owns go into `outcome.owned`, in id order.
+fn sort_written(
+    to_write: &[(usize, &PendingEvent)],
+    mut returned: Written,
+    outcome: &mut InsertOutcome,
+) {
+    for (index, event) in to_write {
+        match returned.remove(&event.event_id) {
+            // Read back on MySQL: a row of another transaction's event with the same
+            // id cannot exist (ids are v7 UUIDs made here), so present means written.
+            Some(row) => {
+                // Stored payloads are read with the fast path only.
+                if let (true, Some((payload, headers))) = (row.owned, row.stored) {
+                    outcome.owned.push(OwnedRow {
+                        index: *index,
+                        id: row.id,
+                        created_at: row.created_at,
+                        payload,
+                        headers,
+                    });
+                }
+            }
+            None => outcome.skipped.push(event.skipped()),
+        }
+    }
+    outcome.owned.sort_by_key(|r| r.id);
 }
 
 /// Of a buffer's `items` (each holding the event `event` gives), those to write, with their

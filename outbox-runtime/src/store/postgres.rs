@@ -8,9 +8,7 @@ use uuid::Uuid;
 
 use super::{
     DbTime,
-    claim::{self, Queue},
-    dialect::{Backend, sealed::Sealed},
-    sql::Sql,
+    dialect::{Backend, NextAggregate, QueueScan, sealed::Sealed},
 };
 
 /// The PostgreSQL dialect.
@@ -106,19 +104,11 @@ impl Backend for Postgres {
         }
     }
 
-    /// A lateral subquery seeking the aggregate index past `(a.t, a.i)`.
-    fn push_next_aggregate(&self, sql: &mut Sql, queue: &Queue<'_>) {
-        sql.push(&format!(
-            "CROSS JOIN LATERAL (SELECT e.id, e.aggregate_type, e.aggregate_id \
-             FROM {} e WHERE {}",
-            queue.table,
-            queue.unfinished("e.")
-        ));
-        claim::push_scope_of(sql, queue, "e.");
-        sql.push(
-            " AND (e.aggregate_type, e.aggregate_id) > (a.t, a.i) AND e.aggregate_id IS NOT NULL \
-             ORDER BY e.aggregate_type, e.aggregate_id, e.id LIMIT 1) f",
-        );
+    /// Partial indexes; a lateral subquery seeking the aggregate index past `(a.t, a.i)`.
+    fn queue_scan(&self) -> QueueScan {
+        QueueScan::PartialIndex {
+            next: NextAggregate::RowValue,
+        }
     }
 
     /// The statements go as one simple query, which PostgreSQL runs as one implicit
@@ -127,7 +117,7 @@ impl Backend for Postgres {
     fn sent_in_one_round_trip(
         &self,
         table: &str,
-        fence: super::relay::Fence,
+        fence: &str,
         ids: &[i64],
         at: DbTime,
     ) -> Option<String> {
@@ -136,7 +126,7 @@ impl Backend for Postgres {
              sent_at = {}, locked_until = NULL, failure_class = NULL, last_error = NULL \
              WHERE {} AND id IN (",
             self.time_literal(at),
-            fence.literal(),
+            fence,
             sent = super::OutboxStatus::Sent.literal(),
         );
         for (i, id) in ids.iter().enumerate() {

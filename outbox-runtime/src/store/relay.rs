@@ -4,7 +4,9 @@
 //! expired and whose rows were reclaimed by another relay updates zero rows.
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, QueryResult, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, QueryResult, Value,
+};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
@@ -13,7 +15,7 @@ use crate::operations::Source;
 
 use super::{
     DbTime, Dialect, OUTBOX_TABLE,
-    claim::{ClaimParams, Queue, hand_back, select_claimable},
+    claim::{Candidate, ClaimParams, Queue, hand_back, select_claimable},
     failures::{self, Failed},
     sql::{Arg, Sql},
     status::{Failure, FailureClass, OutboxStatus},
@@ -176,32 +178,9 @@ pub async fn claim_aged(
         pending_age,
         ..outbox_queue(dialect)
     };
-    let mut rows = Vec::new();
-    let mut dead_aggregates = std::collections::HashSet::new();
-    let mut unreadable = 0;
     let claimable = select_claimable(&txn, &queue, params.batch_size, params.ordering).await?;
     let claimed_at = claimable.now;
-    for candidate in claimable.rows {
-        let aggregate = aggregate_of(&candidate.row);
-        if params.ordering && dead_aggregates.contains(&aggregate) {
-            continue; // behind an unreadable event of its aggregate
-        }
-        match decode(&dialect, &candidate.row) {
-            Ok(row) => rows.push(row),
-            Err(e) => {
-                mark_dead(
-                    &txn,
-                    &dialect,
-                    candidate.id,
-                    &format!("outbox row cannot be read: {e}"),
-                )
-                .await?;
-                dead_aggregates.insert(aggregate);
-                unreadable += 1;
-            }
-        }
-    }
-
+    let (rows, unreadable) = read_claimable(&txn, dialect, claimable.rows, params.ordering).await?;
     if rows.is_empty() {
         txn.commit().await?;
         return Ok(Claim {
@@ -212,13 +191,76 @@ pub async fn claim_aged(
             claimed_at,
         });
     }
+    let Reclaims {
+        events,
+        dead,
+        stranded,
+    } = count_reclaims(rows, params);
+    let token = Uuid::new_v4();
+    if !events.is_empty() {
+        mark_claimed(&txn, params, token, &events).await?;
+    }
+    for event in &dead {
+        mark_lease_expired(&txn, event).await?;
+    }
+    let dead_ids: Vec<i64> = dead.iter().map(|event| event.id).collect();
+    failures::append(&txn, Source::Outbox, Failed::Ids(&dead_ids)).await?;
+    hand_back(&txn, OUTBOX_TABLE, stranded).await?;
+    txn.commit().await?;
+    Ok(Claim {
+        token,
+        events,
+        dead,
+        unreadable,
+        claimed_at,
+    })
+}
 
-    // Reclaimed leases count an attempt; one reclaim too many makes the event DEAD, and (with
-    // ordering) keeps the rest of its aggregate back.
+/// Read the claimable rows; a row that cannot be read is made DEAD (and, with `ordering`, the
+/// rest of its aggregate stays back). Returns the events read and how many could not be.
+async fn read_claimable(
+    txn: &DatabaseTransaction,
+    dialect: Dialect,
+    candidates: Vec<Candidate>,
+    ordering: bool,
+) -> Result<(Vec<ReadEvent>, usize), DbErr> {
+    let mut rows = Vec::new();
+    let mut dead_aggregates = std::collections::HashSet::new();
+    let mut unreadable = 0;
+    for candidate in candidates {
+        let aggregate = aggregate_of(&candidate.row);
+        if ordering && dead_aggregates.contains(&aggregate) {
+            continue; // behind an unreadable event of its aggregate
+        }
+        match decode(&dialect, &candidate.row) {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                let reason = format!("outbox row cannot be read: {e}");
+                mark_dead(txn, &dialect, candidate.id, &reason).await?;
+                dead_aggregates.insert(aggregate);
+                unreadable += 1;
+            }
+        }
+    }
+    Ok((rows, unreadable))
+}
+
+/// The events read, sorted by what their reclaim (if any) makes of them.
+struct Reclaims {
+    /// To claim.
+    events: Vec<ClaimedEvent>,
+    /// Reclaimed once too often: DEAD.
+    dead: Vec<ClaimedEvent>,
+    /// Expired claims behind an event this claim makes DEAD: handed back (see `hand_back`).
+    stranded: Vec<i64>,
+}
+
+/// Reclaimed leases count an attempt; one reclaim too many makes the event DEAD, and (with
+/// ordering) keeps the rest of its aggregate back.
+fn count_reclaims(rows: Vec<ReadEvent>, params: &ClaimParams<'_>) -> Reclaims {
     let mut events = Vec::with_capacity(rows.len());
     let mut dead = Vec::new();
     let mut blocked: std::collections::HashSet<(String, String)> = Default::default();
-    // Expired claims behind an event this claim makes DEAD: handed back (see `hand_back`).
     let mut stranded = Vec::new();
     for ReadEvent { mut event, status } in rows {
         let reclaim = status == Some(OutboxStatus::Processing);
@@ -242,59 +284,64 @@ pub async fn claim_aged(
         }
         events.push(event);
     }
-
-    let token = Uuid::new_v4();
-    if !events.is_empty() {
-        let mut sql = Sql::new(dialect);
-        // `attempts` first: MySQL evaluates assignments left to right.
-        sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET attempts = CASE WHEN status = {processing} THEN attempts + 1 \
-             ELSE attempts END, status = {processing}, locked_by = ",
-            processing = OutboxStatus::Processing.literal(),
-        ))
-        .bind(params.owner.to_owned().into())
-        .push(", locked_until = ")
-        .time(DbTime::after(params.lease))
-        .push(", claim_token = ")
-        .bind(dialect.uuid(token))
-        .push(" WHERE id IN ")
-        .bind_list(events.iter().map(|e| Value::from(e.id)));
-        txn.execute_raw(sql.build()).await?;
-    }
-    for event in &dead {
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET attempts = attempts + 1, status = {}, locked_by = NULL, \
-             locked_until = NULL, failure_class = {}, last_error = ",
-            OutboxStatus::Dead.literal(),
-            FailureClass::LeaseExpired.literal(),
-        ))
-        .bind(
-            format!(
-                "lease expired {} times: a relay crashed or hung while publishing this event",
-                event.attempts
-            )
-            .into(),
-        )
-        .push(" WHERE id = ")
-        .bind(event.id.into())
-        .push(&format!(
-            " AND status = {}",
-            OutboxStatus::Processing.literal()
-        ));
-        txn.execute_raw(sql.build()).await?;
-    }
-    let dead_ids: Vec<i64> = dead.iter().map(|event| event.id).collect();
-    failures::append(&txn, Source::Outbox, Failed::Ids(&dead_ids)).await?;
-    hand_back(&txn, OUTBOX_TABLE, stranded).await?;
-    txn.commit().await?;
-    Ok(Claim {
-        token,
+    Reclaims {
         events,
         dead,
-        unreadable,
-        claimed_at,
-    })
+        stranded,
+    }
+}
+
+/// Mark `events` PROCESSING under `token` for `params.owner` until the lease ends; a reclaim
+/// counts an attempt.
+async fn mark_claimed(
+    txn: &DatabaseTransaction,
+    params: &ClaimParams<'_>,
+    token: Uuid,
+    events: &[ClaimedEvent],
+) -> Result<(), DbErr> {
+    let dialect = Dialect::of(txn);
+    let mut sql = Sql::new(dialect);
+    // `attempts` first: MySQL evaluates assignments left to right.
+    sql.push(&format!(
+        "UPDATE {OUTBOX_TABLE} SET attempts = CASE WHEN status = {processing} THEN attempts + 1 \
+         ELSE attempts END, status = {processing}, locked_by = ",
+        processing = OutboxStatus::Processing.literal(),
+    ))
+    .bind(params.owner.to_owned().into())
+    .push(", locked_until = ")
+    .time(DbTime::after(params.lease))
+    .push(", claim_token = ")
+    .bind(dialect.uuid(token))
+    .push(" WHERE id IN ")
+    .bind_list(events.iter().map(|e| Value::from(e.id)));
+    txn.execute_raw(sql.build()).await?;
+    Ok(())
+}
+
+/// Mark an event whose lease expired once too often DEAD (class `LEASE_EXPIRED`).
+async fn mark_lease_expired(txn: &DatabaseTransaction, event: &ClaimedEvent) -> Result<(), DbErr> {
+    let mut sql = Sql::new(Dialect::of(txn));
+    sql.push(&format!(
+        "UPDATE {OUTBOX_TABLE} SET attempts = attempts + 1, status = {}, locked_by = NULL, \
+         locked_until = NULL, failure_class = {}, last_error = ",
+        OutboxStatus::Dead.literal(),
+        FailureClass::LeaseExpired.literal(),
+    ))
+    .bind(
+        format!(
+            "lease expired {} times: a relay crashed or hung while publishing this event",
+            event.attempts
+        )
+        .into(),
+    )
+    .push(" WHERE id = ")
+    .bind(event.id.into())
+    .push(&format!(
+        " AND status = {}",
+        OutboxStatus::Processing.literal()
+    ));
+    txn.execute_raw(sql.build()).await?;
+    Ok(())
 }
 
 /// A failed publish to record.
@@ -388,29 +435,57 @@ pub async fn settle(
     fence: Fence,
     settlement: &Settlement,
 ) -> Result<Settled, DbErr> {
-    let dialect = Dialect::of(db);
-    if settlement.failed.is_empty()
-        && settlement.released.is_empty()
-        && settlement.sent.len() <= SETTLE_CHUNK
-    {
-        if settlement.sent.is_empty() {
-            return Ok(Settled::default());
-        }
-        if let Some(sql) =
-            dialect.sent_in_one_round_trip(OUTBOX_TABLE, fence, &settlement.sent, DbTime::NOW)
-        {
-            let result = db.execute_unprepared(&sql).await?;
-            return Ok(Settled {
-                sent: result.rows_affected(),
-                ..Settled::default()
-            });
-        }
+    if let Some(settled) = settle_all_sent_at_once(db, fence, settlement).await? {
+        return Ok(settled);
     }
     let txn = begin_work(db).await?;
-    let mut settled = Settled::default();
+    let sent = mark_sent(&txn, fence, &settlement.sent).await?;
+    let failed = mark_failed(&txn, fence, &settlement.failed).await?;
+    failures::append(&txn, Source::Outbox, Failed::Ids(&failed)).await?;
+    let released = release(&txn, fence, settlement).await?;
+    txn.commit().await?;
+    Ok(Settled {
+        sent,
+        failed: failed.len() as u64,
+        released,
+    })
+}
 
-    for chunk in settlement.sent.chunks(SETTLE_CHUNK) {
-        let mut sql = Sql::new(dialect);
+/// The usual outcome, every event confirmed (or nothing to write), settled without a
+/// transaction: in one round trip where the dialect can send it so. `None`: settle it in a
+/// transaction.
+async fn settle_all_sent_at_once(
+    db: &DatabaseConnection,
+    fence: Fence,
+    settlement: &Settlement,
+) -> Result<Option<Settled>, DbErr> {
+    if !settlement.failed.is_empty()
+        || !settlement.released.is_empty()
+        || settlement.sent.len() > SETTLE_CHUNK
+    {
+        return Ok(None);
+    }
+    if settlement.sent.is_empty() {
+        return Ok(Some(Settled::default()));
+    }
+    let rule = fence.literal();
+    let Some(sql) =
+        Dialect::of(db).sent_in_one_round_trip(OUTBOX_TABLE, &rule, &settlement.sent, DbTime::NOW)
+    else {
+        return Ok(None);
+    };
+    let result = db.execute_unprepared(&sql).await?;
+    Ok(Some(Settled {
+        sent: result.rows_affected(),
+        ..Settled::default()
+    }))
+}
+
+/// Mark `ids` SENT now, under `fence`; returns the rows marked.
+async fn mark_sent(txn: &DatabaseTransaction, fence: Fence, ids: &[i64]) -> Result<u64, DbErr> {
+    let mut marked = 0;
+    for chunk in ids.chunks(SETTLE_CHUNK) {
+        let mut sql = Sql::new(Dialect::of(txn));
         sql.push(&format!(
             "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
             OutboxStatus::Sent.literal()
@@ -420,11 +495,21 @@ pub async fn settle(
         fence.push_where(&mut sql);
         sql.push(" AND id IN ")
             .bind_list(chunk.iter().map(|id| Value::from(*id)));
-        settled.sent += txn.execute_raw(sql.build()).await?.rows_affected();
+        marked += txn.execute_raw(sql.build()).await?.rows_affected();
     }
+    Ok(marked)
+}
 
-    let mut failed = Vec::with_capacity(settlement.failed.len());
-    for FailedEvent { id, failure, class } in &settlement.failed {
+/// Mark each failed event RETRY at its due time or DEAD, with its class and error, under
+/// `fence`; returns the ids marked.
+async fn mark_failed(
+    txn: &DatabaseTransaction,
+    fence: Fence,
+    failed: &[FailedEvent],
+) -> Result<Vec<i64>, DbErr> {
+    let dialect = Dialect::of(txn);
+    let mut marked = Vec::with_capacity(failed.len());
+    for FailedEvent { id, failure, class } in failed {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
             "UPDATE {OUTBOX_TABLE} SET status = {}, attempts = ",
@@ -442,12 +527,23 @@ pub async fn settle(
         fence.push_where(&mut sql);
         sql.push(" AND id = ").bind((*id).into());
         if txn.execute_raw(sql.build()).await?.rows_affected() == 1 {
-            failed.push(*id);
+            marked.push(*id);
         }
     }
-    settled.failed = failed.len() as u64;
-    failures::append(&txn, Source::Outbox, Failed::Ids(&failed)).await?;
+    Ok(marked)
+}
 
+/// Hand the released events back PENDING under `fence`, giving back the attempt a reclaim
+/// counted; returns how many were released.
+async fn release(
+    txn: &DatabaseTransaction,
+    fence: Fence,
+    settlement: &Settlement,
+) -> Result<u64, DbErr> {
+    // Unclaimed rows handed back are PENDING as they were: nothing to write.
+    if fence == Fence::Pending {
+        return Ok(settlement.released.len() as u64);
+    }
     let reclaimed: std::collections::HashSet<i64> =
         settlement.released_reclaimed.iter().copied().collect();
     let (given_back, plain): (Vec<i64>, Vec<i64>) = settlement
@@ -455,17 +551,10 @@ pub async fn settle(
         .iter()
         .copied()
         .partition(|id| reclaimed.contains(id));
-    // Unclaimed rows handed back are PENDING as they were: nothing to write.
-    let releases = match fence {
-        Fence::Claim(_) => vec![(plain, 0i64), (given_back, 1i64)],
-        Fence::Pending => {
-            settled.released = settlement.released.len() as u64;
-            Vec::new()
-        }
-    };
-    for (ids, refund) in releases {
+    let mut released = 0;
+    for (ids, refund) in [(plain, 0i64), (given_back, 1i64)] {
         for chunk in ids.chunks(SETTLE_CHUNK) {
-            let mut sql = Sql::new(dialect);
+            let mut sql = Sql::new(Dialect::of(txn));
             sql.push(&format!(
                 "UPDATE {OUTBOX_TABLE} SET attempts = attempts - {refund}, status = {}, \
                  locked_by = NULL, locked_until = NULL",
@@ -474,11 +563,10 @@ pub async fn settle(
             fence.push_where(&mut sql);
             sql.push(" AND id IN ")
                 .bind_list(chunk.iter().map(|id| Value::from(*id)));
-            settled.released += txn.execute_raw(sql.build()).await?.rows_affected();
+            released += txn.execute_raw(sql.build()).await?.rows_affected();
         }
     }
-    txn.commit().await?;
-    Ok(settled)
+    Ok(released)
 }
 
 /// The aggregate of a claimed row, as far as it can be read.

@@ -1,6 +1,9 @@
-//! [`Sql`]: a statement built with the backend's placeholders, numbered as values are bound.
+//! [`Sql`]: a statement built with the backend's placeholders, numbered as values are bound, with
+//! instants written as the database computes them ([`Sql::time`]); and [`database_now`], the
+//! database's current time.
 
-use sea_orm::{Statement, Value};
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DbErr, Statement, Value};
 
 use super::{Dialect, clock::DbTime};
 
@@ -84,6 +87,20 @@ impl Sql {
         }
     }
 
+    /// Append the instant `t` as the database computes it: its clock's current time, plus the
+    /// offset as a bound value when there is one.
+    pub fn time(&mut self, t: DbTime) -> &mut Self {
+        let offset = t.offset_micros();
+        if offset == 0 {
+            let now = self.dialect.time_expression(None);
+            self.push(&now)
+        } else {
+            let placeholder = self.bind_placeholder(offset.into());
+            let shifted = self.dialect.time_expression(Some(&placeholder));
+            self.push(&shifted)
+        }
+    }
+
     /// Bind `value` and return its placeholder, for an expression to append around it.
     pub(crate) fn bind_placeholder(&mut self, value: Value) -> String {
         self.values.push(value);
@@ -107,6 +124,19 @@ impl Sql {
     pub fn build(self) -> Statement {
         self.dialect.statement(self.text, self.values)
     }
+}
+
+/// The database's current time (one round trip): what the admin API and the metrics measure
+/// ages against, and where retention's cutoffs are counted back from.
+pub async fn database_now<C: ConnectionTrait + ?Sized>(conn: &C) -> Result<DateTime<Utc>, DbErr> {
+    let dialect = Dialect::of(conn);
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT ").time(DbTime::NOW).push(" AS now");
+    let row = conn
+        .query_one_raw(sql.build())
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("the database's current time".to_owned()))?;
+    dialect.get_timestamp(&row, "now")
 }
 
 impl std::fmt::Debug for Sql {
