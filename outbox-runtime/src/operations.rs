@@ -342,21 +342,6 @@ impl SentFilter {
         self
     }
 
-    /// `Ok` when both instants are within what every backend stores
-    /// ([`admin::bounds`](crate::admin::bounds)); else [`AdminError::OutOfRange`] naming
-    /// `sent_after` or `sent_before`.
-    pub fn check(&self) -> Result<(), AdminError> {
-        for (field, at) in [
-            ("sent_after", &self.sent_after),
-            ("sent_before", &self.sent_before),
-        ] {
-            if let Some(at) = at {
-                crate::admin::bounds::check_instant(field, at)?;
-            }
-        }
-        Ok(())
-    }
-
     /// Whether no criterion narrows the selection.
     pub fn is_empty(&self) -> bool {
         self.event_type.is_none()

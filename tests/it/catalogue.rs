@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use outbox::__private01::{SchemaProbe, ViaJsonSchema as _};
-use outbox::catalogue::{AsyncApi, Catalogue, Finding, KafkaTopics, Routing, check};
+use outbox::catalogue::{AsyncApi, Catalogue, Finding, check};
+use outbox::transport::{KafkaTopics, Routing};
 use serde_json::{Value, json};
 
 use crate::common::missing_tool;

@@ -50,6 +50,22 @@ pub fn check_age(field: &str, age: Duration) -> Result<(), AdminError> {
     })
 }
 
+impl crate::operations::SentFilter {
+    /// `Ok` when both instants are within what every backend stores (see this module); else
+    /// [`AdminError::OutOfRange`] naming `sent_after` or `sent_before`.
+    pub fn check(&self) -> Result<(), AdminError> {
+        for (field, at) in [
+            ("sent_after", &self.sent_after),
+            ("sent_before", &self.sent_before),
+        ] {
+            if let Some(at) = at {
+                check_instant(field, at)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

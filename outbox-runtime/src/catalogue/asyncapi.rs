@@ -8,82 +8,9 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use super::{Catalogue, CatalogueEvent};
-use crate::transport::{CONTENT_TYPE, routing_name};
-
-/// How a transport routes events: where each event type is published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Routing {
-    /// NATS JetStream: the subject `{namespace}.{event type}`, stored in the namespace's
-    /// stream.
-    Nats {
-        /// The namespace.
-        namespace: String,
-    },
-    /// RabbitMQ: the topic exchange, with the event type as routing key.
-    RabbitMq {
-        /// The exchange.
-        exchange: String,
-    },
-    /// Redis Streams: one stream for every event type.
-    Redis {
-        /// The stream's key.
-        stream_key: String,
-    },
-    /// Kafka: topics by aggregate type, by event type, or one topic; keyed by aggregate id.
-    Kafka {
-        /// The namespace.
-        namespace: String,
-        /// How event types map to topics.
-        topics: KafkaTopics,
-    },
-}
-
-/// How the Kafka transport maps events to topics (see `KafkaRouting`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KafkaTopics {
-    /// `{namespace}.{aggregate type}`.
-    AggregateType,
-    /// `{namespace}.{event type}`.
-    EventType,
-    /// One topic.
-    Topic(String),
-}
-
-impl KafkaTopics {
-    /// The topic of an event type of an aggregate type, under `namespace`.
-    pub fn topic(&self, namespace: &str, event_type: &str, aggregate_type: &str) -> String {
-        match self {
-            KafkaTopics::AggregateType => routing_name(namespace, aggregate_type),
-            KafkaTopics::EventType => routing_name(namespace, event_type),
-            KafkaTopics::Topic(topic) => topic.clone(),
-        }
-    }
-}
+use crate::transport::{CONTENT_TYPE, Routing};
 
 impl Routing {
-    /// The AsyncAPI protocol name.
-    pub fn protocol(&self) -> &'static str {
-        match self {
-            Routing::Nats { .. } => "nats",
-            Routing::RabbitMq { .. } => "amqp",
-            Routing::Redis { .. } => "redis",
-            Routing::Kafka { .. } => "kafka",
-        }
-    }
-
-    /// Where an event type of an aggregate type is published.
-    pub fn address(&self, event_type: &str, aggregate_type: &str) -> String {
-        match self {
-            Routing::Nats { namespace, .. } => routing_name(namespace, event_type),
-            Routing::RabbitMq { .. } => event_type.to_owned(),
-            Routing::Redis { stream_key } => stream_key.clone(),
-            Routing::Kafka { namespace, topics } => {
-                topics.topic(namespace, event_type, aggregate_type)
-            }
-        }
-    }
-
     fn channel_description(&self) -> String {
         match self {
             Routing::Nats { .. } => {
@@ -429,6 +356,7 @@ fn envelope_schema(event: &CatalogueEvent, data: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::KafkaTopics;
 
     #[test]
     fn definitions_move_to_components_with_their_references() {

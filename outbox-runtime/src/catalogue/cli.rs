@@ -12,7 +12,8 @@
 
 use std::process::ExitCode;
 
-use super::{AsyncApi, Catalogue, KafkaTopics, Routing, check};
+use super::{AsyncApi, Catalogue, check};
+use crate::transport::{KafkaTopics, Routing};
 
 /// What `catalogue help` prints.
 pub const USAGE: &str = "\

@@ -62,7 +62,7 @@ mod asyncapi;
 pub mod cli;
 pub(crate) mod schema;
 
-pub use asyncapi::{AsyncApi, KafkaTopics, Routing};
+pub use asyncapi::AsyncApi;
 #[doc(hidden)]
 pub use schema::{SchemaFn, SchemaProbe, ViaJsonSchema, WithoutSchema};
 

@@ -10,7 +10,7 @@ use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, QueryResult, Statemen
 
 use super::{
     DbTime, Dialect,
-    dialect::{NextAggregate, QueueScan},
+    backend::{NextAggregate, QueueScan},
     sql::Sql,
     status::WorkStatus,
 };

@@ -8,7 +8,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
 
 use super::{
     DbTime, Dialect, INBOX_TABLE, OUTBOX_TABLE, get_i64,
-    inbox::{MAX_KEY_CHARS, MAX_MESSAGE_ID_CHARS},
+    schema::{MAX_KEY_CHARS, MAX_MESSAGE_ID_CHARS},
     sql::Sql,
     status::WorkStatus,
     tx::begin_admin,

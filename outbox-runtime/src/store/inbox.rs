@@ -15,11 +15,7 @@ use super::{
 use crate::operations::Source;
 use crate::util::text::truncate;
 
-/// Longest message id the table holds; a longer one is stored cut to this many characters.
-pub const MAX_MESSAGE_ID_CHARS: usize = 255;
-
-/// Longest source, message type and business key of an external message.
-pub const MAX_KEY_CHARS: usize = 255;
+pub use super::schema::{MAX_KEY_CHARS, MAX_MESSAGE_ID_CHARS};
 
 /// The physical key of an inbox row: what a redelivery is recognised by.
 pub const MESSAGE_KEY: &str = "consumer, origin, message_id";

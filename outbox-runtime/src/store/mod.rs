@@ -18,6 +18,7 @@
 //! - `wal`: the WAL relay's publication, slot and batch check (PostgreSQL).
 
 pub mod admin;
+pub mod backend;
 pub mod broker_state;
 pub mod claim;
 pub mod clock;

@@ -5,7 +5,7 @@
 use sea_orm::{DbBackend, Statement};
 
 use super::{
-    dialect::{Backend, QueueScan, sealed::Sealed},
+    backend::{Backend, QueueScan, sealed::Sealed},
     retention::Purge,
     sql::Sql,
     status::OutboxStatus,

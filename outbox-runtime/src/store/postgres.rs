@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::{
     DbTime,
-    dialect::{Backend, NextAggregate, QueueScan, sealed::Sealed},
+    backend::{Backend, NextAggregate, QueueScan, sealed::Sealed},
 };
 
 /// The PostgreSQL dialect.

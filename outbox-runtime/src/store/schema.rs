@@ -5,6 +5,12 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
 use super::{Dialect, INBOX_TABLE, get_i64, status::InboxStatus};
 
+/// Longest message id the table holds; a longer one is stored cut to this many characters.
+pub const MAX_MESSAGE_ID_CHARS: usize = 255;
+
+/// Longest source, message type and business key of an external message.
+pub const MAX_KEY_CHARS: usize = 255;
+
 /// A column or index of a table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableItem {

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sea_orm::{DbBackend, DbErr, QueryResult, SqliteTransactionMode, TransactionOptions, Value};
 
-use super::dialect::{Backend, NextAggregate, QueueScan, sealed::Sealed};
+use super::backend::{Backend, NextAggregate, QueueScan, sealed::Sealed};
 
 /// The SQLite dialect.
 #[derive(Debug, Clone, Copy)]

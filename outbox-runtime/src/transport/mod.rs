@@ -46,6 +46,9 @@ pub mod nats;
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod routing;
+
+pub use routing::{KafkaTopics, Routing};
 
 /// The content type of a structured-mode CloudEvent: what every broker transport marks a message
 /// with.
@@ -260,7 +263,7 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Where this transport publishes each event type, for the event catalogue's AsyncAPI
     /// document ([`AsyncApi`](crate::catalogue::AsyncApi)); `None` for transports without a
     /// broker (in memory, database-local).
-    fn routing(&self) -> Option<crate::catalogue::Routing> {
+    fn routing(&self) -> Option<Routing> {
         None
     }
 

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use super::{KafkaTransport, TRANSPORT};
-use crate::catalogue::KafkaTopics;
+use crate::transport::KafkaTopics;
 use crate::transport::{DEFAULT_NAMESPACE, TransportError, check_nonzero};
 
 /// Default partitions of a topic `setup` creates.

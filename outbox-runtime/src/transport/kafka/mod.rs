@@ -383,8 +383,8 @@ impl Transport for KafkaTransport {
         TRANSPORT
     }
 
-    fn routing(&self) -> Option<crate::catalogue::Routing> {
-        Some(crate::catalogue::Routing::Kafka {
+    fn routing(&self) -> Option<crate::transport::Routing> {
+        Some(crate::transport::Routing::Kafka {
             namespace: self.inner.config.namespace.clone(),
             topics: self.inner.config.topics(),
         })

@@ -168,8 +168,8 @@ impl Transport for NatsTransport {
         TRANSPORT
     }
 
-    fn routing(&self) -> Option<crate::catalogue::Routing> {
-        Some(crate::catalogue::Routing::Nats {
+    fn routing(&self) -> Option<crate::transport::Routing> {
+        Some(crate::transport::Routing::Nats {
             namespace: self.inner.config.namespace.clone(),
         })
     }

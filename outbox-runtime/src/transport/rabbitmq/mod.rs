@@ -245,8 +245,8 @@ impl Transport for RabbitMqTransport {
         TRANSPORT
     }
 
-    fn routing(&self) -> Option<crate::catalogue::Routing> {
-        Some(crate::catalogue::Routing::RabbitMq {
+    fn routing(&self) -> Option<crate::transport::Routing> {
+        Some(crate::transport::Routing::RabbitMq {
             exchange: self.inner.exchange.clone(),
         })
     }

@@ -249,8 +249,8 @@ impl Transport for RedisTransport {
         TRANSPORT
     }
 
-    fn routing(&self) -> Option<crate::catalogue::Routing> {
-        Some(crate::catalogue::Routing::Redis {
+    fn routing(&self) -> Option<crate::transport::Routing> {
+        Some(crate::transport::Routing::Redis {
             stream_key: self.inner.stream_key.clone(),
         })
     }
