@@ -227,40 +227,9 @@ impl Envelope {
         let source = required_string(&attrs, "source")?;
         let event_type = required_string(&attrs, "type")?;
         let subject = optional_string(&attrs, "subject")?;
-        let time = match optional_string(&attrs, "time")? {
-            None => None,
-            Some(t) => {
-                let time = DateTime::parse_from_rfc3339(&t)
-                    .map_err(|e| {
-                        EnvelopeError::invalid("time", format!("`{t}` is not RFC 3339: {e}"))
-                    })?
-                    .with_timezone(&Utc);
-                // RFC 3339 has four-digit years: an offset must not push the instant out of them.
-                if !(0..=9999).contains(&time.year()) {
-                    return Err(EnvelopeError::invalid(
-                        "time",
-                        format!("`{t}` is outside the years 0000 to 9999 in UTC"),
-                    ));
-                }
-                Some(time)
-            }
-        };
+        let time = optional_time(&attrs, "time")?;
         let data_content_type = optional_string(&attrs, "datacontenttype")?;
-        if let Some(ct) = &data_content_type
-            && !is_json_content_type(ct)
-            && attrs.contains_key("data")
-        {
-            return Err(EnvelopeError::invalid(
-                "datacontenttype",
-                format!("`{ct}` is not JSON; this SDK reads JSON data only"),
-            ));
-        }
-        if attrs.contains_key("data_base64") {
-            return Err(EnvelopeError::invalid(
-                "data_base64",
-                "binary data is not supported; send JSON in `data`",
-            ));
-        }
+        check_data_is_json(&attrs, data_content_type.as_deref())?;
         let data_schema = optional_string(&attrs, "dataschema")?;
         let data = attrs.get("data").map(|raw| (*raw).to_owned());
         let aggregate_type = optional_string(&attrs, "aggregatetype")?;
@@ -274,15 +243,7 @@ impl Envelope {
         let traceparent = optional_string(&attrs, "traceparent")?;
         let tracestate = optional_string(&attrs, "tracestate")?;
 
-        let mut extensions = BTreeMap::new();
-        for (name, raw) in &attrs {
-            if RESERVED_ATTRIBUTES.contains(&name.as_str()) {
-                continue;
-            }
-            let value: serde_json::Value = serde_json::from_str(raw.get())
-                .map_err(|e| EnvelopeError::invalid(name, e.to_string()))?;
-            extensions.insert(name.clone(), value);
-        }
+        let extensions = extensions(&attrs)?;
 
         Ok(Envelope {
             id,
@@ -379,6 +340,66 @@ fn optional_string(
             Ok(Some(value))
         }
     }
+}
+
+/// An optional RFC 3339 `time`, within the four-digit years RFC 3339 has (in UTC).
+fn optional_time(
+    attrs: &BTreeMap<String, &RawValue>,
+    name: &'static str,
+) -> Result<Option<DateTime<Utc>>, EnvelopeError> {
+    let Some(t) = optional_string(attrs, name)? else {
+        return Ok(None);
+    };
+    let time = DateTime::parse_from_rfc3339(&t)
+        .map_err(|e| EnvelopeError::invalid(name, format!("`{t}` is not RFC 3339: {e}")))?
+        .with_timezone(&Utc);
+    // RFC 3339 has four-digit years: an offset must not push the instant out of them.
+    if !(0..=9999).contains(&time.year()) {
+        return Err(EnvelopeError::invalid(
+            name,
+            format!("`{t}` is outside the years 0000 to 9999 in UTC"),
+        ));
+    }
+    Ok(Some(time))
+}
+
+/// This SDK reads JSON data only: `data` of a JSON content type, never `data_base64`.
+fn check_data_is_json(
+    attrs: &BTreeMap<String, &RawValue>,
+    content_type: Option<&str>,
+) -> Result<(), EnvelopeError> {
+    if let Some(ct) = content_type
+        && !is_json_content_type(ct)
+        && attrs.contains_key("data")
+    {
+        return Err(EnvelopeError::invalid(
+            "datacontenttype",
+            format!("`{ct}` is not JSON; this SDK reads JSON data only"),
+        ));
+    }
+    if attrs.contains_key("data_base64") {
+        return Err(EnvelopeError::invalid(
+            "data_base64",
+            "binary data is not supported; send JSON in `data`",
+        ));
+    }
+    Ok(())
+}
+
+/// Every attribute the CloudEvents spec and this SDK do not name, as an extension.
+fn extensions(
+    attrs: &BTreeMap<String, &RawValue>,
+) -> Result<BTreeMap<String, serde_json::Value>, EnvelopeError> {
+    let mut extensions = BTreeMap::new();
+    for (name, raw) in attrs {
+        if RESERVED_ATTRIBUTES.contains(&name.as_str()) {
+            continue;
+        }
+        let value: serde_json::Value = serde_json::from_str(raw.get())
+            .map_err(|e| EnvelopeError::invalid(name, e.to_string()))?;
+        extensions.insert(name.clone(), value);
+    }
+    Ok(extensions)
 }
 
 fn required_string(

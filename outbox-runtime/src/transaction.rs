@@ -508,38 +508,14 @@ impl OutboxTransaction {
                 mem::take(&mut buffer.after_commit),
             )
         };
-        if let Some(parent) = &self.parent {
-            if lock(parent).closed {
-                return Err(OutboxError::Database(DbErr::Custom(
-                    "savepoint committed after its enclosing transaction ended; its events are discarded"
-                        .into(),
-                )));
-            }
-            self.txn.commit().await?;
-            let carried = events.len() + scheduled.len();
-            let mut parent = lock(parent);
-            parent.events.extend(events);
-            parent.scheduled.extend(scheduled);
-            parent.after_commit.extend(after_commit);
-            return Ok(Committed {
-                report: CommitReport {
-                    carried_to_parent: carried,
-                    ..CommitReport::default()
-                },
-                owned: Vec::new(),
-                after_commit: Vec::new(),
-            });
+        if let Some(parent) = self.parent.clone() {
+            return self
+                .commit_into_parent(&parent, events, scheduled, after_commit)
+                .await;
         }
-
         let outcome = if events.is_empty() {
-            if !after_commit.is_empty()
-                && scheduled.is_empty()
-                && store::Dialect::of(&self.txn).commit_hides_abort()
-            {
-                // PostgreSQL answers COMMIT of a transaction aborted by a failed statement with
-                // a rollback, not an error; the callbacks must not run for it. (With events,
-                // their INSERT surfaces the abort.)
-                self.txn.execute_unprepared("SELECT 1").await?;
+            if !after_commit.is_empty() && scheduled.is_empty() {
+                self.surface_an_abort().await?;
             }
             store::InsertOutcome::default()
         } else {
@@ -582,6 +558,47 @@ impl OutboxTransaction {
             owned,
             after_commit,
         })
+    }
+
+    /// A savepoint's commit: release it and carry its events and callbacks to the enclosing
+    /// transaction, which writes them when it commits.
+    async fn commit_into_parent(
+        self,
+        parent: &Arc<Mutex<Buffer>>,
+        events: Vec<PendingEvent>,
+        scheduled: Vec<ScheduledEvent>,
+        after_commit: Vec<AfterCommit>,
+    ) -> Result<Committed, OutboxError> {
+        if lock(parent).closed {
+            return Err(OutboxError::Database(DbErr::Custom(
+                "savepoint committed after its enclosing transaction ended; its events are discarded"
+                    .into(),
+            )));
+        }
+        self.txn.commit().await?;
+        let carried = events.len() + scheduled.len();
+        let mut parent = lock(parent);
+        parent.events.extend(events);
+        parent.scheduled.extend(scheduled);
+        parent.after_commit.extend(after_commit);
+        Ok(Committed {
+            report: CommitReport {
+                carried_to_parent: carried,
+                ..CommitReport::default()
+            },
+            owned: Vec::new(),
+            after_commit: Vec::new(),
+        })
+    }
+
+    /// PostgreSQL answers COMMIT of a transaction aborted by a failed statement with a
+    /// rollback, not an error; callbacks must not run for it, so a transaction without events
+    /// (whose INSERT would surface the abort) asks once before committing.
+    async fn surface_an_abort(&self) -> Result<(), OutboxError> {
+        if store::Dialect::of(&self.txn).commit_hides_abort() {
+            self.txn.execute_unprepared("SELECT 1").await?;
+        }
+        Ok(())
     }
 
     /// Roll back rows and events.

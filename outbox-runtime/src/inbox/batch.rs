@@ -172,16 +172,8 @@ impl Consumer {
                 // Failed in the pass without savepoints: recorded as it failed, not run again.
                 Some((_, error)) => error,
                 None => {
-                    // A savepoint per handler, never released: RELEASE would cost a round trip
-                    // per message, and the stack stays as deep as the batch is long.
-                    if savepoints {
-                        tx.execute_unprepared(&format!("SAVEPOINT outbox_inbox_{i}"))
-                            .await?;
-                    }
-                    let mark = tx.mark();
-                    let itx = self.attempt_tx(tx, &envelope.id, 1);
-                    let result = self.run_handler(inline.reg, &itx, envelope, 1).await;
-                    tx = itx.into_inner();
+                    let (back, result) = self.run_in_batch(tx, i, inline, savepoints).await?;
+                    tx = back;
                     match result {
                         Ok(()) => {
                             failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
@@ -193,15 +185,7 @@ impl Consumer {
                             tx.rollback().await.map_err(OutboxError::into_db_err)?;
                             return Ok(Some((i, error)));
                         }
-                        Err(error) => {
-                            // Its writes, events and after-commit callbacks go; the batch's stay.
-                            tx.execute_unprepared(&format!(
-                                "ROLLBACK TO SAVEPOINT outbox_inbox_{i}"
-                            ))
-                            .await?;
-                            tx.rewind(mark);
-                            error
-                        }
+                        Err(error) => error,
                     }
                 }
             };
@@ -218,6 +202,42 @@ impl Consumer {
         let _ = tx.commit().await.map_err(OutboxError::into_db_err)?;
         self.settle_batch(run, &rows, outcomes).await?;
         Ok(None)
+    }
+
+    /// Run the handler of the batch's message `at` in the batch's transaction. With
+    /// `savepoints`, a failed handler's writes, events and after-commit callbacks are rolled
+    /// back to its savepoint, and the batch's stay.
+    async fn run_in_batch(
+        &self,
+        tx: crate::transaction::OutboxTransaction,
+        at: usize,
+        inline: &Inline,
+        savepoints: bool,
+    ) -> Result<
+        (
+            crate::transaction::OutboxTransaction,
+            Result<(), HandlerError>,
+        ),
+        DbErr,
+    > {
+        // A savepoint per handler, never released: RELEASE would cost a round trip per
+        // message, and the stack stays as deep as the batch is long.
+        if savepoints {
+            tx.execute_unprepared(&format!("SAVEPOINT outbox_inbox_{at}"))
+                .await?;
+        }
+        let mark = tx.mark();
+        let itx = self.attempt_tx(tx, &inline.envelope.id, 1);
+        let result = self
+            .run_handler(inline.reg, &itx, &inline.envelope, 1)
+            .await;
+        let tx = itx.into_inner();
+        if result.is_err() && savepoints {
+            tx.execute_unprepared(&format!("ROLLBACK TO SAVEPOINT outbox_inbox_{at}"))
+                .await?;
+            tx.rewind(mark);
+        }
+        Ok((tx, result))
     }
 
     /// After a batch's commit: count what became of each message, wake the worker for what it

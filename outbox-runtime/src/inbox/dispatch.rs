@@ -18,7 +18,17 @@ use super::{
     consumer::{Consumer, Decoded},
     digest::digest,
 };
-use crate::{envelope::Envelope, health::LoopHealth, transport::Transport};
+use crate::{
+    envelope::Envelope,
+    health::LoopHealth,
+    transport::{Subscription, Transport},
+};
+
+/// Why the dispatcher stopped reading a subscription.
+enum Pumped {
+    Shutdown,
+    Resubscribe,
+}
 
 impl Consumer {
     /// Pull deliveries until shutdown; run them in `concurrency` lanes keyed by aggregate.
@@ -28,30 +38,10 @@ impl Consumer {
         shutdown: CancellationToken,
         health: Arc<LoopHealth>,
     ) {
-        let lanes = self.config.concurrency.max(1);
-        let mut senders = Vec::with_capacity(lanes);
-        let mut workers = Vec::with_capacity(lanes);
-        let batch = self.config.commit_batch.max(1);
-        for _ in 0..lanes {
-            // Room for every delivery the broker may hand out at once: a busy lane never holds
-            // the dispatcher (and the other lanes) up; memory stays bounded by `max_in_flight`.
-            let (tx, mut rx) =
-                mpsc::channel::<Decoded>(self.config.subscribe.max_in_flight.max(batch));
-            senders.push(tx);
-            let consumer = self.clone();
-            let shutdown = shutdown.clone();
-            workers.push(tokio::spawn(async move {
-                let mut arrived = Vec::with_capacity(batch);
-                while rx.recv_many(&mut arrived, batch).await > 0 {
-                    consumer
-                        .deliver_all(std::mem::take(&mut arrived), &shutdown)
-                        .await;
-                }
-            }));
-        }
+        let (lanes, workers) = self.spawn_lanes(&shutdown);
         // Failed subscriptions in a row, for the resubscribe backoff.
         let mut failures: u32 = 0;
-        'subscribe: while !shutdown.is_cancelled() {
+        while !shutdown.is_cancelled() {
             let mut subscription = match transport
                 .subscribe(self.name, &self.event_types, &self.config.subscribe)
                 .await
@@ -70,41 +60,87 @@ impl Consumer {
             };
             failures = 0;
             health.success();
-            loop {
-                let next = tokio::select! {
-                    _ = shutdown.cancelled() => break 'subscribe,
-                    next = subscription.next() => next,
-                };
-                match next {
-                    Some(Ok(delivery)) => {
-                        health.success();
-                        let decoded =
-                            Envelope::from_json(&delivery.body).map_err(|e| e.to_string());
-                        let key = match &decoded {
-                            Ok(e) => lane_key(e),
-                            Err(_) => delivery.message_id.clone().unwrap_or_default(),
-                        };
-                        let lane = (digest(key.as_bytes()) % lanes as u64) as usize;
-                        if senders[lane].send((delivery, decoded)).await.is_err() {
-                            break 'subscribe;
-                        }
-                    }
-                    Some(Err(e)) => {
-                        health.failure(&e.to_string());
-                        tracing::warn!(consumer = self.name, error = %e, "subscription error; resubscribing");
-                        tokio::select! {
-                            _ = shutdown.cancelled() => break 'subscribe,
-                            _ = tokio::time::sleep(self.config.resubscribe.delay(0)) => {}
-                        }
-                        continue 'subscribe;
-                    }
-                    None => continue 'subscribe,
-                }
+            match self
+                .pump(subscription.as_mut(), &lanes, &health, &shutdown)
+                .await
+            {
+                Pumped::Shutdown => break,
+                Pumped::Resubscribe => continue,
             }
         }
-        drop(senders);
+        drop(lanes);
         for worker in workers {
             let _ = worker.await;
+        }
+    }
+
+    /// The lanes: each takes what has arrived (up to `commit_batch`) and delivers it in order.
+    fn spawn_lanes(
+        self: &Arc<Self>,
+        shutdown: &CancellationToken,
+    ) -> (Vec<mpsc::Sender<Decoded>>, Vec<tokio::task::JoinHandle<()>>) {
+        let lanes = self.config.concurrency.max(1);
+        let batch = self.config.commit_batch.max(1);
+        let mut senders = Vec::with_capacity(lanes);
+        let mut workers = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            // Room for every delivery the broker may hand out at once: a busy lane never holds
+            // the dispatcher (and the other lanes) up; memory stays bounded by `max_in_flight`.
+            let (tx, mut rx) =
+                mpsc::channel::<Decoded>(self.config.subscribe.max_in_flight.max(batch));
+            senders.push(tx);
+            let consumer = self.clone();
+            let shutdown = shutdown.clone();
+            workers.push(tokio::spawn(async move {
+                let mut arrived = Vec::with_capacity(batch);
+                while rx.recv_many(&mut arrived, batch).await > 0 {
+                    consumer
+                        .deliver_all(std::mem::take(&mut arrived), &shutdown)
+                        .await;
+                }
+            }));
+        }
+        (senders, workers)
+    }
+
+    /// Read one subscription: decode each delivery and hand it to the lane of its aggregate,
+    /// until shutdown, or until the subscription fails or ends (then resubscribe).
+    async fn pump(
+        &self,
+        subscription: &mut dyn Subscription,
+        lanes: &[mpsc::Sender<Decoded>],
+        health: &LoopHealth,
+        shutdown: &CancellationToken,
+    ) -> Pumped {
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return Pumped::Shutdown,
+                next = subscription.next() => next,
+            };
+            match next {
+                Some(Ok(delivery)) => {
+                    health.success();
+                    let decoded = Envelope::from_json(&delivery.body).map_err(|e| e.to_string());
+                    let key = match &decoded {
+                        Ok(e) => lane_key(e),
+                        Err(_) => delivery.message_id.clone().unwrap_or_default(),
+                    };
+                    let lane = (digest(key.as_bytes()) % lanes.len() as u64) as usize;
+                    if lanes[lane].send((delivery, decoded)).await.is_err() {
+                        return Pumped::Shutdown;
+                    }
+                }
+                Some(Err(e)) => {
+                    health.failure(&e.to_string());
+                    tracing::warn!(consumer = self.name, error = %e, "subscription error; resubscribing");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Pumped::Shutdown,
+                        _ = tokio::time::sleep(self.config.resubscribe.delay(0)) => {}
+                    }
+                    return Pumped::Resubscribe;
+                }
+                None => return Pumped::Resubscribe,
+            }
         }
     }
 
