@@ -891,6 +891,27 @@ async fn a_source_beside_an_outbox_handle_is_refused() {
         message.contains("billing-service") && message.contains("order-service"),
         "{message}"
     );
+    // The WAL mode needs a relay and a broker.
+    #[cfg(feature = "postgres-wal")]
+    for (builder, says) in [
+        (
+            Runtime::builder(t.db.clone()).without_relay(),
+            "runs no relay",
+        ),
+        (Runtime::builder(t.db.clone()), "without a broker"),
+    ] {
+        let wal = outbox::relay::WalConfig::new("postgres://localhost/unused");
+        let refused = builder
+            .wal(wal)
+            .consumers(Vec::<String>::new())
+            .start()
+            .await
+            .expect_err("a WAL mode that cannot apply");
+        assert!(
+            matches!(&refused, outbox::runtime::RuntimeError::Settings(m) if m.contains(says)),
+            "{refused:?}"
+        );
+    }
     // Either alone starts.
     for builder in [
         Runtime::builder(t.db.clone()).outbox(&outbox),

@@ -278,7 +278,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The relay reads committed events from PostgreSQL's WAL (see [`Relay::with_wal`]).
+    /// The relay reads committed events from PostgreSQL's WAL (see [`Relay::with_wal`]). It
+    /// needs the relay and a broker: without either, [`start`](Self::start) refuses it with
+    /// [`RuntimeError::Settings`].
     #[cfg(feature = "postgres-wal")]
     pub fn wal(mut self, config: crate::relay::WalConfig) -> Self {
         self.wal = Some(config);

@@ -86,6 +86,21 @@ impl RuntimeBuilder {
                 outbox.source()
             )));
         }
+        #[cfg(feature = "postgres-wal")]
+        if self.wal.is_some() {
+            if self.relay.is_none() {
+                return Err(RuntimeError::Settings(
+                    "`wal()` cannot apply: this runtime runs no relay (`without_relay()`)".into(),
+                ));
+            }
+            if self.transport.is_none() {
+                return Err(RuntimeError::Settings(
+                    "`wal()` cannot apply without a broker: the database-local relay moves \
+                     events into the local inboxes in one transaction; give `transport()`"
+                        .into(),
+                ));
+            }
+        }
         if let Some(janitor) = &self.retention {
             let relay = self.relay.clone().unwrap_or_default();
             let horizon = crate::retention::redelivery_horizon(
