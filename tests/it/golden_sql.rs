@@ -659,24 +659,20 @@ async fn scenario(t: TestDb, file: &str) {
         retention::purge(&db, &policy).await.unwrap();
     })
     .await;
-    r.step("retention: lease acquired, purge as leader", async {
-        assert!(
-            retention::purge_once_if_leader(&db, &policy, "golden-janitor")
-                .await
-                .unwrap()
-                .is_some()
-        );
-    })
-    .await;
-    r.step("retention: lease renewed, purge as leader", async {
-        assert!(
-            retention::purge_once_if_leader(&db, &policy, "golden-janitor")
-                .await
-                .unwrap()
-                .is_some()
-        );
-    })
-    .await;
+    for label in [
+        "retention: lease acquired, purge as leader",
+        "retention: lease renewed, purge as leader",
+    ] {
+        r.step(label, async {
+            assert!(
+                retention::purge_once_if_leader(&db, &policy, "golden-janitor")
+                    .await
+                    .unwrap()
+                    .is_some()
+            );
+        })
+        .await;
+    }
     r.step("retention: lease released", async {
         retention::release_lease(&db, "golden-janitor")
             .await
