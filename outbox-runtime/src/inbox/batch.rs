@@ -140,12 +140,7 @@ impl Consumer {
             .collect();
         let recorded = store::inbox::record_batch(&tx, &rows, self.ordering).await?;
         // Aggregates whose later messages wait: recorded PENDING, or failed in this batch.
-        let mut blocked: HashSet<(String, String)> = run
-            .iter()
-            .zip(&recorded)
-            .filter(|(_, recorded)| **recorded == Recorded::Pending)
-            .filter_map(|(inline, _)| self.ordered_aggregate(&inline.envelope))
-            .collect();
+        let mut blocked = self.recorded_pending(run, &recorded);
         let mut outcomes = Vec::with_capacity(run.len());
         for (i, (inline, recorded)) in run.iter().zip(&recorded).enumerate() {
             let envelope = &inline.envelope;
@@ -202,6 +197,16 @@ impl Consumer {
         let _ = tx.commit().await.map_err(OutboxError::into_db_err)?;
         self.settle_batch(run, &rows, outcomes).await?;
         Ok(None)
+    }
+
+    /// The aggregates (with ordering) of the batch's messages recorded PENDING: their later
+    /// messages in the batch wait behind them.
+    fn recorded_pending(&self, run: &[Inline], recorded: &[Recorded]) -> HashSet<(String, String)> {
+        run.iter()
+            .zip(recorded)
+            .filter(|(_, recorded)| **recorded == Recorded::Pending)
+            .filter_map(|(inline, _)| self.ordered_aggregate(&inline.envelope))
+            .collect()
     }
 
     /// Run the handler of the batch's message `at` in the batch's transaction. With

@@ -643,23 +643,9 @@ pub async fn claim(
         .await?
         .rows
     {
-        let row = &candidate.row;
-        let reclaim = row.try_get::<String>("", "status")? == InboxStatus::Processing.as_str();
-        let attempts = dialect.get_int(row, "attempts")?;
-        let mut message = ClaimedMessage {
-            id: candidate.id,
-            message_id: row.try_get("", "message_id")?,
-            origin: row.try_get("", "origin")?,
-            event_type: row.try_get("", "event_type")?,
-            source: row.try_get("", "source")?,
-            biz_key: row.try_get("", "biz_key")?,
-            headers: row.try_get("", "headers")?,
-            aggregate_type: row.try_get("", "aggregate_type")?,
-            aggregate_id: row.try_get("", "aggregate_id")?,
-            payload: row.try_get("", "payload")?,
-            attempts: u32::try_from(attempts).unwrap_or(0),
-            reclaimed: false,
-        };
+        let reclaim =
+            candidate.row.try_get::<String>("", "status")? == InboxStatus::Processing.as_str();
+        let mut message = read_message(dialect, candidate.id, &candidate.row)?;
         let key = (message.aggregate_type.clone(), message.aggregate_id.clone());
         if ordering && key.0.is_some() && blocked.contains(&key) {
             if reclaim {
@@ -679,24 +665,78 @@ pub async fn claim(
         messages.push(message);
     }
     let token = Uuid::new_v4();
-    if !messages.is_empty() {
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "UPDATE {INBOX_TABLE} SET attempts = CASE WHEN status = {processing} THEN attempts + 1 \
-             ELSE attempts END, status = {processing}, locked_by = ",
-            processing = InboxStatus::Processing.literal(),
-        ))
-        .bind(worker_id.to_owned().into())
-        .push(", locked_until = ")
-        .time(DbTime::after(lease))
-        .push(", claim_token = ")
-        .bind(dialect.uuid(token))
-        .push(" WHERE id IN ")
-        .bind_list(messages.iter().map(|m| Value::from(m.id)));
-        txn.execute_raw(sql.build()).await?;
+    mark_claimed(&txn, &messages, worker_id, lease, token).await?;
+    mark_lease_expired(&txn, &expired_dead).await?;
+    let dead_ids: Vec<i64> = expired_dead.iter().map(|message| message.id).collect();
+    failures::append(&txn, Source::Inbox, Failed::Ids(&dead_ids)).await?;
+    hand_back(&txn, INBOX_TABLE, stranded).await?;
+    txn.commit().await?;
+    Ok(InboxClaim {
+        token,
+        messages,
+        dead: expired_dead.len(),
+    })
+}
+
+/// A claimable row as the worker handles it.
+fn read_message(
+    dialect: Dialect,
+    id: i64,
+    row: &sea_orm::QueryResult,
+) -> Result<ClaimedMessage, DbErr> {
+    let attempts = dialect.get_int(row, "attempts")?;
+    Ok(ClaimedMessage {
+        id,
+        message_id: row.try_get("", "message_id")?,
+        origin: row.try_get("", "origin")?,
+        event_type: row.try_get("", "event_type")?,
+        source: row.try_get("", "source")?,
+        biz_key: row.try_get("", "biz_key")?,
+        headers: row.try_get("", "headers")?,
+        aggregate_type: row.try_get("", "aggregate_type")?,
+        aggregate_id: row.try_get("", "aggregate_id")?,
+        payload: row.try_get("", "payload")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        reclaimed: false,
+    })
+}
+
+/// Claim `messages` for `worker_id` under `token` for `lease`; a reclaim counts an attempt.
+async fn mark_claimed(
+    txn: &sea_orm::DatabaseTransaction,
+    messages: &[ClaimedMessage],
+    worker_id: &str,
+    lease: std::time::Duration,
+    token: Uuid,
+) -> Result<(), DbErr> {
+    if messages.is_empty() {
+        return Ok(());
     }
-    for message in &expired_dead {
-        let mut sql = Sql::new(dialect);
+    let dialect = Dialect::of(txn);
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!(
+        "UPDATE {INBOX_TABLE} SET attempts = CASE WHEN status = {processing} THEN attempts + 1 \
+         ELSE attempts END, status = {processing}, locked_by = ",
+        processing = InboxStatus::Processing.literal(),
+    ))
+    .bind(worker_id.to_owned().into())
+    .push(", locked_until = ")
+    .time(DbTime::after(lease))
+    .push(", claim_token = ")
+    .bind(dialect.uuid(token))
+    .push(" WHERE id IN ")
+    .bind_list(messages.iter().map(|m| Value::from(m.id)));
+    txn.execute_raw(sql.build()).await?;
+    Ok(())
+}
+
+/// Mark DEAD the messages whose lease expired once too often: a worker crashed or hung on each.
+async fn mark_lease_expired(
+    txn: &sea_orm::DatabaseTransaction,
+    expired: &[ClaimedMessage],
+) -> Result<(), DbErr> {
+    for message in expired {
+        let mut sql = Sql::new(Dialect::of(txn));
         sql.push(&format!(
             "UPDATE {INBOX_TABLE} SET attempts = attempts + 1, status = {}, locked_until = NULL, \
              last_error = ",
@@ -713,15 +753,7 @@ pub async fn claim(
         .bind(message.id.into());
         txn.execute_raw(sql.build()).await?;
     }
-    let dead_ids: Vec<i64> = expired_dead.iter().map(|message| message.id).collect();
-    failures::append(&txn, Source::Inbox, Failed::Ids(&dead_ids)).await?;
-    hand_back(&txn, INBOX_TABLE, stranded).await?;
-    txn.commit().await?;
-    Ok(InboxClaim {
-        token,
-        messages,
-        dead: expired_dead.len(),
-    })
+    Ok(())
 }
 
 /// Inside the handler's transaction: mark the claimed message DONE, fenced by the claim token.

@@ -2,13 +2,17 @@
 //! outbox events, insert each as a PENDING inbox row of every consumer that handles its type,
 //! and mark it SENT. No broker, exactly once: the inbox rows and the SENT mark commit together.
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, QueryResult, Value,
+};
+
+use crate::envelope::Envelope;
 
 use super::{
     DbTime, Dialect, OUTBOX_TABLE,
     claim::{ClaimParams, select_claimable},
     inbox::{InboxState, NewInboxRow},
-    relay::{aggregate_of, decode, mark_dead, outbox_queue},
+    relay::{ClaimedEvent, aggregate_of, decode, mark_dead, outbox_queue},
     sql::Sql,
     status::OutboxStatus,
     tx::begin_work,
@@ -49,21 +53,7 @@ pub async fn move_to_inbox(
         if params.ordering && dead_aggregates.contains(&aggregate) {
             continue; // behind a DEAD event of its aggregate: stays PENDING
         }
-        let ready = match decode(&dialect, &candidate.row) {
-            Err(e) => Err(format!("outbox row cannot be read: {e}")),
-            Ok(read) => match read.event.envelope() {
-                Err(reason) => Err(reason),
-                Ok(envelope) => match routes(&read.event.event_type) {
-                    consumers if consumers.is_empty() => Err(format!(
-                        "no consumer of this runtime handles event type `{}` (database-local \
-                         transport): nothing would ever receive it",
-                        read.event.event_type
-                    )),
-                    consumers => Ok((read.event, envelope, consumers)),
-                },
-            },
-        };
-        let (event, envelope, consumers) = match ready {
+        let (event, envelope, consumers) = match deliverable(&dialect, &candidate.row, routes) {
             Ok(ready) => ready,
             Err(reason) => {
                 mark_dead(&txn, &dialect, candidate.id, &reason).await?;
@@ -72,43 +62,82 @@ pub async fn move_to_inbox(
                 continue;
             }
         };
-        let body = envelope.to_json();
-        let message_id = event.event_id.to_string();
-        for consumer in consumers {
-            let row = NewInboxRow {
-                consumer,
-                message_id: &message_id,
-                event_type: Some(&event.event_type),
-                source: Some(&event.source),
-                aggregate_type: Some(&event.aggregate_type),
-                aggregate_id: Some(&event.aggregate_id),
-                aggregate_version: event.aggregate_version,
-                schema_version: Some(event.schema_version),
-                payload: &body,
-                ..NewInboxRow::default()
-            };
-            if super::inbox::insert(&txn, &row, &InboxState::Pending).await? {
-                moved.inbox_rows += 1;
-            } else {
-                moved.duplicates += 1;
-            }
-        }
+        insert_pending(&txn, &event, &envelope, consumers, &mut moved).await?;
         sent.push(event.id);
     }
+    mark_sent(&txn, &sent, params.owner).await?;
+    moved.events = sent.len();
+    txn.commit().await?;
+    Ok(moved)
+}
+
+/// An outbox row as the local consumers receive it: the event, its envelope and the consumers
+/// that handle its type; or why it can never be delivered (it goes DEAD).
+fn deliverable(
+    dialect: &Dialect,
+    row: &QueryResult,
+    routes: &(dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
+) -> Result<(ClaimedEvent, Envelope, Vec<&'static str>), String> {
+    let read = decode(dialect, row).map_err(|e| format!("outbox row cannot be read: {e}"))?;
+    let envelope = read.event.envelope()?;
+    let consumers = routes(&read.event.event_type);
+    if consumers.is_empty() {
+        return Err(format!(
+            "no consumer of this runtime handles event type `{}` (database-local transport): \
+             nothing would ever receive it",
+            read.event.event_type
+        ));
+    }
+    Ok((read.event, envelope, consumers))
+}
+
+/// Insert `event` as a PENDING inbox row of each of `consumers` (a consumer that has it already
+/// counts a duplicate).
+async fn insert_pending(
+    txn: &DatabaseTransaction,
+    event: &ClaimedEvent,
+    envelope: &Envelope,
+    consumers: Vec<&'static str>,
+    moved: &mut Moved,
+) -> Result<(), DbErr> {
+    let body = envelope.to_json();
+    let message_id = event.event_id.to_string();
+    for consumer in consumers {
+        let row = NewInboxRow {
+            consumer,
+            message_id: &message_id,
+            event_type: Some(&event.event_type),
+            source: Some(&event.source),
+            aggregate_type: Some(&event.aggregate_type),
+            aggregate_id: Some(&event.aggregate_id),
+            aggregate_version: event.aggregate_version,
+            schema_version: Some(event.schema_version),
+            payload: &body,
+            ..NewInboxRow::default()
+        };
+        if super::inbox::insert(txn, &row, &InboxState::Pending).await? {
+            moved.inbox_rows += 1;
+        } else {
+            moved.duplicates += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Mark the moved events SENT, by `owner`.
+async fn mark_sent(txn: &DatabaseTransaction, sent: &[i64], owner: &str) -> Result<(), DbErr> {
     for chunk in sent.chunks(1000) {
-        let mut sql = Sql::new(dialect);
+        let mut sql = Sql::new(Dialect::of(txn));
         sql.push(&format!(
             "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
             OutboxStatus::Sent.literal()
         ))
         .time(DbTime::NOW)
         .push(", locked_by = ")
-        .bind(params.owner.to_owned().into())
+        .bind(owner.to_owned().into())
         .push(", locked_until = NULL, failure_class = NULL, last_error = NULL WHERE id IN ")
         .bind_list(chunk.iter().map(|id| Value::from(*id)));
         txn.execute_raw(sql.build()).await?;
     }
-    moved.events = sent.len();
-    txn.commit().await?;
-    Ok(moved)
+    Ok(())
 }
