@@ -202,19 +202,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = Runtime::builder(db.clone())
         .source("order-service")
         .expect_consumers(["inventory", "notification"])
-        .relay_config(RelayConfig {
-            poll_interval: Duration::from_millis(100),
-            ..RelayConfig::default()
-        })
-        .inbox_config(InboxConfig {
-            poll_interval: Duration::from_millis(100),
-            backoff: Backoff {
-                base: Duration::from_millis(200),
-                cap: Duration::from_secs(2),
-                jitter: 0.2,
-            },
-            ..InboxConfig::default()
-        })
+        .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(100)))
+        .inbox_config(
+            InboxConfig::default()
+                .poll_interval(Duration::from_millis(100))
+                .backoff(
+                    Backoff::default()
+                        .base(Duration::from_millis(200))
+                        .cap(Duration::from_secs(2))
+                        .jitter(0.2),
+                ),
+        )
         .start()
         .await?;
     let outbox = runtime.outbox().clone();

@@ -174,15 +174,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let runtime = Runtime::builder(db.clone())
         .expect_consumers(["billing"])
         .without_relay()
-        .inbox_config(InboxConfig {
-            poll_interval: Duration::from_millis(100),
-            backoff: Backoff {
-                base: Duration::from_millis(100),
-                cap: Duration::from_millis(500),
-                jitter: 0.2,
-            },
-            ..InboxConfig::default()
-        })
+        .inbox_config(
+            InboxConfig::default()
+                .poll_interval(Duration::from_millis(100))
+                .backoff(
+                    Backoff::default()
+                        .base(Duration::from_millis(100))
+                        .cap(Duration::from_millis(500))
+                        .jitter(0.2),
+                ),
+        )
         .start()
         .await?;
 

@@ -744,33 +744,30 @@ fn with_wal(builder: outbox::runtime::RuntimeBuilder) -> outbox::runtime::Runtim
 
 /// The relays' settings (the producer's relay runs with them too).
 fn relay_config() -> RelayConfig {
-    RelayConfig {
-        relay_id: format!("relay-{}", std::process::id()),
-        lease: Duration::from_secs(2),
-        fast_path_lease: Duration::from_secs(2),
-        max_attempts: 50,
-        backoff: Backoff {
-            base: Duration::from_millis(50),
-            cap: Duration::from_secs(1),
-            jitter: 0.2,
-        },
-        error_delay: Duration::from_millis(200),
-        poll_interval: Duration::from_millis(500),
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .relay_id(format!("relay-{}", std::process::id()))
+        .lease(Duration::from_secs(2))
+        .fast_path_lease(Duration::from_secs(2))
+        .max_attempts(50)
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(50))
+                .cap(Duration::from_secs(1))
+                .jitter(0.2),
+        )
+        .error_delay(Duration::from_millis(200))
+        .poll_interval(Duration::from_millis(500))
 }
 
 async fn relay(dir: &Path) -> Result<(), BoxError> {
     let db = child_db(6).await?;
     let transport = counting_transport(dir).await?;
     let config = relay_config();
-    let retention = RetentionPolicy {
-        sent_after: Duration::from_secs(1),
-        batch_size: env_u64("OUTBOX_CHAOS_JANITOR_BATCH", 100) as usize,
-        pause: Duration::from_millis(10),
-        lease: Duration::from_secs(3),
-        ..RetentionPolicy::default()
-    };
+    let retention = RetentionPolicy::default()
+        .sent_after(Duration::from_secs(1))
+        .batch_size(env_u64("OUTBOX_CHAOS_JANITOR_BATCH", 100) as usize)
+        .pause(Duration::from_millis(10))
+        .lease(Duration::from_secs(3));
     let runtime = with_wal(Runtime::builder(db))
         .source("chaos-orders")
         .transport(transport)
@@ -817,16 +814,11 @@ async fn relay(dir: &Path) -> Result<(), BoxError> {
 async fn consume(dir: &Path) -> Result<(), BoxError> {
     let db = child_db(12).await?;
     let transport = child_transport().await?;
-    let config = InboxConfig {
-        lease: Duration::from_secs(2),
-        poll_interval: Duration::from_millis(200),
-        max_attempts: 1000,
-        subscribe: SubscribeOptions {
-            ack_wait: Duration::from_secs(3),
-            ..SubscribeOptions::default()
-        },
-        ..InboxConfig::default()
-    };
+    let config = InboxConfig::default()
+        .lease(Duration::from_secs(2))
+        .poll_interval(Duration::from_millis(200))
+        .max_attempts(1000)
+        .subscribe(SubscribeOptions::default().ack_wait(Duration::from_secs(3)));
     let runtime = Runtime::builder(db)
         .source("chaos-consumers")
         .transport(transport)

@@ -134,13 +134,12 @@ async fn relay(db: DatabaseConnection, name: &str, dir: &Path) -> Result<(), Box
     let runtime = Runtime::builder(db)
         .source("skew-relays")
         .transport(transport)
-        .relay_config(RelayConfig {
-            relay_id: name.to_owned(),
-            // Small batches, so the two relays' claims interleave all the time.
-            batch_size: 20,
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
-        })
+        .relay_config(
+            RelayConfig::default()
+                .relay_id(name.to_owned())
+                .batch_size(20)
+                .poll_interval(Duration::from_millis(50)),
+        )
         .consumers(Vec::<String>::new())
         .retention(None, Duration::from_secs(60))
         .start()
@@ -158,10 +157,7 @@ async fn work(db: DatabaseConnection) -> Result<(), BoxError> {
         .without_relay()
         .retention(None, Duration::from_secs(60))
         .consumers([WORKER])
-        .inbox_config(InboxConfig {
-            poll_interval: Duration::from_millis(100),
-            ..InboxConfig::default()
-        })
+        .inbox_config(InboxConfig::default().poll_interval(Duration::from_millis(100)))
         .start()
         .await?;
     terminated().await;
@@ -193,12 +189,10 @@ async fn janitor(db: DatabaseConnection, dir: &Path) -> Result<(), BoxError> {
 }
 
 fn janitor_policy() -> RetentionPolicy {
-    RetentionPolicy {
-        sent_after: DAY,
-        done_after: DAY,
-        lease: Duration::from_secs(300),
-        ..RetentionPolicy::default()
-    }
+    RetentionPolicy::default()
+        .sent_after(DAY)
+        .done_after(DAY)
+        .lease(Duration::from_secs(300))
 }
 
 const DAY: Duration = Duration::from_secs(86_400);

@@ -73,28 +73,26 @@ async fn start(t: &TestDb, transport: &MemoryTransport, mode: Mode) -> Runtime {
     builder
         .transport(transport.clone())
         .consumers(["fp"])
-        .relay_config(RelayConfig {
-            lease: Duration::from_millis(500),
-            fast_path,
-            fast_path_lease: Duration::from_millis(500),
-            poll_interval: Duration::from_millis(50),
-            error_delay: Duration::from_millis(50),
-            backoff: Backoff {
-                base: Duration::from_millis(10),
-                cap: Duration::from_millis(50),
-                jitter: 0.1,
-            },
-            ..RelayConfig::default()
-        })
-        .inbox_config(InboxConfig {
-            lease: Duration::from_millis(500),
-            poll_interval: Duration::from_millis(50),
-            subscribe: SubscribeOptions {
-                ack_wait: Duration::from_millis(300),
-                ..SubscribeOptions::default()
-            },
-            ..InboxConfig::default()
-        })
+        .relay_config(
+            RelayConfig::default()
+                .lease(Duration::from_millis(500))
+                .fast_path(fast_path)
+                .fast_path_lease(Duration::from_millis(500))
+                .poll_interval(Duration::from_millis(50))
+                .error_delay(Duration::from_millis(50))
+                .backoff(
+                    Backoff::default()
+                        .base(Duration::from_millis(10))
+                        .cap(Duration::from_millis(50))
+                        .jitter(0.1),
+                ),
+        )
+        .inbox_config(
+            InboxConfig::default()
+                .lease(Duration::from_millis(500))
+                .poll_interval(Duration::from_millis(50))
+                .subscribe(SubscribeOptions::default().ack_wait(Duration::from_millis(300))),
+        )
         .retention(None, Duration::from_secs(60))
         .start()
         .await
@@ -411,13 +409,11 @@ async fn janitor_dies_between_batches() {
     )
     .await
     .unwrap();
-    let policy = RetentionPolicy {
-        sent_after: Duration::from_secs(60),
-        batch_size: 5,
-        pause: Duration::ZERO,
-        lease: Duration::from_secs(10),
-        ..RetentionPolicy::default()
-    };
+    let policy = RetentionPolicy::default()
+        .sent_after(Duration::from_secs(60))
+        .batch_size(5)
+        .pause(Duration::ZERO)
+        .lease(Duration::from_secs(10));
     let scenario = FailScenario::setup();
     failpoints::cfg(failpoints::JANITOR_BETWEEN_BATCHES, "1*return").unwrap();
     let first = outbox::retention::purge_once_if_leader(&t.db, &policy, "janitor-a").await;

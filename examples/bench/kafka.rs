@@ -192,11 +192,7 @@ pub(crate) async fn p2(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let target = Arc::new(transport("p2").await?);
     let t = Instant::now();
     let relay = Relay::new(ctx.db.clone(), target.clone())
-        .with_config(RelayConfig {
-            batch_size: BATCH,
-            listen: false,
-            ..RelayConfig::default()
-        })
+        .with_config(RelayConfig::default().batch_size(BATCH).listen(false))
         .spawn();
     let limit = Duration::from_secs(600);
     while relay.stats().sent < n {
@@ -276,10 +272,7 @@ pub(crate) async fn p4(ctx: &Ctx, consumer: &str, concurrency: usize) -> Result<
         .source("bench-p4")
         .transport(target)
         .without_relay()
-        .inbox_config(InboxConfig {
-            concurrency,
-            ..InboxConfig::default()
-        })
+        .inbox_config(InboxConfig::default().concurrency(concurrency))
         .consumers([consumer])
         .expect_consumers([consumer])
         .start()

@@ -112,11 +112,7 @@ async fn wal_drain(ctx: &Ctx) -> Result<f64, BoxError> {
     pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
     let transport = Arc::new(ctx.transport("bench_p2wal").await?);
     let relay = Relay::new(ctx.db.clone(), transport.clone())
-        .with_config(RelayConfig {
-            batch_size: BATCH,
-            listen: false,
-            ..RelayConfig::default()
-        })
+        .with_config(RelayConfig::default().batch_size(BATCH).listen(false))
         .with_wal(config);
     let (elapsed, stats) = support::relay_until(relay, n, limit).await?;
     let published = stats.sent;
@@ -146,10 +142,7 @@ async fn producers_beside_wal_relay(ctx: &Ctx) -> Result<f64, BoxError> {
     let _ = support::drop_wal_slot(ctx).await;
     let transport = Arc::new(ctx.transport("bench_p2prodwal").await?);
     let relay = Relay::new(ctx.db.clone(), transport.clone())
-        .with_config(RelayConfig {
-            listen: false,
-            ..RelayConfig::default()
-        })
+        .with_config(RelayConfig::default().listen(false))
         .with_wal(support::wal_config(ctx))
         .spawn();
     support::wait_streaming(ctx).await?;
@@ -181,12 +174,12 @@ async fn sdk_relays(ctx: &Ctx, relays: usize, ordering: bool) -> Result<f64, Box
     let handles: Vec<_> = (0..relays)
         .map(|_| {
             Relay::new(ctx.db.clone(), transport.clone())
-                .with_config(RelayConfig {
-                    batch_size: BATCH,
-                    listen: false,
-                    ordering,
-                    ..RelayConfig::default()
-                })
+                .with_config(
+                    RelayConfig::default()
+                        .batch_size(BATCH)
+                        .listen(false)
+                        .ordering(ordering),
+                )
                 .spawn()
         })
         .collect();

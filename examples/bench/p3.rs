@@ -272,12 +272,10 @@ async fn measure(
             let relay = if mode != Mode::Poll {
                 RelayConfig::default()
             } else {
-                RelayConfig {
-                    listen: false,
-                    poll_interval: POLL,
-                    linger: None,
-                    ..RelayConfig::default()
-                }
+                RelayConfig::default()
+                    .listen(false)
+                    .poll_interval(POLL)
+                    .linger(None)
             };
             let builder = Runtime::builder(ctx.db.clone())
                 .source("bench-p3")

@@ -69,10 +69,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
         .source("bench-p4")
         .transport(transport.clone())
         .without_relay()
-        .inbox_config(InboxConfig {
-            concurrency: CONCURRENCY,
-            ..InboxConfig::default()
-        })
+        .inbox_config(InboxConfig::default().concurrency(CONCURRENCY))
         .consumers([CONSUMER])
         .expect_consumers([CONSUMER])
         .start()

@@ -264,11 +264,8 @@ async fn relay_until(
     n: u64,
     limit: Duration,
 ) -> Result<(Duration, RelayStatsSnapshot), BoxError> {
-    let relay = Relay::new(ctx.db.clone(), transport.clone()).with_config(RelayConfig {
-        batch_size: BATCH,
-        listen: false,
-        ..RelayConfig::default()
-    });
+    let relay = Relay::new(ctx.db.clone(), transport.clone())
+        .with_config(RelayConfig::default().batch_size(BATCH).listen(false));
     crate::support::relay_until(relay, n, limit).await
 }
 

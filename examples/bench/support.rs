@@ -524,10 +524,7 @@ pub(crate) async fn relay_backlog(
 ) -> Result<(), BoxError> {
     pre_enqueue(db, n, 1_000, "PENDING").await?;
     let relay = outbox::relay::Relay::new(db.clone(), transport)
-        .with_config(outbox::relay::RelayConfig {
-            listen: false,
-            ..outbox::relay::RelayConfig::default()
-        })
+        .with_config(outbox::relay::RelayConfig::default().listen(false))
         .spawn();
     wait_drained(db, Instant::now(), Duration::from_secs(300)).await?;
     relay.shutdown().await?;

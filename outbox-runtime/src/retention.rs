@@ -63,19 +63,13 @@ pub const LEASE_NAME: &str = "retention";
 
 /// What to delete and how fast.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetentionPolicy {
-    /// Delete SENT outbox events sent longer ago than this. Default 7 days.
-    pub sent_after: Duration,
-    /// Delete DONE and IGNORED inbox messages processed longer ago than this: the dedup window.
-    /// Default 14 days.
-    pub done_after: Duration,
-    /// Rows per batch (per transaction). Default 5,000.
-    pub batch_size: usize,
-    /// Sleep between batches, giving other writers room. Default 50 ms.
-    pub pause: Duration,
-    /// How long the janitor lease lasts from its last renewal (renewed before each batch).
-    /// Default 5 minutes.
-    pub lease: Duration,
+    pub(crate) sent_after: Duration,
+    pub(crate) done_after: Duration,
+    pub(crate) batch_size: usize,
+    pub(crate) pause: Duration,
+    pub(crate) lease: Duration,
 }
 
 impl Default for RetentionPolicy {
@@ -87,6 +81,40 @@ impl Default for RetentionPolicy {
             pause: Duration::from_millis(50),
             lease: Duration::from_secs(300),
         }
+    }
+}
+
+impl RetentionPolicy {
+    /// Delete SENT outbox events sent longer ago than this. Default 7 days.
+    pub fn sent_after(mut self, sent_after: Duration) -> Self {
+        self.sent_after = sent_after;
+        self
+    }
+
+    /// Delete DONE and IGNORED inbox messages processed longer ago than this: the dedup window.
+    /// Default 14 days.
+    pub fn done_after(mut self, done_after: Duration) -> Self {
+        self.done_after = done_after;
+        self
+    }
+
+    /// Rows per batch (per transaction). Default 5,000.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Sleep between batches, giving other writers room. Default 50 ms.
+    pub fn pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    /// How long the janitor lease lasts from its last renewal (renewed before each batch).
+    /// Default 5 minutes.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
     }
 }
 

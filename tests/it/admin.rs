@@ -31,17 +31,16 @@ struct PaymentFailed {
 }
 
 fn relay_config() -> RelayConfig {
-    RelayConfig {
-        relay_id: "admin-test".into(),
-        batch_size: 100,
-        max_attempts: 3,
-        backoff: Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(50),
-            jitter: 0.0,
-        },
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .relay_id("admin-test")
+        .batch_size(100)
+        .max_attempts(3)
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(10))
+                .cap(Duration::from_millis(50))
+                .jitter(0.0),
+        )
 }
 
 fn relay(t: &TestDb, transport: &MemoryTransport) -> Relay {
@@ -1146,11 +1145,9 @@ async fn purge_deletes_old_rows_in_batches_and_keeps_the_rest(t: TestDb) {
     .await;
     bulk_inbox(&t, "pending", 1, InitialState::Pending, ago(40 * DAY)).await;
 
-    let policy = RetentionPolicy {
-        batch_size: 1_000,
-        pause: Duration::from_millis(1),
-        ..RetentionPolicy::default()
-    };
+    let policy = RetentionPolicy::default()
+        .batch_size(1_000)
+        .pause(Duration::from_millis(1));
     let report = retention::purge(&t.db, &policy).await.unwrap();
     assert_eq!(report.outbox_deleted, 10_000, "{report:?}");
     assert_eq!(report.inbox_deleted, 5_003, "{report:?}");
@@ -1232,12 +1229,10 @@ async fn only_one_instance_purges_at_a_time(t: TestDb) {
     let outbox = Outbox::new("retention");
     enqueue_lines(&t, &outbox, "old", 3_000).await;
     mark_sent(&t, ago(8 * DAY)).await;
-    let policy = RetentionPolicy {
-        batch_size: 500,
-        pause: Duration::from_millis(5),
-        lease: Duration::from_secs(4),
-        ..RetentionPolicy::default()
-    };
+    let policy = RetentionPolicy::default()
+        .batch_size(500)
+        .pause(Duration::from_millis(5))
+        .lease(Duration::from_secs(4));
     let (a, b) = tokio::join!(
         retention::purge_once_if_leader(&t.db, &policy, "instance-a"),
         retention::purge_once_if_leader(&t.db, &policy, "instance-b"),
@@ -1671,10 +1666,7 @@ fn policy_validation_refuses_a_dedup_window_shorter_than_the_redelivery_horizon(
     let policy = RetentionPolicy::default();
     policy.validate(horizon).unwrap();
 
-    let short = RetentionPolicy {
-        done_after: 9 * DAY,
-        ..RetentionPolicy::default()
-    };
+    let short = RetentionPolicy::default().done_after(9 * DAY);
     let err = short.validate(horizon).unwrap_err();
     assert!(
         matches!(err, RetentionError::WindowTooShort { .. }),
@@ -1684,18 +1676,12 @@ fn policy_validation_refuses_a_dedup_window_shorter_than_the_redelivery_horizon(
     assert!(text.contains("done_after = 9d"), "{text}");
     assert!(text.contains("redelivery horizon (10d"), "{text}");
 
-    let no_batches = RetentionPolicy {
-        batch_size: 0,
-        ..RetentionPolicy::default()
-    };
+    let no_batches = RetentionPolicy::default().batch_size(0);
     assert!(matches!(
         no_batches.validate(Duration::ZERO),
         Err(RetentionError::Invalid(_))
     ));
-    let short_lease = RetentionPolicy {
-        lease: Duration::from_millis(500),
-        ..RetentionPolicy::default()
-    };
+    let short_lease = RetentionPolicy::default().lease(Duration::from_millis(500));
     assert!(matches!(
         short_lease.validate(Duration::ZERO),
         Err(RetentionError::Invalid(_))
@@ -1726,10 +1712,7 @@ async fn purge_a_million_rows_while_relaying_on_postgres() {
     let outbox = Outbox::new("live");
     let transport = MemoryTransport::new();
     let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            poll_interval: Duration::from_millis(100),
-            ..relay_config()
-        })
+        .with_config(relay_config().poll_interval(Duration::from_millis(100)))
         .with_outbox(&outbox)
         .spawn();
     let done = outbox::CancellationToken::new();

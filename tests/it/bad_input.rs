@@ -80,28 +80,26 @@ async fn stored_probe(tx: &InboxTransaction, event: Event<Probe>) -> Result<(), 
 }
 
 fn inbox_config() -> InboxConfig {
-    InboxConfig {
-        poll_interval: Duration::from_millis(50),
-        backoff: Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(50),
-            jitter: 0.1,
-        },
-        ..InboxConfig::default()
-    }
+    InboxConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(10))
+                .cap(Duration::from_millis(50))
+                .jitter(0.1),
+        )
 }
 
 fn relay_config() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        backoff: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(100),
-            jitter: 0.1,
-        },
-        max_attempts: 5,
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(100))
+                .jitter(0.1),
+        )
+        .max_attempts(5)
 }
 
 async fn wait_until<F, Fut>(what: &str, check: F)

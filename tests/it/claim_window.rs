@@ -32,17 +32,18 @@ fn params(relay_id: &str, batch_size: usize) -> ClaimParams<'_> {
 }
 
 fn relay(t: &TestDb, transport: &MemoryTransport, batch: usize) -> Relay {
-    Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(RelayConfig {
-        batch_size: batch,
-        poll_interval: Duration::from_millis(50),
-        backoff: Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(50),
-            jitter: 0.0,
-        },
-        max_attempts: 1_000,
-        ..RelayConfig::default()
-    })
+    Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(
+        RelayConfig::default()
+            .batch_size(batch)
+            .poll_interval(Duration::from_millis(50))
+            .backoff(
+                Backoff::default()
+                    .base(Duration::from_millis(10))
+                    .cap(Duration::from_millis(50))
+                    .jitter(0.0),
+            )
+            .max_attempts(1_000),
+    )
 }
 
 /// Commit `seqs` lines of `cart`, in one transaction.
@@ -230,12 +231,12 @@ async fn few_aggregates_with_a_deep_backlog(t: TestDb) {
     let relays: Vec<_> = (0..2)
         .map(|i| {
             Relay::new(t.db.clone(), Arc::new(transport.clone()))
-                .with_config(RelayConfig {
-                    relay_id: format!("relay-{i}"),
-                    batch_size: 50,
-                    poll_interval: Duration::from_millis(20),
-                    ..RelayConfig::default()
-                })
+                .with_config(
+                    RelayConfig::default()
+                        .relay_id(format!("relay-{i}"))
+                        .batch_size(50)
+                        .poll_interval(Duration::from_millis(20)),
+                )
                 .spawn()
         })
         .collect();

@@ -376,12 +376,12 @@ async fn cli_status_shows_a_broker_outage(backend: Backend, test: &str) {
     // The in-memory transport with an injected outage stands for the broker.
     let transport = MemoryTransport::new();
     let handle = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            relay_id: "relay-a".into(),
-            poll_interval: Duration::from_millis(50),
-            heartbeat: Duration::from_millis(200),
-            ..RelayConfig::default()
-        })
+        .with_config(
+            RelayConfig::default()
+                .relay_id("relay-a")
+                .poll_interval(Duration::from_millis(50))
+                .heartbeat(Duration::from_millis(200)),
+        )
         .spawn();
     let started = eventually(Duration::from_secs(10), || async {
         run_json(url, &["status"]).await["relays"][0]["broker_available"] == true

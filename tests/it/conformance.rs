@@ -391,21 +391,19 @@ async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
     let mut builder = Runtime::builder(t.db.clone())
         .source("conformance")
         .consumers(["conformance"])
-        .relay_config(RelayConfig {
-            poll_interval: Duration::from_millis(50),
-            backoff: Backoff {
-                base: Duration::from_millis(20),
-                cap: Duration::from_millis(200),
-                jitter: 0.2,
-            },
-            max_attempts: 1_000,
-            fast_path: mode() == Mode::FastPath,
-            ..RelayConfig::default()
-        })
-        .inbox_config(InboxConfig {
-            poll_interval: Duration::from_millis(50),
-            ..InboxConfig::default()
-        });
+        .relay_config(
+            RelayConfig::default()
+                .poll_interval(Duration::from_millis(50))
+                .backoff(
+                    Backoff::default()
+                        .base(Duration::from_millis(20))
+                        .cap(Duration::from_millis(200))
+                        .jitter(0.2),
+                )
+                .max_attempts(1_000)
+                .fast_path(mode() == Mode::FastPath),
+        )
+        .inbox_config(InboxConfig::default().poll_interval(Duration::from_millis(50)));
     #[cfg(feature = "postgres-wal")]
     if mode() == Mode::Wal {
         // A grace far beyond the scenario: every event the stream does not publish would stay.
@@ -666,10 +664,9 @@ async fn broker_redelivers_on_nack_and_missing_ack(kind: Kind, test: &str) {
     };
     let transport = setup.transport.clone().expect("a broker transport");
     transport.setup().await.unwrap();
-    let options = SubscribeOptions {
-        ack_wait: Duration::from_secs(1),
-        max_in_flight: 10,
-    };
+    let options = SubscribeOptions::default()
+        .ack_wait(Duration::from_secs(1))
+        .max_in_flight(10);
     let types = ["conformance.noted".to_owned()];
     let mut first = transport
         .subscribe("redelivery", &types, &options)

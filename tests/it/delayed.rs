@@ -45,16 +45,15 @@ fn reminder(cart: &str, key: &str) -> Reminder {
 const POLL: Duration = Duration::from_millis(200);
 
 fn config() -> RelayConfig {
-    RelayConfig {
-        relay_id: "delayed-relay".to_owned(),
-        poll_interval: POLL,
-        backoff: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(100),
-            jitter: 0.0,
-        },
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .relay_id("delayed-relay".to_owned())
+        .poll_interval(POLL)
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(100))
+                .jitter(0.0),
+        )
 }
 
 /// `(aggregate, seq)` of each message on the broker, in order.

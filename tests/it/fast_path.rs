@@ -40,23 +40,23 @@ struct Unsorted {
 const RELAY_ID: &str = "fast-relay";
 
 fn config() -> RelayConfig {
-    RelayConfig {
-        relay_id: RELAY_ID.to_owned(),
-        poll_interval: Duration::from_secs(3_600),
-        linger: None,
-        listen: false,
-        backoff: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(200),
-            jitter: 0.2,
-        },
-        probe: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(100),
-            jitter: 0.2,
-        },
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .relay_id(RELAY_ID.to_owned())
+        .poll_interval(Duration::from_secs(3_600))
+        .linger(None)
+        .listen(false)
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(200))
+                .jitter(0.2),
+        )
+        .probe(
+            Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(100))
+                .jitter(0.2),
+        )
 }
 
 /// A relay with the fast path on `outbox`, once the fast path takes commits.
@@ -103,10 +103,7 @@ async fn begin(t: &TestDb, outbox: &Outbox) -> OutboxTransaction {
 async fn start_polling(t: &TestDb) -> (Outbox, MemoryTransport, RelayHandle) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
-    let config = RelayConfig {
-        poll_interval: Duration::from_millis(100),
-        ..config()
-    };
+    let config = config().poll_interval(Duration::from_millis(100));
     let relay = start_with(t, &outbox, &transport, config).await;
     (outbox, transport, relay)
 }
@@ -322,10 +319,7 @@ async fn every_copy_is_the_same_bytes(t: TestDb) {
 async fn without_ordering_every_event_is_claimed(t: TestDb) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
-    let config = RelayConfig {
-        ordering: false,
-        ..config()
-    };
+    let config = config().ordering(false);
     let relay = start_with(&t, &outbox, &transport, config).await;
     transport.delay_confirms(Duration::from_millis(1_000));
     commit(&t, &outbox, &[("a", 0)]).await;
@@ -401,10 +395,7 @@ async fn off_by_switch(t: TestDb) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
     let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            fast_path: false,
-            ..config()
-        })
+        .with_config(config().fast_path(false))
         .with_outbox(&outbox)
         .spawn();
     commit(&t, &outbox, &[("a", 0)]).await;

@@ -419,18 +419,16 @@ fn check_golden(file: &str, actual: &str) {
 }
 
 fn relay_config() -> RelayConfig {
-    RelayConfig {
-        relay_id: "golden-relay".into(),
-        batch_size: 10,
-        max_attempts: 3,
-        // Long enough that no retry becomes due during the scenario.
-        backoff: Backoff {
-            base: Duration::from_secs(600),
-            cap: Duration::from_secs(600),
-            jitter: 0.0,
-        },
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .relay_id("golden-relay")
+        .batch_size(10)
+        .max_attempts(3)
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_secs(600))
+                .cap(Duration::from_secs(600))
+                .jitter(0.0),
+        )
 }
 
 /// A connection to the test's database whose statements are logged.

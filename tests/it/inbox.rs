@@ -19,6 +19,7 @@ use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
 use outbox::store::Failure;
 use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow};
+use outbox::transport::SubscribeOptions;
 use outbox::transport::{OutgoingMessage, Transport, memory::MemoryTransport};
 use serde::{Deserialize, Serialize};
 
@@ -151,22 +152,18 @@ async fn batch_handler(tx: &InboxTransaction, event: Event<LineAdded>) -> Result
 }
 
 fn inbox_config() -> InboxConfig {
-    InboxConfig {
-        poll_interval: Duration::from_millis(50),
-        backoff: Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(50),
-            jitter: 0.1,
-        },
-        ..InboxConfig::default()
-    }
+    InboxConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(10))
+                .cap(Duration::from_millis(50))
+                .jitter(0.1),
+        )
 }
 
 fn relay_config() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        ..RelayConfig::default()
-    }
+    RelayConfig::default().poll_interval(Duration::from_millis(50))
 }
 
 /// The CloudEvents body of a line, as a producer would publish it.
@@ -238,8 +235,8 @@ async fn same_message_five_times_one_effect(t: TestDb) {
 
 async fn lost_ack_is_redelivered_and_suppressed(t: TestDb) {
     let transport = MemoryTransport::new();
-    let mut config = inbox_config();
-    config.subscribe.ack_wait = Duration::from_millis(300);
+    let config =
+        inbox_config().subscribe(SubscribeOptions::default().ack_wait(Duration::from_millis(300)));
     let runtime = Runtime::builder(t.db.clone())
         .transport(transport.clone())
         .without_relay()
@@ -557,8 +554,8 @@ async fn local_transport_delivers_to_every_consumer_once(t: TestDb) {
 
 async fn version_guard_drops_stale_events(t: TestDb) {
     let transport = MemoryTransport::new();
-    let mut config = inbox_config();
-    config.concurrency = 1; // deliver in publish order, so "stale" is deterministic
+    // One lane: delivered in publish order, so "stale" is deterministic.
+    let config = inbox_config().concurrency(1);
     let runtime = Runtime::builder(t.db.clone())
         .transport(transport.clone())
         .without_relay()
@@ -596,9 +593,7 @@ async fn version_guard_drops_stale_events(t: TestDb) {
 
 /// A runtime whose `t-batch` consumer has one lane and batches of up to 32.
 async fn batch_runtime(t: &TestDb, transport: &MemoryTransport) -> Runtime {
-    let mut config = inbox_config();
-    config.concurrency = 1;
-    config.commit_batch = 32;
+    let config = inbox_config().concurrency(1).commit_batch(32);
     Runtime::builder(t.db.clone())
         .transport(transport.clone())
         .without_relay()
@@ -924,4 +919,56 @@ async fn a_source_beside_an_outbox_handle_is_refused() {
             .unwrap();
         runtime.shutdown().await;
     }
+}
+
+/// `RuntimeBuilder::instance_id` names what every loop of the runtime owns: the relay's row in
+/// `outbox_relay` and the stored worker's `locked_by` (`{instance}/{consumer}`); without it a
+/// consumer-only runtime still names its workers.
+#[tokio::test]
+async fn the_instance_id_names_the_relay_and_the_workers() {
+    let Some(t) = test_db(Backend::SqliteMemory, "inbox_instance_id").await else {
+        return;
+    };
+    let transport = MemoryTransport::new();
+    let runtime = Runtime::builder(t.db.clone())
+        .transport(transport.clone())
+        .instance_id("orders-7")
+        .relay_config(relay_config().heartbeat(Duration::from_millis(100)))
+        .consumers(["t-stored"])
+        .inbox_config(inbox_config())
+        .start()
+        .await
+        .unwrap();
+    assert!(transport.publish(&[message("named-cart", 1)]).await[0].is_ok());
+    wait_until("handled by the worker and the relay recorded", || async {
+        let status = outbox::admin::status(&t.db).await.unwrap();
+        runtime.consumer_stats("t-stored").unwrap().handled == 1
+            && status.relays.iter().any(|r| r.relay_id == "orders-7")
+    })
+    .await;
+    runtime.shutdown().await;
+    let rows = inbox_rows(&t.db, "t-stored").await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, "DONE");
+    assert_eq!(rows[0].locked_by.as_deref(), Some("orders-7/t-stored"));
+
+    let transport = MemoryTransport::new();
+    let runtime = consumer_runtime(&t, &transport, "t-stored").await;
+    assert!(transport.publish(&[message("unnamed-cart", 1)]).await[0].is_ok());
+    wait_until("handled by the worker", || async {
+        runtime.consumer_stats("t-stored").unwrap().handled == 1
+    })
+    .await;
+    runtime.shutdown().await;
+    let rows = inbox_rows(&t.db, "t-stored").await;
+    let unnamed = rows
+        .iter()
+        .find(|r| r.status == "DONE" && r.locked_by.as_deref() != Some("orders-7/t-stored"));
+    let owner = unnamed
+        .and_then(|r| r.locked_by.clone())
+        .expect("a second row, handled");
+    assert!(
+        owner.ends_with("/t-stored") && owner.len() > "/t-stored".len(),
+        "{owner}"
+    );
 }

@@ -28,15 +28,12 @@ async fn start(t: &TestDb, nats: &NatsTransport, name: &str) -> Runtime {
     Runtime::builder(db)
         .source("carts")
         .transport(transport)
-        .relay_config(RelayConfig {
-            relay_id: name.to_owned(),
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
-        })
-        .inbox_config(InboxConfig {
-            poll_interval: Duration::from_millis(50),
-            ..InboxConfig::default()
-        })
+        .relay_config(
+            RelayConfig::default()
+                .relay_id(name.to_owned())
+                .poll_interval(Duration::from_millis(50)),
+        )
+        .inbox_config(InboxConfig::default().poll_interval(Duration::from_millis(50)))
         .consumers(["t-nats"])
         .expect_consumers(["t-nats"])
         .start()
@@ -153,10 +150,7 @@ async fn trace_context_survives_the_broker() {
         .source("carts")
         .transport(nats.0.clone())
         .consumers(["t-trace"])
-        .relay_config(RelayConfig {
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
-        })
+        .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
         .start()
         .await
         .unwrap();

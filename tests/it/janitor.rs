@@ -17,24 +17,21 @@ async fn handle(_tx: &InboxTransaction, _event: Event<LineAdded>) -> Result<(), 
 }
 
 fn relay() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        max_attempts: 2,
-        backoff: Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(10),
-            jitter: 0.0,
-        },
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .max_attempts(2)
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(10))
+                .cap(Duration::from_millis(10))
+                .jitter(0.0),
+        )
 }
 
 fn policy() -> RetentionPolicy {
-    RetentionPolicy {
-        sent_after: Duration::from_secs(3600),
-        done_after: Duration::from_secs(2 * 3600),
-        ..RetentionPolicy::default()
-    }
+    RetentionPolicy::default()
+        .sent_after(Duration::from_secs(3600))
+        .done_after(Duration::from_secs(2 * 3600))
 }
 
 async fn janitor_purges_old_rows_only(t: TestDb) {
@@ -128,10 +125,7 @@ backend_tests! {
 #[tokio::test]
 async fn a_window_shorter_than_the_redelivery_horizon_is_refused() {
     let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
-    let short = RetentionPolicy {
-        done_after: Duration::from_secs(3600),
-        ..RetentionPolicy::default()
-    };
+    let short = RetentionPolicy::default().done_after(Duration::from_secs(3600));
     let err = Runtime::builder(db)
         .consumers(Vec::<String>::new())
         .retention(Some(short), Duration::from_secs(60))

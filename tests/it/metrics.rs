@@ -85,14 +85,8 @@ async fn scrape_while_running(port: u16) {
         .source("carts")
         .consumers(["t-metrics"])
         .metrics_interval(Some(Duration::from_millis(100)))
-        .relay_config(RelayConfig {
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
-        })
-        .inbox_config(InboxConfig {
-            poll_interval: Duration::from_millis(50),
-            ..InboxConfig::default()
-        })
+        .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
+        .inbox_config(InboxConfig::default().poll_interval(Duration::from_millis(50)))
         .start()
         .await
         .unwrap();

@@ -52,10 +52,7 @@ async fn one_trace_across_the_broker(exporter: InMemorySpanExporter, provider: S
         .source("carts")
         .transport(nats.0.clone())
         .consumers(["t-otel"])
-        .relay_config(RelayConfig {
-            poll_interval: Duration::from_millis(50),
-            ..RelayConfig::default()
-        })
+        .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
         .start()
         .await
         .unwrap();

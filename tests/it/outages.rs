@@ -35,9 +35,7 @@ use crate::common::workload::{
 };
 use crate::common::*;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
-use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
-use outbox::relay::RelayConfig;
 use outbox::runtime::{Runtime, RuntimeReport};
 use outbox::transport::Transport;
 use sea_orm::{
@@ -574,19 +572,12 @@ fn runtime_survives_its_postgres_connections_being_killed() {
             .source("outages")
             .consumers(["pg-kill"])
             .transport(Arc::new(nats.0.clone()))
-            .relay_config(RelayConfig {
-                // A claim whose write-back was cut off is taken over soon.
-                lease: Duration::from_secs(3),
-                // The producer is another process: the relay learns of its commits through
-                // LISTEN/NOTIFY, or this poll. A LISTEN connection not re-established after
-                // being terminated shows as seconds of delay.
-                poll_interval: POLL_WITHOUT_NOTIFY,
-                ..relay_config()
-            })
-            .inbox_config(InboxConfig {
-                lease: Duration::from_secs(3),
-                ..inbox_config()
-            })
+            .relay_config(
+                relay_config()
+                    .lease(Duration::from_secs(3))
+                    .poll_interval(POLL_WITHOUT_NOTIFY),
+            )
+            .inbox_config(inbox_config().lease(Duration::from_secs(3)))
             .metrics_interval(Some(Duration::from_millis(100)))
             .start()
             .await

@@ -25,17 +25,16 @@ use outbox::transport::memory::{MemoryTransport, StoredMessage};
 const LEASE_RUNS_OUT: Duration = Duration::from_millis(5);
 
 fn config(batch: usize) -> RelayConfig {
-    RelayConfig {
-        batch_size: batch,
-        poll_interval: Duration::from_millis(50),
-        backoff: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(200),
-            jitter: 0.2,
-        },
-        max_attempts: 1_000,
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .batch_size(batch)
+        .poll_interval(Duration::from_millis(50))
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(200))
+                .jitter(0.2),
+        )
+        .max_attempts(1_000)
 }
 
 /// Per aggregate, the sequence numbers in the transport's log, each event id counted once.
@@ -54,10 +53,7 @@ async fn four_relays_publish_each_event_once(t: TestDb) {
     let relays: Vec<_> = (0..4)
         .map(|i| {
             Relay::new(t.db.clone(), Arc::new(transport.clone()))
-                .with_config(RelayConfig {
-                    relay_id: format!("relay-{i}"),
-                    ..config(200)
-                })
+                .with_config(config(200).relay_id(format!("relay-{i}")))
                 .with_outbox(&outbox)
                 .spawn()
         })
@@ -112,10 +108,7 @@ async fn order_survives_random_failures_and_four_relays(t: TestDb) {
     let relays: Vec<_> = (0..4)
         .map(|i| {
             Relay::new(t.db.clone(), Arc::new(transport.clone()))
-                .with_config(RelayConfig {
-                    relay_id: format!("relay-{i}"),
-                    ..config(100)
-                })
+                .with_config(config(100).relay_id(format!("relay-{i}")))
                 .spawn()
         })
         .collect();
@@ -164,15 +157,14 @@ async fn failures_back_off_then_dead_while_others_flow(t: TestDb) {
     let transport = MemoryTransport::new();
     transport.fail_matching(Some(|m: &OutgoingMessage| m.aggregate_id == "poison"));
     let base = Duration::from_millis(200);
-    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(RelayConfig {
-        max_attempts: 3,
-        backoff: Backoff {
-            base,
-            cap: Duration::from_secs(10),
-            jitter: 0.0,
-        },
-        ..config(100)
-    });
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(
+        config(100).max_attempts(3).backoff(
+            Backoff::default()
+                .base(base)
+                .cap(Duration::from_secs(10))
+                .jitter(0.0),
+        ),
+    );
 
     let mut delays = Vec::new();
     for attempt in 1..=3u32 {
@@ -384,14 +376,14 @@ async fn lost_confirm_is_republished_and_deduplicated(t: TestDb) {
     produce(&t, &outbox, 1, 3, 10).await;
     let transport = MemoryTransport::new().deduplicate(true);
     transport.lose_next_confirms(1);
-    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(RelayConfig {
-        backoff: Backoff {
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(1),
-            jitter: 0.0,
-        },
-        ..config(10)
-    });
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(
+        config(10).backoff(
+            Backoff::default()
+                .base(Duration::from_millis(1))
+                .cap(Duration::from_millis(1))
+                .jitter(0.0),
+        ),
+    );
     let first = relay.run_once().await.unwrap();
     assert_eq!((first.sent, first.retried, first.released), (0, 1, 2));
     assert_eq!(
@@ -415,10 +407,7 @@ async fn commit_wakes_the_relay_before_the_poll_interval(t: TestDb) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
     let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            poll_interval: Duration::from_secs(30),
-            ..config(100)
-        })
+        .with_config(config(100).poll_interval(Duration::from_secs(30)))
         .with_outbox(&outbox)
         .spawn();
     // Let it finish its first (empty) round and go to sleep.
@@ -442,12 +431,11 @@ async fn event_behind_a_round_in_flight_is_not_left_to_the_poll(t: TestDb) {
     let transport = MemoryTransport::new();
     transport.delay_confirms(Duration::from_millis(400));
     let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            poll_interval: Duration::from_secs(60),
-            // Only the in-process wake-up: no NOTIFY arriving late to look again.
-            listen: false,
-            ..config(100)
-        })
+        .with_config(
+            config(100)
+                .poll_interval(Duration::from_secs(60))
+                .listen(false),
+        )
         .with_outbox(&outbox)
         .spawn();
     tokio::time::sleep(Duration::from_millis(300)).await; // the first, empty round is over
@@ -534,10 +522,8 @@ async fn unordered_mode_publishes_in_one_wave(t: TestDb) {
     let outbox = Outbox::new("carts");
     let total = produce(&t, &outbox, 2, 50, 100).await;
     let transport = MemoryTransport::new();
-    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(RelayConfig {
-        ordering: false,
-        ..config(500)
-    });
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(config(500).ordering(false));
     let report = relay.run_once().await.unwrap();
     assert_eq!(report.sent, total);
     assert_eq!(
@@ -554,20 +540,22 @@ async fn unordered_mode_publishes_in_one_wave(t: TestDb) {
 async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
-    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(RelayConfig {
-        max_attempts: 3,
-        backoff: Backoff {
-            base: Duration::from_millis(10),
-            cap: Duration::from_millis(40),
-            jitter: 0.0,
-        },
-        probe: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(200),
-            jitter: 0.2,
-        },
-        ..config(8)
-    });
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(
+        config(8)
+            .max_attempts(3)
+            .backoff(
+                Backoff::default()
+                    .base(Duration::from_millis(10))
+                    .cap(Duration::from_millis(40))
+                    .jitter(0.0),
+            )
+            .probe(
+                Backoff::default()
+                    .base(Duration::from_millis(20))
+                    .cap(Duration::from_millis(200))
+                    .jitter(0.2),
+            ),
+    );
     let handle = relay.spawn();
     // The broker goes away once the relay is running; then events are committed.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -730,10 +718,7 @@ async fn an_outage_longer_than_the_retry_budget_spends_no_attempt(t: TestDb) {
 async fn idle_relay_reports_the_outage(t: TestDb) {
     let transport = MemoryTransport::new();
     let handle = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            heartbeat: Duration::from_millis(100),
-            ..config(8)
-        })
+        .with_config(config(8).heartbeat(Duration::from_millis(100)))
         .spawn();
     let broker = |available: bool| {
         let db = t.db.clone();
@@ -788,16 +773,17 @@ async fn a_returned_broker_is_on_trial_until_it_confirms(t: TestDb) {
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
     let handle = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            max_attempts: 3,
-            probe: Backoff {
-                base: Duration::from_millis(20),
-                cap: Duration::from_millis(100),
-                jitter: 0.0,
-            },
-            recovery_trial: Duration::from_secs(2),
-            ..config(8)
-        })
+        .with_config(
+            config(8)
+                .max_attempts(3)
+                .probe(
+                    Backoff::default()
+                        .base(Duration::from_millis(20))
+                        .cap(Duration::from_millis(100))
+                        .jitter(0.0),
+                )
+                .recovery_trial(Duration::from_secs(2)),
+        )
         .spawn();
     let row = |index: usize| {
         let db = t.db.clone();
@@ -908,10 +894,7 @@ async fn notify_from_another_process_wakes_the_relay() {
     let relay_side = Outbox::new("carts");
     let transport = MemoryTransport::new();
     let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            poll_interval: Duration::from_secs(30),
-            ..config(100)
-        })
+        .with_config(config(100).poll_interval(Duration::from_secs(30)))
         .with_outbox(&relay_side)
         .spawn();
     tokio::time::sleep(Duration::from_millis(500)).await; // first round done, LISTEN in place

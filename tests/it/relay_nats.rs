@@ -24,18 +24,17 @@ use outbox::transport::{
 };
 
 fn config(batch: usize, relay: usize) -> RelayConfig {
-    RelayConfig {
-        relay_id: format!("relay-{relay}"),
-        batch_size: batch,
-        poll_interval: Duration::from_millis(50),
-        backoff: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(200),
-            jitter: 0.2,
-        },
-        max_attempts: 1_000,
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .relay_id(format!("relay-{relay}"))
+        .batch_size(batch)
+        .poll_interval(Duration::from_millis(50))
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(200))
+                .jitter(0.2),
+        )
+        .max_attempts(1_000)
 }
 
 /// One message on the stream.
@@ -202,14 +201,14 @@ async fn lost_confirms_are_republished_and_jetstream_drops_duplicates(t: TestDb)
         lose: AtomicUsize::new(5),
         refuse: 0.0,
     });
-    let relay = Relay::new(t.db.clone(), faulty).with_config(RelayConfig {
-        backoff: Backoff {
-            base: Duration::from_millis(1),
-            cap: Duration::from_millis(1),
-            jitter: 0.0,
-        },
-        ..config(100, 0)
-    });
+    let relay = Relay::new(t.db.clone(), faulty).with_config(
+        config(100, 0).backoff(
+            Backoff::default()
+                .base(Duration::from_millis(1))
+                .cap(Duration::from_millis(1))
+                .jitter(0.0),
+        ),
+    );
     let first = relay.run_once().await.unwrap();
     assert_eq!(first.retried, 5, "five confirms lost in the first wave");
     assert_eq!(

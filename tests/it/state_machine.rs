@@ -63,11 +63,10 @@ const DRAIN_STEP_SECS: i64 = 3_600;
 const AGGREGATE_TYPE: &str = "thing";
 
 fn backoff() -> Backoff {
-    Backoff {
-        base: Duration::from_secs(1),
-        cap: Duration::from_secs(60),
-        jitter: 0.2,
-    }
+    Backoff::default()
+        .base(Duration::from_secs(1))
+        .cap(Duration::from_secs(60))
+        .jitter(0.2)
 }
 
 #[derive(Debug, Serialize, Deserialize, DomainEvent)]

@@ -127,15 +127,9 @@ async fn old_versions_reach_the_new_handler(t: TestDb) {
     let runtime = Runtime::builder(t.db.clone())
         .outbox(&outbox)
         .transport(transport.clone())
-        .relay_config(RelayConfig {
-            poll_interval: Duration::from_millis(100),
-            ..RelayConfig::default()
-        })
+        .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(100)))
         .consumers(["t-upcast"])
-        .inbox_config(InboxConfig {
-            max_attempts: 2,
-            ..InboxConfig::default()
-        })
+        .inbox_config(InboxConfig::default().max_attempts(2))
         .start()
         .await
         .unwrap();

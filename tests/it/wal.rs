@@ -21,23 +21,23 @@ use outbox::transport::memory::MemoryTransport;
 /// The relay's settings: its claim loop polls every 100 ms, so that what the stream leaves to
 /// the table goes soon; no notifications (the stream is what reacts to commits).
 fn config() -> RelayConfig {
-    RelayConfig {
-        relay_id: "wal-relay".to_owned(),
-        poll_interval: Duration::from_millis(100),
-        linger: None,
-        listen: false,
-        backoff: Backoff {
-            base: Duration::from_millis(50),
-            cap: Duration::from_millis(200),
-            jitter: 0.2,
-        },
-        probe: Backoff {
-            base: Duration::from_millis(20),
-            cap: Duration::from_millis(200),
-            jitter: 0.2,
-        },
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .relay_id("wal-relay".to_owned())
+        .poll_interval(Duration::from_millis(100))
+        .linger(None)
+        .listen(false)
+        .backoff(
+            Backoff::default()
+                .base(Duration::from_millis(50))
+                .cap(Duration::from_millis(200))
+                .jitter(0.2),
+        )
+        .probe(
+            Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(200))
+                .jitter(0.2),
+        )
 }
 
 /// A WAL configuration on the test's own slot. With a long grace, the claim loop never takes a
@@ -364,10 +364,7 @@ async fn a_standby_relay_takes_the_slot_over() {
     let transport = MemoryTransport::new();
     let first = start(&t, &transport, wal(&t, slot, Duration::from_secs(600))).await;
     let second = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(RelayConfig {
-            relay_id: "wal-standby".into(),
-            ..config()
-        })
+        .with_config(config().relay_id("wal-standby"))
         .with_wal(wal(&t, slot, Duration::from_secs(600)))
         .spawn();
     commit(&t, &outbox, &[("a", 0), ("b", 0)]).await;

@@ -88,16 +88,17 @@ impl DoctorReport {
 
 /// What [`doctor`] compares the database against.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct DoctorOptions {
     /// The names of every SDK migration this binary knows, in order: with the `outbox` crate,
     /// `outbox::migrations().iter().map(|m| m.name().to_owned())`. Empty skips the check.
-    pub migrations: Vec<String>,
+    pub(crate) migrations: Vec<String>,
     /// Compare the `#[inbox_handler]`s linked into this binary with the consumers seen in
     /// `inbox_event` (default on; off for a tool such as the CLI, which links no handlers).
-    pub check_linked_handlers: bool,
+    pub(crate) check_linked_handlers: bool,
     /// Consumers this binary must have handlers for (an error when one has none), like
     /// `RuntimeBuilder::expect_consumers`.
-    pub expected_consumers: Vec<String>,
+    pub(crate) expected_consumers: Vec<String>,
 }
 
 impl DoctorOptions {

@@ -608,11 +608,9 @@ async fn purge(
     State(s): St,
     Write { actor, body: r }: Write<PurgeRequest>,
 ) -> ApiResult<PurgeReport> {
-    let policy = RetentionPolicy {
-        sent_after: duration("sent_after", r.sent_after, "7d")?.0,
-        done_after: duration("done_after", r.done_after, "14d")?.0,
-        ..RetentionPolicy::default()
-    };
+    let policy = RetentionPolicy::default()
+        .sent_after(duration("sent_after", r.sent_after, "7d")?.0)
+        .done_after(duration("done_after", r.done_after, "14d")?.0);
     let horizon = duration("redelivery_horizon", r.redelivery_horizon, "1d")?.0;
     policy.validate(horizon)?;
     Ok(Json(retention::purge_as(&s.db, &policy, &actor).await?))

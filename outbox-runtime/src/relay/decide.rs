@@ -255,11 +255,10 @@ mod tests {
     fn policy() -> Policy {
         Policy {
             max_attempts: 3,
-            backoff: Backoff {
-                base: Duration::from_secs(1),
-                cap: Duration::from_secs(60),
-                jitter: 0.0,
-            },
+            backoff: Backoff::default()
+                .base(Duration::from_secs(1))
+                .cap(Duration::from_secs(60))
+                .jitter(0.0),
         }
     }
 

@@ -220,6 +220,7 @@ pub struct RuntimeBuilder {
     source: Option<String>,
     transport: Option<Arc<dyn Transport>>,
     relay: Option<RelayConfig>,
+    instance: Option<String>,
     inbox: InboxConfig,
     consumers: Option<Vec<String>>,
     expected: Vec<String>,
@@ -275,6 +276,16 @@ impl RuntimeBuilder {
     /// Relay settings.
     pub fn relay_config(mut self, config: RelayConfig) -> Self {
         self.relay = Some(config);
+        self
+    }
+
+    /// The name this runtime's loops record as the owner of what they claim and lease: the
+    /// relay's `locked_by` and its row in `outbox_relay`, each consumer's worker
+    /// (`{instance}/{consumer}`) and the janitor (`{instance}/janitor`). Given, it replaces the
+    /// relay's [`RelayConfig::relay_id`]. Default: the relay's id when this runtime runs a relay,
+    /// else `host-pid-random`.
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance = Some(id.into());
         self
     }
 
@@ -394,6 +405,7 @@ impl Runtime {
             source: None,
             transport: None,
             relay: Some(RelayConfig::default()),
+            instance: None,
             inbox: InboxConfig::default(),
             consumers: None,
             expected: Vec::new(),

@@ -48,11 +48,7 @@ impl RuntimeBuilder {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
         };
-        let worker_id = self
-            .relay
-            .as_ref()
-            .map(|r| r.relay_id.clone())
-            .unwrap_or_else(|| RelayConfig::default().relay_id);
+        let worker_id = self.owner_name();
         let (consumers, wakes) =
             self.start_consumers(&by_consumer, &outbox, &worker_id, &mut loops);
         let relay_stats = self.start_relay(&by_consumer, &outbox, &wakes, &mut loops);
@@ -74,6 +70,15 @@ impl RuntimeBuilder {
             consumers,
             relay_stats,
         })
+    }
+
+    /// What this runtime's loops record as their owner (see [`RuntimeBuilder::instance_id`]).
+    fn owner_name(&self) -> String {
+        match (&self.instance, &self.relay) {
+            (Some(id), _) => id.clone(),
+            (None, Some(relay)) => relay.relay_id.clone(),
+            (None, None) => crate::util::instance_id(),
+        }
     }
 
     /// Settings that cannot apply together, and a retention policy that would purge inbox rows
@@ -193,7 +198,7 @@ impl RuntimeBuilder {
         wakes: &BTreeMap<&'static str, Arc<Notify>>,
         loops: &mut Loops,
     ) -> Option<Arc<RelayStats>> {
-        let config = self.relay.clone()?;
+        let config = self.relay.clone()?.relay_id(self.owner_name());
         let relay = match &self.transport {
             Some(transport) => Relay::new(self.db.clone(), transport.clone()),
             None => {

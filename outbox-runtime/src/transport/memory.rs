@@ -554,10 +554,9 @@ mod tests {
     #[tokio::test]
     async fn consumer_groups_ack_nack_redeliver() {
         let t = MemoryTransport::new();
-        let options = SubscribeOptions {
-            ack_wait: Duration::from_millis(100),
-            max_in_flight: 10,
-        };
+        let options = SubscribeOptions::default()
+            .ack_wait(Duration::from_millis(100))
+            .max_in_flight(10);
         let mut sub = t.subscribe("inv", &["a".into()], &options).await.unwrap();
         let r = t
             .publish(&[message(1, "a"), message(2, "b"), message(3, "a")])

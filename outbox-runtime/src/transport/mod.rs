@@ -238,11 +238,10 @@ impl TransportError {
 
 /// How a consumer subscribes.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SubscribeOptions {
-    /// Unacknowledged deliveries are redelivered after this long. Default 30 s.
-    pub ack_wait: Duration,
-    /// Deliveries handed out and not yet acked, at most. Default 256.
-    pub max_in_flight: usize,
+    pub(crate) ack_wait: Duration,
+    pub(crate) max_in_flight: usize,
 }
 
 impl Default for SubscribeOptions {
@@ -251,6 +250,20 @@ impl Default for SubscribeOptions {
             ack_wait: Duration::from_secs(30),
             max_in_flight: 256,
         }
+    }
+}
+
+impl SubscribeOptions {
+    /// Unacknowledged deliveries are redelivered after this long. Default 30 s.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// Deliveries handed out and not yet acked, at most. Default 256.
+    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = max_in_flight;
+        self
     }
 }
 

@@ -4,14 +4,11 @@ use std::time::Duration;
 
 /// Exponential backoff with a cap and random jitter: `min(base · 2^attempt, cap) + jitter`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Backoff {
-    /// Delay after the first failure. Default 1 s.
-    pub base: Duration,
-    /// Largest delay before jitter. Default 300 s.
-    pub cap: Duration,
-    /// Up to this fraction of the delay is added at random, so retries of many events spread
-    /// out. Default 0.2.
-    pub jitter: f64,
+    pub(crate) base: Duration,
+    pub(crate) cap: Duration,
+    pub(crate) jitter: f64,
 }
 
 impl Default for Backoff {
@@ -21,6 +18,27 @@ impl Default for Backoff {
             cap: Duration::from_secs(300),
             jitter: 0.2,
         }
+    }
+}
+
+impl Backoff {
+    /// Delay after the first failure. Default 1 s.
+    pub fn base(mut self, base: Duration) -> Self {
+        self.base = base;
+        self
+    }
+
+    /// Largest delay before jitter. Default 300 s.
+    pub fn cap(mut self, cap: Duration) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// Up to this fraction of the delay is added at random, so retries of many events spread
+    /// out. Default 0.2.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
     }
 }
 

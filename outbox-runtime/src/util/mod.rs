@@ -1,4 +1,15 @@
-//! Pieces several layers use, below all of them: retry delays and text helpers.
+//! Pieces several layers use, below all of them: retry delays, text helpers, the instance name.
 
 pub(crate) mod backoff;
 pub(crate) mod text;
+
+/// A name for this process's loops in `locked_by` columns: `host-pid-random`.
+pub(crate) fn instance_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "outbox".to_owned());
+    format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
+}

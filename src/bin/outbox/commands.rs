@@ -104,13 +104,11 @@ pub(crate) async fn resend(db: &DatabaseConnection, json: bool, args: &ResendArg
 }
 
 pub(crate) async fn purge(db: &DatabaseConnection, json: bool, args: &PurgeArgs) -> Outcome {
-    let policy = RetentionPolicy {
-        sent_after: args.sent_after.0,
-        done_after: args.done_after.0,
-        batch_size: args.batch_size as usize,
-        pause: args.pause.0,
-        ..RetentionPolicy::default()
-    };
+    let policy = RetentionPolicy::default()
+        .sent_after(args.sent_after.0)
+        .done_after(args.done_after.0)
+        .batch_size(args.batch_size as usize)
+        .pause(args.pause.0);
     policy.validate(args.redelivery_horizon.0).map_err(usage)?;
     tracing::info!(policy = ?policy, "purge started");
     let report = retention::purge_as(db, &policy, &args.who.actor()).await?;

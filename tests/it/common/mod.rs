@@ -793,10 +793,9 @@ pub async fn worker_runtime<const N: usize>(
     outbox::runtime::Runtime::builder(db.clone())
         .consumers(consumers)
         .without_relay()
-        .inbox_config(outbox::inbox::InboxConfig {
-            poll_interval: Duration::from_millis(50),
-            ..outbox::inbox::InboxConfig::default()
-        })
+        .inbox_config(
+            outbox::inbox::InboxConfig::default().poll_interval(Duration::from_millis(50)),
+        )
         .start()
         .await
         .unwrap()

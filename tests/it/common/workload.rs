@@ -111,43 +111,37 @@ pub async fn wait_for_effects(t: &TestDb, n: usize, timeout: Duration) -> Durati
 pub const SETTLE: Duration = Duration::from_millis(500);
 
 /// The relay's retry delays: 0.2, 0.4, 0.8, 1.6, 3.2, 3.2, … s, plus up to 20%.
-pub const BACKOFF: Backoff = Backoff {
-    base: Duration::from_millis(200),
-    cap: Duration::from_millis(3_200),
-    jitter: 0.2,
-};
+pub fn backoff() -> Backoff {
+    Backoff::default()
+        .base(Duration::from_millis(200))
+        .cap(Duration::from_millis(3_200))
+        .jitter(0.2)
+}
 
 /// The relay's retry budget, shrunk so that a broker outage outlasts it many times over.
 pub const MAX_ATTEMPTS: u32 = 5;
 
 /// How long an event's failed attempts take, at the least, to use the whole budget.
 pub fn retry_budget() -> Duration {
-    (0..MAX_ATTEMPTS - 1).map(|n| BACKOFF.base_delay(n)).sum()
+    (0..MAX_ATTEMPTS - 1).map(|n| backoff().base_delay(n)).sum()
 }
 
-/// The relay of the outage and partition tests: quick polls, [`BACKOFF`], [`MAX_ATTEMPTS`].
+/// The relay of the outage and partition tests: quick polls, [`backoff`], [`MAX_ATTEMPTS`].
 pub fn relay_config() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        lease: Duration::from_secs(10),
-        backoff: BACKOFF,
-        max_attempts: MAX_ATTEMPTS,
-        error_delay: Duration::from_millis(200),
-        ..RelayConfig::default()
-    }
+    RelayConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .lease(Duration::from_secs(10))
+        .backoff(backoff())
+        .max_attempts(MAX_ATTEMPTS)
+        .error_delay(Duration::from_millis(200))
 }
 
 /// The consumers of the outage and partition tests: quick polls, short leases.
 pub fn inbox_config() -> InboxConfig {
-    InboxConfig {
-        poll_interval: Duration::from_millis(50),
-        lease: Duration::from_secs(5),
-        subscribe: SubscribeOptions {
-            ack_wait: Duration::from_secs(5),
-            ..SubscribeOptions::default()
-        },
-        ..InboxConfig::default()
-    }
+    InboxConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .lease(Duration::from_secs(5))
+        .subscribe(SubscribeOptions::default().ack_wait(Duration::from_secs(5)))
 }
 
 /// Wait until the consumer's dispatcher has subscribed.

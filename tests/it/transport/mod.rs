@@ -310,10 +310,9 @@ pub(crate) async fn next_delivery(subscription: &mut Box<dyn Subscription>) -> D
 }
 
 pub(crate) fn options(ack_wait: Duration, max_in_flight: usize) -> SubscribeOptions {
-    SubscribeOptions {
-        ack_wait,
-        max_in_flight,
-    }
+    SubscribeOptions::default()
+        .ack_wait(ack_wait)
+        .max_in_flight(max_in_flight)
 }
 
 pub(crate) fn types(names: &[&str]) -> Vec<String> {

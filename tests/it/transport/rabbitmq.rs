@@ -176,10 +176,7 @@ impl Fixture for RabbitMq {
 // ---------------------------------------------------------------------------------------------
 
 fn options(max_in_flight: usize) -> SubscribeOptions {
-    SubscribeOptions {
-        max_in_flight,
-        ..SubscribeOptions::default()
-    }
+    SubscribeOptions::default().max_in_flight(max_in_flight)
 }
 
 fn assert_unroutable(result: &Result<(), PublishError>, event_type: &str) {

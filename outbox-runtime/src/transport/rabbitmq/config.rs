@@ -408,10 +408,7 @@ mod tests {
 
     #[test]
     fn prefetch_follows_max_in_flight_unless_configured() {
-        let options = |max_in_flight| SubscribeOptions {
-            max_in_flight,
-            ..SubscribeOptions::default()
-        };
+        let options = |max_in_flight| SubscribeOptions::default().max_in_flight(max_in_flight);
         let config = RabbitMqConfig::default();
         assert_eq!(config.effective_prefetch(&options(256)), 256);
         assert_eq!(config.effective_prefetch(&options(0)), 1);
