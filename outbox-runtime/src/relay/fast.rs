@@ -11,6 +11,10 @@
 //! broker's confirmation, fenced by the token, failures to RETRY or DEAD exactly as the claim
 //! loop decides them.
 //!
+//! The fast path is a source of the relay's one loop (`relay/run.rs`): the loop takes the
+//! hand-overs up one batch at a time, beside its own claims, and publishes them through the same
+//! `publish_step`.
+//!
 //! What the fast path does not finish is the claim loop's: a process that dies after COMMIT
 //! leaves its rows leased until the lease ends, then the loop reclaims them like any expired
 //! claim; rows released at shutdown or during a broker outage are PENDING again. While the
@@ -159,14 +163,33 @@ fn release_stopped(db: DatabaseConnection, token: Uuid, handoff: Handoff) {
 /// claim loop.
 const QUEUED_BATCHES: usize = 8;
 
+/// The fast path as a source of the relay's loop: what it publishes under (the [`FastPath`]
+/// installed in the outbox handle, and the handle) and the commits' hand-overs.
+pub(super) struct FastSource {
+    fast: Arc<FastPath>,
+    outbox: Outbox,
+    receiver: mpsc::UnboundedReceiver<Handoff>,
+}
+
+impl FastSource {
+    /// The next hand-over; `None` once every commit's hand-over is taken up after
+    /// [`close`](Self::close).
+    pub(super) async fn next(&mut self) -> Option<Handoff> {
+        self.receiver.recv().await
+    }
+
+    /// Commits write PENDING again: the fast path leaves the handle, and what was handed over
+    /// is still taken up (with the relay stopping, it is handed back).
+    pub(super) fn close(&mut self) {
+        self.outbox.remove_fast_path(self.fast.token);
+        self.receiver.close();
+    }
+}
+
 impl Relay {
-    /// Install the fast path on the relay's outbox handle and run it until `shutdown`; `None`
-    /// when it is off or there is no handle.
-    pub(super) fn spawn_fast_path(
-        &self,
-        transport: Arc<dyn Transport>,
-        shutdown: &CancellationToken,
-    ) -> Option<tokio::task::JoinHandle<()>> {
+    /// Install the fast path on the relay's outbox handle: its hand-overs become a source of
+    /// the loop. `None` when it is off, there is no handle, or another relay's runs on it.
+    pub(super) fn start_fast_path(&self) -> Option<FastSource> {
         if !self.config.fast_path {
             return None;
         }
@@ -185,58 +208,29 @@ impl Relay {
             );
             return None;
         }
-        let relay = self.clone();
-        let shutdown = shutdown.clone();
-        Some(tokio::spawn(async move {
-            relay
-                .run_fast_path(&outbox, transport.as_ref(), &fast, receiver, &shutdown)
-                .await;
-        }))
+        Some(FastSource {
+            fast,
+            outbox,
+            receiver,
+        })
     }
 
-    async fn run_fast_path(
-        &self,
-        outbox: &Outbox,
-        transport: &dyn Transport,
-        fast: &FastPath,
-        mut receiver: mpsc::UnboundedReceiver<Handoff>,
-        shutdown: &CancellationToken,
-    ) {
-        loop {
-            let first = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                handoff = receiver.recv() => match handoff {
-                    Some(handoff) => handoff,
-                    None => break,
-                },
-            };
-            self.take_up(outbox, transport, fast, first, &mut receiver, shutdown)
-                .await;
-        }
-        // Commits write PENDING again; what was handed over is handed back (the token is
-        // cancelled: nothing more is published).
-        outbox.remove_fast_path(fast.token);
-        receiver.close();
-        while let Some(first) = receiver.recv().await {
-            self.take_up(outbox, transport, fast, first, &mut receiver, shutdown)
-                .await;
-        }
-    }
-
-    /// Take `first` and whatever else waits up as one batch, and publish it.
-    async fn take_up(
-        &self,
-        outbox: &Outbox,
-        transport: &dyn Transport,
-        fast: &FastPath,
+    /// Take `first` and whatever else waits up as one batch: the round that publishes and
+    /// settles it.
+    pub(super) fn take_up<'a>(
+        &'a self,
+        source: &mut FastSource,
+        transport: &'a dyn Transport,
         first: Handoff,
-        receiver: &mut mpsc::UnboundedReceiver<Handoff>,
-        shutdown: &CancellationToken,
-    ) {
-        let batch = gather(first, receiver, self.config.batch_size);
-        fast.taken(batch.events.len());
-        self.publish_owned(outbox, transport, fast, batch, shutdown)
-            .await;
+        shutdown: &'a CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'a {
+        let batch = gather(first, &mut source.receiver, self.config.batch_size);
+        source.fast.taken(batch.events.len());
+        let (fast, outbox) = (source.fast.clone(), source.outbox.clone());
+        async move {
+            self.publish_owned(&outbox, transport, &fast, batch, shutdown)
+                .await
+        }
     }
 
     /// Publish and settle the rows commits handed over, as one claim under the fast path's

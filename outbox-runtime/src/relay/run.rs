@@ -1,21 +1,138 @@
-//! The relay's loop: rounds, wake-ups, the broker's outages, the heartbeat, health.
+//! The relay's loop: one loop fed by sources (the claims it makes, the rows commits hand the
+//! fast path, the WAL reader's batches), each round through the one publish and settle
+//! (`publish_step`); wake-ups, the broker's outages, the heartbeat, health.
+
+use std::pin::Pin;
 
 use super::*;
+use fast::{FastSource, Handoff};
+#[cfg(feature = "postgres-wal")]
+use wal::WalSource;
 
-/// What runs beside the claim loop: started with it, joined when it stops.
+/// What runs beside the loop: started with it, joined when it stops.
 #[derive(Default)]
 struct Beside {
     /// Records the broker's state in `outbox_relay` (`spawn_heartbeat`).
     heartbeat: Option<tokio::task::JoinHandle<()>>,
-    /// Publishes the rows commits hand over (`relay/fast.rs`).
-    fast_path: Option<tokio::task::JoinHandle<()>>,
-    /// Streams committed rows from the WAL (`relay/wal/`).
-    wal: Option<tokio::task::JoinHandle<()>>,
     /// Hears other processes' commit notifications.
     listener: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// The claim loop's state between rounds.
+/// A round of the fast path or the WAL, in flight beside the claims.
+type SideRound<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// The sources beside the claims, each with at most one round in flight: a source's rounds
+/// go in order (a WAL batch is confirmed before the next is read; the fast path takes
+/// hand-overs up in commit order).
+struct Sources<'a> {
+    relay: &'a Relay,
+    /// The broker; `None` for the database-local sink, which has no other source.
+    transport: Option<&'a dyn Transport>,
+    shutdown: &'a CancellationToken,
+    /// The rows commits hand over (`relay/fast.rs`).
+    fast: Option<FastSource>,
+    fast_round: Option<SideRound<'a>>,
+    /// The batches the WAL reader hands over (`relay/wal/`).
+    #[cfg(feature = "postgres-wal")]
+    wal: Option<WalSource>,
+    wal_round: Option<SideRound<'a>>,
+}
+
+impl<'a> Sources<'a> {
+    /// Wait for one thing a source does, and do it: take a hand-over or a WAL batch up as a
+    /// round, or let a round finish. Pending while every source is idle.
+    async fn step(&mut self) {
+        let Sources {
+            relay,
+            transport,
+            shutdown,
+            fast,
+            fast_round,
+            #[cfg(feature = "postgres-wal")]
+            wal,
+            wal_round,
+        } = self;
+        let Some(transport) = *transport else {
+            return std::future::pending().await;
+        };
+        #[cfg(feature = "postgres-wal")]
+        let wal_idle = wal_round.is_none();
+        #[cfg(feature = "postgres-wal")]
+        let next_batch = async {
+            match wal.as_mut() {
+                Some(wal) if wal_idle => wal.next().await,
+                _ => std::future::pending().await,
+            }
+        };
+        #[cfg(not(feature = "postgres-wal"))]
+        let next_batch = std::future::pending::<Option<std::convert::Infallible>>();
+        tokio::select! {
+            handoff = next_handoff(fast, fast_round.is_none()) => match (handoff, fast.as_mut()) {
+                (Some(first), Some(source)) => {
+                    *fast_round = Some(Box::pin(relay.take_up(source, transport, first, shutdown)));
+                }
+                _ => *fast = None,
+            },
+            () = finish(fast_round) => *fast_round = None,
+            batch = next_batch => {
+                #[cfg(feature = "postgres-wal")]
+                match batch {
+                    Some(batch) => *wal_round = Some(Box::pin(relay.wal_round(transport, batch, shutdown))),
+                    None => *wal = None,
+                }
+                #[cfg(not(feature = "postgres-wal"))]
+                let _ = batch;
+            },
+            () = finish(wal_round) => *wal_round = None,
+        }
+    }
+
+    /// Stopping: the rounds in flight finish; the fast path leaves the outbox handle and what
+    /// commits handed it is taken up (and handed back, the relay stopping); the WAL reader
+    /// finishes its batch and confirms it, then stops.
+    async fn stop(&mut self) {
+        if let Some(round) = self.fast_round.take() {
+            round.await;
+        }
+        if let (Some(source), Some(transport)) = (self.fast.as_mut(), self.transport) {
+            source.close();
+            while let Some(first) = source.next().await {
+                self.relay
+                    .take_up(source, transport, first, self.shutdown)
+                    .await;
+            }
+        }
+        self.fast = None;
+        if let Some(round) = self.wal_round.take() {
+            round.await;
+        }
+        #[cfg(feature = "postgres-wal")]
+        if let (Some(mut source), Some(transport)) = (self.wal.take(), self.transport) {
+            while let Some(batch) = source.next().await {
+                self.relay.wal_round(transport, batch, self.shutdown).await;
+            }
+            source.join().await;
+        }
+    }
+}
+
+/// The fast path's next hand-over, when it may take one up; `None` when it has no more.
+async fn next_handoff(fast: &mut Option<FastSource>, idle: bool) -> Option<Handoff> {
+    match fast.as_mut() {
+        Some(source) if idle => source.next().await,
+        _ => std::future::pending().await,
+    }
+}
+
+/// The round in flight, finished; pending without one.
+async fn finish(round: &mut Option<SideRound<'_>>) {
+    match round.as_mut() {
+        Some(round) => round.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The loop's state between rounds.
 struct ClaimLoop<'a> {
     health: &'a LoopHealth,
     /// The broker failed the last publishes and none has been confirmed since.
@@ -28,20 +145,23 @@ struct ClaimLoop<'a> {
     look_now: bool,
     /// The last claim found events: look again after `linger`.
     lingering: bool,
+    /// The other sources, whose rounds go on whatever the loop waits for.
+    sources: Sources<'a>,
 }
 
-/// Why the claim loop stopped waiting.
+/// Why the loop stopped waiting.
 enum Woken {
     Shutdown,
     /// A commit, a notification, or the poll interval: claim.
     Look,
-    /// The round in flight finished (and was accounted for): wait on.
-    RoundFinished,
+    /// A round finished (and was accounted for), or another source's round started or
+    /// finished: wait on.
+    Other,
 }
 
 impl Relay {
-    /// The claim loop, with the fast path or the WAL stream and the heartbeat beside it, until
-    /// `shutdown`; each round's outcome goes to `health`.
+    /// The relay's loop until `shutdown`: claims, the fast path's hand-overs or the WAL's
+    /// batches, the heartbeat beside it; each claim round's outcome goes to `health`.
     pub(crate) async fn run_with_health(
         &self,
         shutdown: CancellationToken,
@@ -64,6 +184,7 @@ impl Relay {
             in_flight: None,
             look_now: true,
             lingering: false,
+            sources: self.start_sources(&shutdown),
         };
         while !shutdown.is_cancelled() {
             if self.broker.is_down() {
@@ -76,7 +197,7 @@ impl Relay {
                     .await
                 {
                     Woken::Shutdown => break,
-                    Woken::RoundFinished => continue,
+                    Woken::Other => continue,
                     Woken::Look => {}
                 }
             }
@@ -87,8 +208,8 @@ impl Relay {
         Ok(())
     }
 
-    /// Set the transport up and start what runs beside the claim loop: the heartbeat, and the
-    /// WAL stream or else the fast path. A database-local relay runs none of them.
+    /// Set the transport up and start the heartbeat beside the loop. A database-local relay
+    /// runs none.
     async fn start_beside(&self, shutdown: &CancellationToken) -> Result<Beside, RelayError> {
         let mut beside = Beside::default();
         let Sink::Broker(transport) = &self.sink else {
@@ -98,14 +219,45 @@ impl Relay {
         crate::metrics::broker_available(transport.name(), true);
         self.broker.seen();
         beside.heartbeat = Some(self.spawn_heartbeat(transport.clone(), shutdown));
-        #[cfg(feature = "postgres-wal")]
-        {
-            beside.wal = self.spawn_wal(transport.clone(), shutdown);
-        }
-        if beside.wal.is_none() {
-            beside.fast_path = self.spawn_fast_path(transport.clone(), shutdown);
-        }
         Ok(beside)
+    }
+
+    /// The sources beside the claims: the WAL reader, or else the fast path. A database-local
+    /// relay has neither.
+    fn start_sources<'a>(&'a self, shutdown: &'a CancellationToken) -> Sources<'a> {
+        let transport = match &self.sink {
+            Sink::Broker(transport) => Some(transport.as_ref()),
+            Sink::Local(_) => None,
+        };
+        #[cfg(feature = "postgres-wal")]
+        let wal = transport.and_then(|_| self.start_wal(shutdown));
+        #[cfg(feature = "postgres-wal")]
+        let streams = wal.is_some();
+        #[cfg(not(feature = "postgres-wal"))]
+        let streams = false;
+        Sources {
+            relay: self,
+            transport,
+            shutdown,
+            fast: transport
+                .filter(|_| !streams)
+                .and_then(|_| self.start_fast_path()),
+            fast_round: None,
+            #[cfg(feature = "postgres-wal")]
+            wal,
+            wal_round: None,
+        }
+    }
+
+    /// `work`, while the other sources' rounds go on.
+    async fn beside_sources<T>(sources: &mut Sources<'_>, work: impl Future<Output = T>) -> T {
+        let mut work = std::pin::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                () = sources.step() => {}
+            }
+        }
     }
 
     /// The breaker is open: let the round in flight hand its events back, then claim nothing
@@ -116,9 +268,15 @@ impl Relay {
         shutdown: &'a CancellationToken,
     ) {
         if let Some(round) = claims.in_flight.take() {
-            self.account(round.await, claims.health, &mut claims.publishing_failed);
+            let round = Self::beside_sources(&mut claims.sources, round).await;
+            self.account(round, claims.health, &mut claims.publishing_failed);
         }
-        if self.wait_for_broker(shutdown, claims.health).await {
+        let back = Self::beside_sources(
+            &mut claims.sources,
+            self.wait_for_broker(shutdown, claims.health),
+        )
+        .await;
+        if back {
             claims.publishing_failed = false;
         }
         claims.look_now = true;
@@ -126,7 +284,8 @@ impl Relay {
     }
 
     /// Wait for a reason to claim: a commit in this process, another's notification, the poll
-    /// interval (or `linger` after a claim that found events), or the round in flight ending.
+    /// interval (or `linger` after a claim that found events), or the round in flight ending;
+    /// meanwhile the other sources' rounds go on.
     async fn wait_for_work<'a>(
         &'a self,
         claims: &mut ClaimLoop<'a>,
@@ -138,6 +297,9 @@ impl Relay {
             Some(linger) if claims.lingering => linger,
             _ => self.config.poll_interval,
         };
+        let ClaimLoop {
+            in_flight, sources, ..
+        } = claims;
         let finished = tokio::select! {
             _ = shutdown.cancelled() => return Woken::Shutdown,
             _ = async {
@@ -149,11 +311,12 @@ impl Relay {
             _ = hint.notified() => None,
             _ = tokio::time::sleep(sleep) => None,
             round = async {
-                match claims.in_flight.as_mut() {
+                match in_flight.as_mut() {
                     Some(round) => round.await,
                     None => std::future::pending().await,
                 }
             } => Some(round),
+            () = sources.step() => return Woken::Other,
         };
         let Some(round) = finished else {
             return Woken::Look;
@@ -161,10 +324,10 @@ impl Relay {
         // Finishing a round is no reason to look again: wait on.
         claims.in_flight = None;
         if !self.account(round, claims.health, &mut claims.publishing_failed) {
-            self.pause(shutdown).await;
+            Self::beside_sources(&mut claims.sources, self.pause(shutdown)).await;
             claims.look_now = true;
         }
-        Woken::RoundFinished
+        Woken::Other
     }
 
     /// Claim the next batch, beside the round in flight (whose publish and settle go on
@@ -173,10 +336,14 @@ impl Relay {
         let overlapped = claims.in_flight.is_some();
         let (claimed, previous) = match claims.in_flight.take() {
             Some(previous) => {
-                let (claimed, previous) = tokio::join!(self.claim_step(), previous);
+                let both = async { tokio::join!(self.claim_step(), previous) };
+                let (claimed, previous) = Self::beside_sources(&mut claims.sources, both).await;
                 (claimed, Some(previous))
             }
-            None => (self.claim_step().await, None),
+            None => (
+                Self::beside_sources(&mut claims.sources, self.claim_step()).await,
+                None,
+            ),
         };
         let mut failed = previous.is_some_and(|round| {
             !self.account(round, claims.health, &mut claims.publishing_failed)
@@ -210,24 +377,20 @@ impl Relay {
             Err(e) => failed |= !self.account(Err(e), claims.health, &mut claims.publishing_failed),
         }
         if failed {
-            self.pause(shutdown).await;
+            Self::beside_sources(&mut claims.sources, self.pause(shutdown)).await;
             claims.look_now = true;
         }
     }
 
     /// Shutting down: the round in flight hands back what it has not published, the fast path
-    /// what it was given, the WAL stream finishes its batch and confirms it; then the listener
+    /// what it was given, the WAL reader finishes its batch and confirms it; then the listener
     /// and the heartbeat stop, and the relay's row in `outbox_relay` goes.
     async fn stop_beside(&self, mut claims: ClaimLoop<'_>, beside: Beside) {
         if let Some(round) = claims.in_flight.take() {
-            self.account(round.await, claims.health, &mut claims.publishing_failed);
+            let round = Self::beside_sources(&mut claims.sources, round).await;
+            self.account(round, claims.health, &mut claims.publishing_failed);
         }
-        if let Some(fast_path) = beside.fast_path {
-            let _ = fast_path.await;
-        }
-        if let Some(wal) = beside.wal {
-            let _ = wal.await;
-        }
+        claims.sources.stop().await;
         if let Some(listener) = beside.listener {
             listener.abort();
             let _ = listener.await;

@@ -3,7 +3,8 @@
 //!
 //! A publication carries the outbox table's inserts (`publish = 'insert'`); a logical slot with
 //! `pgoutput` keeps the server's WAL until the relay confirms a position. The relay streams the
-//! committed transactions in commit order and, batch by batch:
+//! committed transactions in commit order on a task of its own, which holds the replication
+//! connection and hands each batch to the relay's one loop (`relay/run.rs`); batch by batch:
 //!
 //! 1. checks the batch against the table in one statement ([`store::wal::check`]): a row that
 //!    is no longer PENDING (replayed after a restart and SENT already, or claimed by a polling
@@ -28,16 +29,14 @@ mod pgoutput;
 
 use std::{
     collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -203,25 +202,142 @@ struct Committed {
     end: Lsn,
 }
 
+/// What one replication session has read and not yet handed to the loop.
+#[derive(Default)]
+struct Reading {
+    relations: Relations,
+    /// The outbox rows of the transaction being read.
+    open: Option<Vec<ClaimedEvent>>,
+    /// Committed transactions not yet handed over, and their events.
+    ready: Vec<Committed>,
+    ready_events: usize,
+}
+
+impl Reading {
+    /// Take in one message of the stream; `Ok(Some(position))` when everything up to it is
+    /// done and may be confirmed now (nothing of the outbox is open or waiting).
+    fn read(&mut self, event: ReplicationEvent, relay_id: &str) -> Result<Option<Lsn>, String> {
+        match event {
+            ReplicationEvent::Begin { .. } => self.open = Some(Vec::new()),
+            ReplicationEvent::XLogData { data, .. } => {
+                match pgoutput::decode(&data).map_err(|e| e.to_string())? {
+                    Message::Relation { id, relation } => {
+                        self.relations.insert(id, relation);
+                    }
+                    Message::Insert { relation, values } => {
+                        let Some(relation) = self.relations.get(&relation) else {
+                            return Err("an insert into a table the stream did not describe".into());
+                        };
+                        if relation.name != OUTBOX_TABLE {
+                            return Ok(None);
+                        }
+                        match event_of(&relation.columns, values) {
+                            Ok(event) => self.open.get_or_insert_with(Vec::new).push(event),
+                            // The claim loop reads it from the table and decides.
+                            Err(e) => tracing::warn!(
+                                relay = %relay_id, error = %e,
+                                "an outbox row read from the WAL cannot be decoded; it is left to the table"
+                            ),
+                        }
+                    }
+                    Message::Other => {}
+                }
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                let events = self.open.take().unwrap_or_default();
+                if events.is_empty() && self.ready.is_empty() {
+                    return Ok(Some(end_lsn));
+                }
+                self.ready_events += events.len();
+                self.ready.push(Committed {
+                    events,
+                    end: end_lsn,
+                });
+            }
+            // Between transactions with nothing unpublished, everything up to the server's
+            // position is done: confirm it, so that the slot does not hold WAL back while the
+            // outbox is idle.
+            ReplicationEvent::KeepAlive { wal_end, .. }
+                if self.open.is_none() && self.ready.is_empty() && !wal_end.is_zero() =>
+            {
+                return Ok(Some(wal_end));
+            }
+            _ => {}
+        }
+        Ok(None)
+    }
+}
+
+/// A batch the WAL reader hands to the relay's loop, and where the loop answers: `Ok(true)`
+/// when the batch's end may be confirmed (see `Relay::publish_wal_batch`).
+pub(super) struct WalBatch {
+    batch: Vec<Committed>,
+    done: oneshot::Sender<Result<bool, String>>,
+}
+
+/// The WAL relay as a source of the relay's loop: the task that reads the slot, and the batches
+/// it hands over.
+pub(super) struct WalSource {
+    reader: tokio::task::JoinHandle<()>,
+    batches: mpsc::Receiver<WalBatch>,
+}
+
+impl WalSource {
+    /// The next batch read; `None` once the reader has stopped.
+    pub(super) async fn next(&mut self) -> Option<WalBatch> {
+        self.batches.recv().await
+    }
+
+    /// Wait for the reader to stop (at shutdown, after its last batch is answered).
+    pub(super) async fn join(self) {
+        let _ = self.reader.await;
+    }
+}
+
+/// Hand `batch` to the relay's loop and wait for its answer; a loop that has stopped answers as
+/// at shutdown (read the batch again).
+async fn hand_over(
+    batches: &mpsc::Sender<WalBatch>,
+    batch: Vec<Committed>,
+) -> Result<bool, String> {
+    let (done, answer) = oneshot::channel();
+    if batches.send(WalBatch { batch, done }).await.is_err() {
+        return Ok(false);
+    }
+    answer.await.unwrap_or(Ok(false))
+}
+
 impl Relay {
-    /// Run the WAL stream beside the claim loop until `shutdown`; `None` without a WAL mode.
-    pub(super) fn spawn_wal(
-        &self,
-        transport: Arc<dyn Transport>,
-        shutdown: &CancellationToken,
-    ) -> Option<tokio::task::JoinHandle<()>> {
+    /// Start reading the slot until `shutdown`: its batches become a source of the loop.
+    /// `None` without a WAL mode.
+    pub(super) fn start_wal(&self, shutdown: &CancellationToken) -> Option<WalSource> {
         let mode = self.wal.clone()?;
         let relay = self.clone();
         let shutdown = shutdown.clone();
-        Some(tokio::spawn(async move {
-            relay.run_wal(&mode, transport.as_ref(), &shutdown).await;
-        }))
+        let (sender, batches) = mpsc::channel(1);
+        let reader = tokio::spawn(async move {
+            relay.run_wal(&mode, &sender, &shutdown).await;
+        });
+        Some(WalSource { reader, batches })
+    }
+
+    /// The round that publishes and settles a batch the reader handed over, and answers it.
+    pub(super) async fn wal_round(
+        &self,
+        transport: &dyn Transport,
+        batch: WalBatch,
+        shutdown: &CancellationToken,
+    ) {
+        let outcome = self
+            .publish_wal_batch(transport, batch.batch, shutdown)
+            .await;
+        let _ = batch.done.send(outcome);
     }
 
     async fn run_wal(
         &self,
         mode: &WalMode,
-        transport: &dyn Transport,
+        batches: &mpsc::Sender<WalBatch>,
         shutdown: &CancellationToken,
     ) {
         let relay_id = self.config.relay_id.as_str();
@@ -241,7 +357,7 @@ impl Relay {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
                 }
             }
-            let end = self.stream(&replication, transport, shutdown).await;
+            let end = self.stream(&replication, batches, shutdown).await;
             match end {
                 StreamEnd::Shutdown => break,
                 StreamEnd::Outage => failures = 0,
@@ -335,12 +451,12 @@ impl Relay {
         }
     }
 
-    /// One replication session: stream from the slot's confirmed position, publish batch by
-    /// batch, confirm each batch's end.
+    /// One replication session: stream from the slot's confirmed position, hand batch by batch
+    /// to the relay's loop, confirm each batch's end once the loop has settled it.
     async fn stream(
         &self,
         replication: &ReplicationConfig,
-        transport: &dyn Transport,
+        batches: &mpsc::Sender<WalBatch>,
         shutdown: &CancellationToken,
     ) -> StreamEnd {
         let mut client = match ReplicationClient::connect(replication.clone()).await {
@@ -348,14 +464,10 @@ impl Relay {
             Err(e) => return StreamEnd::Failed(e.to_string()),
         };
         let batch_size = self.config.batch_size.max(1);
-        let mut relations = Relations::default();
-        // The transaction being read, and the committed ones not yet published.
-        let mut open: Option<Vec<ClaimedEvent>> = None;
-        let mut ready: Vec<Committed> = Vec::new();
-        let mut ready_events = 0usize;
+        let mut reading = Reading::default();
         let end = loop {
             // Take what arrived without waiting; wait only when nothing is ready to publish.
-            let next = if ready.is_empty() {
+            let next = if reading.ready.is_empty() {
                 tokio::select! {
                     _ = shutdown.cancelled() => break StreamEnd::Shutdown,
                     next = client.recv() => Some(next),
@@ -363,73 +475,25 @@ impl Relay {
             } else {
                 client.recv().now_or_never()
             };
-            let event = match next {
-                Some(Ok(Some(event))) => Some(event),
+            let arrived = next.is_some();
+            match next {
+                Some(Ok(Some(event))) => match reading.read(event, &self.config.relay_id) {
+                    Ok(Some(done)) => client.update_applied_lsn(done),
+                    Ok(None) => {}
+                    Err(e) => break StreamEnd::Failed(e),
+                },
                 Some(Ok(None)) => break StreamEnd::Failed("the server ended the stream".into()),
                 Some(Err(e)) => break StreamEnd::Failed(e.to_string()),
-                None => None,
-            };
-            if let Some(event) = event {
-                match event {
-                    ReplicationEvent::Begin { .. } => open = Some(Vec::new()),
-                    ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(&data) {
-                        Ok(Message::Relation { id, relation }) => {
-                            relations.insert(id, relation);
-                        }
-                        Ok(Message::Insert { relation, values }) => {
-                            let Some(relation) = relations.get(&relation) else {
-                                break StreamEnd::Failed(
-                                    "an insert into a table the stream did not describe".into(),
-                                );
-                            };
-                            if relation.name != OUTBOX_TABLE {
-                                continue;
-                            }
-                            match event_of(&relation.columns, values) {
-                                Ok(event) => open.get_or_insert_with(Vec::new).push(event),
-                                // The claim loop reads it from the table and decides.
-                                Err(e) => tracing::warn!(
-                                    relay = %self.config.relay_id, error = %e,
-                                    "an outbox row read from the WAL cannot be decoded; it is left to the table"
-                                ),
-                            }
-                        }
-                        Ok(Message::Other) => {}
-                        Err(e) => break StreamEnd::Failed(e.to_string()),
-                    },
-                    ReplicationEvent::Commit { end_lsn, .. } => {
-                        let events = open.take().unwrap_or_default();
-                        if events.is_empty() && ready.is_empty() {
-                            client.update_applied_lsn(end_lsn);
-                        } else {
-                            ready_events += events.len();
-                            ready.push(Committed {
-                                events,
-                                end: end_lsn,
-                            });
-                        }
-                    }
-                    // Between transactions with nothing unpublished, everything up to the
-                    // server's position is done: confirm it, so that the slot does not hold WAL
-                    // back while the outbox is idle.
-                    ReplicationEvent::KeepAlive { wal_end, .. }
-                        if open.is_none() && ready.is_empty() && !wal_end.is_zero() =>
-                    {
-                        client.update_applied_lsn(wal_end);
-                    }
-                    _ => {}
-                }
-                if ready_events < batch_size {
-                    continue;
-                }
+                None => {}
             }
-            if ready.is_empty() {
+            // Hand over a full batch, or what is ready once nothing more has arrived.
+            if reading.ready.is_empty() || (arrived && reading.ready_events < batch_size) {
                 continue;
             }
-            let batch = std::mem::take(&mut ready);
-            ready_events = 0;
+            let batch = std::mem::take(&mut reading.ready);
+            reading.ready_events = 0;
             let end = batch.last().map(|c| c.end).unwrap_or_default();
-            match self.publish_wal_batch(transport, batch, shutdown).await {
+            match hand_over(batches, batch).await {
                 Ok(true) => {
                     #[cfg(feature = "failpoints")]
                     if fail::eval(crate::failpoints::WAL_BEFORE_CONFIRM, |_| ()).is_some() {
