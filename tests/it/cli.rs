@@ -168,6 +168,23 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
     let table = run(url, &["status"], 0).await;
     assert!(table.contains("OUTBOX  total 3  backlog 0"), "{table}");
     assert!(table.contains("inventory"), "{table}");
+    // The queue tables' health, where the server keeps statistics (not SQLite).
+    let storage = status["storage"]["tables"].as_array().unwrap();
+    match backend {
+        Backend::SqliteFile | Backend::SqliteMemory => {
+            assert!(storage.is_empty());
+            assert!(!table.contains("STORAGE"), "{table}");
+        }
+        _ => {
+            assert_eq!(storage[0]["table"], "outbox_event");
+            assert!(storage[0]["bytes"].as_i64().unwrap() > 0);
+            assert!(table.contains("STORAGE\n"), "{table}");
+            assert!(
+                table.lines().any(|l| l.starts_with("outbox_event ")),
+                "{table}"
+            );
+        }
+    }
 
     // dead list and show.
     let list = run_json(url, &["dead", "list"]).await;

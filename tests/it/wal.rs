@@ -200,6 +200,20 @@ async fn restarts_on_its_slot_and_reports_lag_while_stopped() {
         "doctor warns about the idle slot: {:?}",
         doctor.findings
     );
+    // Below the configured lag the warning says only that nothing streams; at or above it, the
+    // lag is flagged with the threshold.
+    let flagged = |findings: &[outbox::admin::Finding]| {
+        findings.iter().any(|f| {
+            f.check == "wal"
+                && f.severity == Severity::Warning
+                && f.message.contains(slot)
+                && f.message.contains("flagged from 1 bytes")
+        })
+    };
+    assert!(!flagged(&doctor.findings), "{:?}", doctor.findings);
+    let strict = DoctorOptions::default().without_handler_check().slot_lag(1);
+    let doctor = outbox::admin::doctor(&t.db, &strict).await.unwrap();
+    assert!(flagged(&doctor.findings), "{:?}", doctor.findings);
 
     // Restarted on the same slot: the rest, and nothing of what the first relay sent.
     let second = MemoryTransport::new();

@@ -77,7 +77,12 @@ impl DoctorReport {
             .unwrap_or(Severity::Ok)
     }
 
-    fn push(&mut self, severity: Severity, check: &'static str, message: impl Into<String>) {
+    pub(super) fn push(
+        &mut self,
+        severity: Severity,
+        check: &'static str,
+        message: impl Into<String>,
+    ) {
         self.findings.push(Finding {
             severity,
             check,
@@ -87,7 +92,7 @@ impl DoctorReport {
 }
 
 /// What [`doctor`] compares the database against.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DoctorOptions {
     /// The names of every SDK migration this binary knows, in order: with the `outbox` crate,
@@ -99,6 +104,26 @@ pub struct DoctorOptions {
     /// Consumers this binary must have handlers for (an error when one has none), like
     /// `RuntimeBuilder::expect_consumers`.
     pub(crate) expected_consumers: Vec<String>,
+    /// A session, prepared transaction or slot holding the xmin horizon this long is flagged.
+    pub(crate) horizon_age: std::time::Duration,
+    /// A WAL relay's slot this many bytes behind is flagged.
+    pub(crate) slot_lag: u64,
+    /// A table whose dead row versions are this share of all its row versions is flagged.
+    pub(crate) dead_ratio: f64,
+}
+
+impl Default for DoctorOptions {
+    /// No migration check, no handler check, and the default thresholds.
+    fn default() -> Self {
+        DoctorOptions {
+            migrations: Vec::new(),
+            check_linked_handlers: false,
+            expected_consumers: Vec::new(),
+            horizon_age: std::time::Duration::from_secs(300),
+            slot_lag: 1 << 30,
+            dead_ratio: 0.2,
+        }
+    }
 }
 
 impl DoctorOptions {
@@ -111,8 +136,28 @@ impl DoctorOptions {
         DoctorOptions {
             migrations: migrations.into_iter().map(Into::into).collect(),
             check_linked_handlers: true,
-            expected_consumers: Vec::new(),
+            ..DoctorOptions::default()
         }
+    }
+
+    /// Flag a session, prepared transaction or replication slot that has held back the xmin
+    /// horizon (the oldest row versions vacuum may remove) this long. Default 5 minutes.
+    pub fn horizon_age(mut self, age: std::time::Duration) -> Self {
+        self.horizon_age = age;
+        self
+    }
+
+    /// Flag a WAL relay's replication slot this many bytes of WAL behind. Default 1 GiB.
+    pub fn slot_lag(mut self, bytes: u64) -> Self {
+        self.slot_lag = bytes;
+        self
+    }
+
+    /// Flag one of the SDK's tables whose dead row versions are at least this share of all its
+    /// row versions (and at least 10,000). Default 0.2.
+    pub fn dead_ratio(mut self, ratio: f64) -> Self {
+        self.dead_ratio = ratio;
+        self
     }
 
     /// Skip comparing linked handlers with consumers seen (for tools that link none).
@@ -476,6 +521,9 @@ pub async fn doctor(
         report.push(Severity::Ok, "dead", "no dead letters");
     }
 
+    // The tables' health and what holds vacuum back.
+    super::storage::check(db, options, &mut report).await?;
+
     // The WAL relays' slots (PostgreSQL).
     for slot in crate::store::wal::slots(db)
         .await
@@ -493,6 +541,26 @@ pub async fn doctor(
                      WAL relay polls the table instead of streaming. Drop the slot \
                      (SELECT pg_drop_replication_slot('{name}')) and restart the relay, which \
                      creates it again"
+                ),
+            );
+        } else if lag as u64 >= options.slot_lag {
+            let streamed = match slot.active {
+                true => {
+                    "its WAL relay does not keep up; look at the relay's publish errors and \
+                         the broker"
+                }
+                false => {
+                    "no WAL relay streams from it; start one, or drop the slot if none \
+                          will"
+                }
+            };
+            report.push(
+                Severity::Warning,
+                "wal",
+                format!(
+                    "replication slot `{name}` is {lag} bytes behind (flagged from {} bytes) and \
+                     keeps {retained} bytes of WAL on the server: {streamed}",
+                    options.slot_lag
                 ),
             );
         } else if !slot.active {

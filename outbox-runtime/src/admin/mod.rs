@@ -46,6 +46,7 @@ mod dead_letters;
 mod doctor;
 mod duration;
 mod status;
+mod storage;
 
 use std::time::Duration;
 
@@ -65,6 +66,7 @@ pub use duration::HumanDuration;
 pub use status::{
     ConsumerStatus, OutboxStatus, RelayStatus, Status, StatusCounts, WalSlotStatus, status,
 };
+pub use storage::{HorizonStatus, MIN_DEAD_ROWS, StorageStatus, TableStatus, storage_status};
 
 /// Map a database error, recognising a missing table (the migrations were not applied).
 pub(crate) fn db_error(doing: &'static str) -> impl FnOnce(DbErr) -> AdminError {

@@ -32,6 +32,9 @@ pub struct Status {
     /// The WAL relays' replication slots (PostgreSQL; names starting with `outbox`). A slot
     /// whose relay stopped keeps the server's WAL from being recycled: its lag grows.
     pub wal_slots: Vec<WalSlotStatus>,
+    /// The queue tables (rows, dead row versions, bytes, vacuum) and the oldest holder of the
+    /// xmin horizon; empty on SQLite.
+    pub storage: super::StorageStatus,
 }
 
 /// A WAL relay's replication slot in [`Status`].
@@ -294,6 +297,7 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         consumers: consumers.into_values().collect(),
         relays,
         wal_slots,
+        storage: super::storage_status(db).await?,
     };
     if status.broker_unavailable() {
         status.outbox.delayed_by_outage = status.outbox.backlog;

@@ -25,6 +25,7 @@ pub mod clock;
 pub mod dialect;
 pub mod errors;
 pub mod failures;
+pub mod health;
 pub mod inbox;
 pub mod lease;
 pub mod local;

@@ -150,6 +150,10 @@ pub(crate) fn render_status(status: &Status) -> String {
         out.push_str(&render_wal_slots(status));
         out.push('\n');
     }
+    if !status.storage.tables.is_empty() {
+        out.push_str(&render_storage(status));
+        out.push('\n');
+    }
     if status.consumers.is_empty() {
         out.push_str("INBOX   no consumer has received anything yet\n");
         return out;
@@ -255,6 +259,59 @@ pub(crate) fn render_wal_slots(status: &Status) -> String {
             "        NOT STREAMING: no WAL relay reads the slot; the server keeps its WAL until one \
              does (or the slot is dropped)\n",
         );
+    }
+    out
+}
+
+/// The queue tables and the oldest holder of the xmin horizon.
+pub(crate) fn render_storage(status: &Status) -> String {
+    let storage = &status.storage;
+    let mut out = String::from("STORAGE\n");
+    let count = |n: Option<i64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let rows = storage
+        .tables
+        .iter()
+        .map(|t| {
+            vec![
+                t.table.clone(),
+                count(t.live_rows),
+                match t.dead_rows {
+                    Some(dead) => format!("{dead} ({:.0}%)", t.dead_ratio * 100.0),
+                    None => "-".to_owned(),
+                },
+                t.bytes
+                    .map_or_else(|| "-".to_owned(), |b| bytes(u64::try_from(b).unwrap_or(0))),
+                match (t.autovacuum_enabled, t.vacuumed_secs_ago) {
+                    (false, _) => "AUTOVACUUM OFF".to_owned(),
+                    (true, Some(secs)) => {
+                        format!("{} ago", HumanDuration(Duration::from_secs(secs)))
+                    }
+                    (true, None) => "never".to_owned(),
+                },
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["TABLE", "ROWS", "DEAD", "SIZE", "VACUUMED"], rows));
+    if storage.autovacuum == Some(false) {
+        out.push_str(
+            "        AUTOVACUUM IS OFF on this server: dead row versions are never removed \
+             (`outbox doctor` says what to do)\n",
+        );
+    }
+    if let Some(h) = &storage.oldest_holder {
+        let who = match (h.pid, h.name.as_str()) {
+            (Some(pid), "") => format!("{} {pid}", h.kind),
+            (Some(pid), name) => format!("{} {pid} ({})", h.kind, name),
+            (None, name) => format!("{} {}", h.kind, name),
+        };
+        let held = h.age_secs.map_or_else(String::new, |secs| {
+            format!(" for {}", HumanDuration(Duration::from_secs(secs)))
+        });
+        let state = h
+            .state
+            .as_deref()
+            .map_or_else(String::new, |s| format!(", {}", s));
+        let _ = writeln!(out, "        oldest snapshot held: {who}{held}{state}");
     }
     out
 }
