@@ -22,6 +22,10 @@
 //! | `outbox_wal_slot_retained_bytes` | gauge | `slot` | WAL the server keeps on disk for the slot |
 //! | `outbox_backlog_events` | gauge | `status` | unsent outbox rows per status |
 //! | `outbox_oldest_pending_age_seconds` | gauge | | age of the oldest unsent, not dead event |
+//! | `outbox_table_bytes` | gauge | `table` | bytes of a queue table with its indexes (PostgreSQL, MySQL) |
+//! | `outbox_table_live_rows` | gauge | `table` | rows of a queue table (the server's estimate) |
+//! | `outbox_table_dead_rows` | gauge | `table` | dead row versions vacuum has not removed yet (PostgreSQL) |
+//! | `outbox_xmin_horizon_age_seconds` | gauge | | how long the oldest session or prepared transaction has held its snapshot (0 without one): while it does, vacuum removes nothing newer |
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | `handled`, `retried`, `dead`, `duplicate`, `stored`, `stale`, `conflict`, `unrecorded` (a database error while recording a delivery; it is tried again) |
 //! | `inbox_handler_duration_seconds` | histogram | `consumer`, `event_type` | handler run time |
 //! | `inbox_backlog_messages` | gauge | `consumer`, `status` | unfinished inbox rows per status (the retry backlog is `RETRY`) |
@@ -68,6 +72,14 @@ pub const WAL_SLOT_RETAINED: &str = "outbox_wal_slot_retained_bytes";
 pub const BACKLOG: &str = "outbox_backlog_events";
 /// Age of the oldest unsent event.
 pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Bytes of a queue table with its indexes.
+pub const TABLE_BYTES: &str = "outbox_table_bytes";
+/// Rows of a queue table.
+pub const TABLE_LIVE_ROWS: &str = "outbox_table_live_rows";
+/// Dead row versions of a queue table.
+pub const TABLE_DEAD_ROWS: &str = "outbox_table_dead_rows";
+/// How long the oldest snapshot has been held.
+pub const XMIN_HORIZON_AGE: &str = "outbox_xmin_horizon_age_seconds";
 /// Inbox outcomes per consumer.
 pub const INBOX_MESSAGES: &str = "inbox_messages_total";
 /// Handler run time.
@@ -159,6 +171,22 @@ pub fn describe() {
         OLDEST_PENDING_AGE,
         Unit::Seconds,
         "Age of the oldest unsent, not dead, outbox event"
+    );
+    describe_gauge!(
+        TABLE_BYTES,
+        Unit::Bytes,
+        "Bytes of a queue table with its indexes"
+    );
+    describe_gauge!(TABLE_LIVE_ROWS, Unit::Count, "Rows of a queue table");
+    describe_gauge!(
+        TABLE_DEAD_ROWS,
+        Unit::Count,
+        "Dead row versions of a queue table not yet removed by vacuum"
+    );
+    describe_gauge!(
+        XMIN_HORIZON_AGE,
+        Unit::Seconds,
+        "How long the oldest session or prepared transaction has held its snapshot"
     );
     describe_counter!(
         INBOX_MESSAGES,
@@ -322,6 +350,31 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
         let retained = slot.retained_bytes.unwrap_or(0).max(0) as f64;
         gauge!(WAL_SLOT_LAG, "slot" => slot.name.clone()).set(lag);
         gauge!(WAL_SLOT_RETAINED, "slot" => slot.name).set(retained);
+    }
+
+    // The queue tables and the horizon (PostgreSQL, MySQL).
+    for table in crate::store::health::tables(db).await? {
+        let bytes = table.table_bytes.unwrap_or(0) + table.index_bytes.unwrap_or(0);
+        gauge!(TABLE_BYTES, "table" => table.table.clone()).set(bytes as f64);
+        if let Some(live) = table.live_rows {
+            gauge!(TABLE_LIVE_ROWS, "table" => table.table.clone()).set(live as f64);
+        }
+        if let Some(dead) = table.dead_rows {
+            gauge!(TABLE_DEAD_ROWS, "table" => table.table).set(dead as f64);
+        }
+    }
+    if db.get_database_backend() != sea_orm::DbBackend::Sqlite {
+        // Without the right to see other sessions (MySQL's PROCESS), the gauge stays unset.
+        if let Ok(server) = crate::store::health::server(db).await {
+            let held = server
+                .holders
+                .iter()
+                .filter(|h| h.kind != crate::store::health::HolderKind::Slot)
+                .filter_map(|h| h.age)
+                .max()
+                .unwrap_or(Duration::ZERO);
+            gauge!(XMIN_HORIZON_AGE).set(held.as_secs_f64());
+        }
     }
     Ok(())
 }

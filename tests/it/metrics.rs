@@ -11,6 +11,7 @@ use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
 use outbox::runtime::Runtime;
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[inbox_handler(consumer = "t-metrics", backoff = "10ms")]
@@ -162,5 +163,48 @@ async fn scrape_while_running(port: u16) {
             "inbox_messages_total{consumer=\"t-metrics\",outcome=\"handled\"}"
         ),
         Some((first + second) as f64)
+    );
+}
+
+/// The storage gauges, sampled on PostgreSQL: the queue tables' bytes and rows, and how long the
+/// oldest snapshot has been held (a report's transaction left open).
+#[test]
+fn storage_gauges_show_the_tables_and_the_held_horizon() {
+    let recorder: &'static metrics_exporter_prometheus::PrometheusRecorder = Box::leak(Box::new(
+        metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+    ));
+    let handle = recorder.handle();
+    on_own_runtime(
+        move || std::mem::forget(metrics::set_default_local_recorder(recorder)),
+        async move {
+            let Some(t) = test_db(Backend::Postgres, "metrics_storage").await else {
+                return;
+            };
+            let report_query = t.connect_again().await;
+            let held = report_query
+                .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+                .await
+                .unwrap();
+            held.execute_unprepared("SELECT COUNT(*) FROM outbox_event")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(1_200)).await;
+            outbox::metrics::sample(&t.db).await.unwrap();
+            let body = handle.render();
+            let bytes = value(&body, "outbox_table_bytes{table=\"outbox_event\"}");
+            assert!(bytes.is_some_and(|b| b > 0.0), "{body}");
+            assert!(
+                value(&body, "outbox_table_dead_rows{table=\"inbox_event\"}").is_some(),
+                "{body}"
+            );
+            let held_for = value(&body, "outbox_xmin_horizon_age_seconds").unwrap_or(0.0);
+            assert!(held_for >= 1.0, "{body}");
+
+            held.commit().await.unwrap();
+            outbox::metrics::sample(&t.db).await.unwrap();
+            let body = handle.render();
+            let held_for = value(&body, "outbox_xmin_horizon_age_seconds").unwrap_or(f64::MAX);
+            assert!(held_for < 1.0, "{body}");
+        },
     );
 }
