@@ -28,6 +28,9 @@
 //!   webhook endpoint, against a bare axum handler inserting one row per request.
 //! - P8 delayed events: the relay's look for due delayed events and its claim, with none and with
 //!   1M waiting, and how fast due ones move into the outbox.
+//! - P9 sustained load with a held xmin horizon: 30 minutes steady, 10 with a transaction holding
+//!   the horizon, 5 after its release; the tables' bytes and dead rows, the backlog, commit and
+//!   commit → handled latencies every 10 s. Only with `--only p9` (and in `--smoke`).
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
 //! narrow P3 down to some modes and offered loads.
@@ -46,6 +49,7 @@ mod p5;
 mod p6;
 mod p7;
 mod p8;
+mod p9;
 mod report;
 mod support;
 
@@ -54,7 +58,10 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
+const SCENARIOS: [&str; 9] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"];
+/// What runs without `--only`: every scenario but P9, which takes 45 minutes (the smoke run
+/// takes it too, in seconds).
+const DEFAULT: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
 
 #[derive(Debug)]
 struct Args {
@@ -68,7 +75,7 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut args = Args {
         smoke: false,
         runs: 3,
-        only: SCENARIOS.iter().map(|s| (*s).to_owned()).collect(),
+        only: Vec::new(),
         out: "target/bench/report.json".into(),
     };
     let mut it = std::env::args().skip(1);
@@ -97,6 +104,10 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             other => return Err(format!("unknown argument `{other}` (try --help)").into()),
         }
+    }
+    if args.only.is_empty() {
+        let set: &[&str] = if args.smoke { &SCENARIOS } else { &DEFAULT };
+        args.only = set.iter().map(|s| (*s).to_owned()).collect();
     }
     if args.smoke {
         args.runs = 1;
@@ -132,6 +143,9 @@ async fn main() -> Result<(), BoxError> {
                 "p6" => p6::run(&ctx).await,
                 "p7" => p7::run(&ctx).await,
                 "p8" => p8::run(&ctx).await,
+                // Long enough once: its phases are its repetitions.
+                "p9" if run == 1 => p9::run(&ctx).await,
+                "p9" => continue,
                 _ => unreachable!("checked when parsing"),
             };
             let got = got.map_err(|e| format!("{scenario} failed: {e}"))?;

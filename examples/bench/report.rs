@@ -177,6 +177,7 @@ pub(crate) fn build(
             "p6" => crate::p6::specs(),
             "p7" => crate::p7::specs(),
             "p8" => crate::p8::specs(),
+            "p9" => crate::p9::specs(),
             _ => Vec::new(),
         });
     }
