@@ -734,10 +734,11 @@ async fn counting_transport(dir: &Path) -> Result<CountingConfirms, BoxError> {
 fn with_wal(builder: outbox::runtime::RuntimeBuilder) -> outbox::runtime::RuntimeBuilder {
     #[cfg(feature = "postgres-wal")]
     if let Ok(slot) = std::env::var("OUTBOX_CHAOS_WAL_SLOT") {
-        return builder.wal(outbox::relay::WalConfig {
-            table_grace: Duration::from_secs(3),
-            ..outbox::relay::WalConfig::new(env_str("OUTBOX_CHAOS_DB", "")).slot(slot)
-        });
+        return builder.wal(
+            outbox::relay::WalConfig::new(env_str("OUTBOX_CHAOS_DB", ""))
+                .slot(slot)
+                .table_grace(Duration::from_secs(3)),
+        );
     }
     builder
 }

@@ -64,10 +64,11 @@ async fn start(t: &TestDb, transport: &MemoryTransport, mode: Mode) -> Runtime {
     let builder = Runtime::builder(t.db.clone());
     #[cfg(feature = "postgres-wal")]
     let builder = match mode {
-        Mode::Wal => builder.wal(outbox::relay::WalConfig {
-            table_grace: Duration::from_secs(2),
-            ..outbox::relay::WalConfig::new(t.url.clone()).slot(format!("outbox_{}", t.name))
-        }),
+        Mode::Wal => builder.wal(
+            outbox::relay::WalConfig::new(t.url.clone())
+                .slot(format!("outbox_{}", t.name))
+                .table_grace(Duration::from_secs(2)),
+        ),
         _ => builder,
     };
     builder

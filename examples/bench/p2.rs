@@ -107,8 +107,8 @@ async fn wal_drain(ctx: &Ctx) -> Result<f64, BoxError> {
     ctx.reset().await?;
     let _ = support::drop_wal_slot(ctx).await;
     let config = support::wal_config(ctx);
-    outbox::store::wal::ensure_publication(&ctx.db, &config.publication).await?;
-    outbox::store::wal::create_slot(&ctx.db, &config.slot).await?;
+    outbox::store::wal::ensure_publication(&ctx.db, config.publication_name()).await?;
+    outbox::store::wal::create_slot(&ctx.db, config.slot_name()).await?;
     pre_enqueue(&ctx.db, n, AGGREGATES, "PENDING").await?;
     let transport = Arc::new(ctx.transport("bench_p2wal").await?);
     let relay = Relay::new(ctx.db.clone(), transport.clone())

@@ -552,10 +552,9 @@ pub(crate) async fn wal_available(ctx: &Ctx) -> Result<bool, BoxError> {
 /// The WAL relay's settings: a grace far beyond a run, so the stream publishes everything.
 #[cfg(feature = "postgres-wal")]
 pub(crate) fn wal_config(ctx: &Ctx) -> outbox::relay::WalConfig {
-    outbox::relay::WalConfig {
-        table_grace: Duration::from_secs(3_600),
-        ..outbox::relay::WalConfig::new(ctx.url.clone()).slot(WAL_SLOT)
-    }
+    outbox::relay::WalConfig::new(ctx.url.clone())
+        .slot(WAL_SLOT)
+        .table_grace(Duration::from_secs(3_600))
 }
 
 /// Wait until a WAL relay streams from the bench's slot.

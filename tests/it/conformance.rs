@@ -407,10 +407,11 @@ async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
     #[cfg(feature = "postgres-wal")]
     if mode() == Mode::Wal {
         // A grace far beyond the scenario: every event the stream does not publish would stay.
-        builder = builder.wal(outbox::relay::WalConfig {
-            table_grace: Duration::from_secs(600),
-            ..outbox::relay::WalConfig::new(t.url.clone()).slot(slot_of(t))
-        });
+        builder = builder.wal(
+            outbox::relay::WalConfig::new(t.url.clone())
+                .slot(slot_of(t))
+                .table_grace(Duration::from_secs(600)),
+        );
     }
     if let Some(transport) = &setup.transport {
         builder = builder.transport(transport.clone());

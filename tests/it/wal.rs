@@ -43,10 +43,7 @@ fn config() -> RelayConfig {
 /// A WAL configuration on the test's own slot. With a long grace, the claim loop never takes a
 /// PENDING row the stream could have published: what is SENT quickly, the stream published.
 fn wal(t: &TestDb, slot: &str, grace: Duration) -> WalConfig {
-    WalConfig {
-        table_grace: grace,
-        ..WalConfig::new(t.url.clone()).slot(slot)
-    }
+    WalConfig::new(t.url.clone()).slot(slot).table_grace(grace)
 }
 
 async fn start(t: &TestDb, transport: &MemoryTransport, wal: WalConfig) -> RelayHandle {
@@ -57,14 +54,14 @@ async fn start(t: &TestDb, transport: &MemoryTransport, wal: WalConfig) -> Relay
     // Streaming: the slot exists and a relay reads it.
     assert!(
         eventually(Duration::from_secs(20), || async {
-            store::wal::slot(&t.db, &wal.slot)
+            store::wal::slot(&t.db, wal.slot_name())
                 .await
                 .unwrap()
                 .is_some_and(|s| s.active)
         })
         .await,
         "the relay streams from slot {}",
-        wal.slot
+        wal.slot_name()
     );
     relay
 }

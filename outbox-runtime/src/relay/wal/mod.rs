@@ -52,25 +52,26 @@ use crate::{
 
 /// How the WAL relay connects and where it keeps its position.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct WalConfig {
     /// The database as a `postgres://user:password@host:port/database` URL (the same database
     /// the relay's connection uses); `sslmode=require`, `verify-ca` or `verify-full` in its
     /// query turn TLS on. The user needs the `REPLICATION` attribute (or to be a superuser)
     /// and the server `wal_level = logical`.
-    pub url: String,
+    pub(crate) url: String,
     /// The logical replication slot (created with `pgoutput` if missing). Its name starts with
     /// `outbox` (so that `outbox status` and `outbox doctor` report it) and is at most 63
     /// lowercase letters, digits and underscores. One relay streams from a slot at a time; a
     /// second one with the same slot waits as a standby and polls the table meanwhile.
-    pub slot: String,
+    pub(crate) slot: String,
     /// The publication of the outbox table's inserts (created if missing).
-    pub publication: String,
+    pub(crate) publication: String,
     /// The claim loop beside the stream takes PENDING rows only once they are this old (by the
     /// database's clock): younger ones are the stream's. Events the stream leaves to the table
     /// (behind a failed event of their aggregate) wait this long.
-    pub table_grace: Duration,
+    pub(crate) table_grace: Duration,
     /// How often the relay reports its confirmed position to the server.
-    pub feedback_interval: Duration,
+    pub(crate) feedback_interval: Duration,
 }
 
 impl std::fmt::Debug for WalConfig {
@@ -101,6 +102,35 @@ impl WalConfig {
     pub fn slot(mut self, slot: impl Into<String>) -> Self {
         self.slot = slot.into();
         self
+    }
+
+    /// Use publication `publication`.
+    pub fn publication(mut self, publication: impl Into<String>) -> Self {
+        self.publication = publication.into();
+        self
+    }
+
+    /// How old a PENDING row must be before the claim loop beside the stream takes it.
+    /// Default 5 s.
+    pub fn table_grace(mut self, grace: Duration) -> Self {
+        self.table_grace = grace;
+        self
+    }
+
+    /// How often the relay reports its confirmed position to the server. Default 1 s.
+    pub fn feedback_interval(mut self, interval: Duration) -> Self {
+        self.feedback_interval = interval;
+        self
+    }
+
+    /// The slot streamed from.
+    pub fn slot_name(&self) -> &str {
+        &self.slot
+    }
+
+    /// The publication streamed.
+    pub fn publication_name(&self) -> &str {
+        &self.publication
     }
 
     /// The replication connection's settings.
