@@ -115,7 +115,7 @@ pub struct ServerHealth {
 pub async fn tables<C: ConnectionTrait>(db: &C) -> Result<Vec<TableHealth>, DbErr> {
     let dialect = Dialect::of(db);
     let mut sql = Sql::new(dialect);
-    match dialect.backend() {
+    match db.get_database_backend() {
         DbBackend::Postgres => {
             sql.push(
                 "SELECT c.relname::text AS table_name, s.n_live_tup::bigint AS live_rows, \
@@ -190,7 +190,7 @@ fn seconds(s: Option<f64>) -> Option<Duration> {
 /// database; empty on SQLite. On MySQL, reading `INNODB_TRX` needs the `PROCESS` privilege.
 pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
     let dialect = Dialect::of(db);
-    match dialect.backend() {
+    match db.get_database_backend() {
         DbBackend::Postgres => {
             let mut setting = Sql::new(dialect);
             setting.push("SELECT current_setting('autovacuum') = 'on' AS autovacuum");
