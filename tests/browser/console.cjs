@@ -61,6 +61,8 @@ async function main() {
       Object.fromEntries(rows.map((r) => [r.cells[0].textContent, r.cells[1].textContent])));
     seen.consumers = await page.$$eval("#consumers tbody tr", (rows) =>
       rows.map((r) => ({ consumer: r.cells[0].textContent, dead: r.cells[3].textContent })));
+    seen.storage = await page.$$eval("#storage tbody tr", (rows) =>
+      rows.map((r) => Array.from(r.cells).map((c) => c.textContent)));
     await page.screenshot({ path: path.join(shots, "overview.png"), fullPage: true });
 
     // The dead letter with markup in its payload and error.

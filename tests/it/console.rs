@@ -1010,6 +1010,12 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
             .contains(&json!({"consumer": "inventory", "dead": "3"})),
         "{seen}"
     );
+    // SQLite keeps no table statistics: the storage table says so in one row.
+    assert_eq!(
+        seen["storage"],
+        json!([["the database keeps no table statistics (SQLite)"]]),
+        "{seen}"
+    );
 
     // The markup is text: shown as written, nothing parsed, nothing run.
     assert!(

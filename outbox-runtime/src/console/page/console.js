@@ -165,8 +165,47 @@
         { text: r.held_back, className: "num" },
         { text: firstLine(r.last_error), box: "clip" },
       ])), "no relay running");
+      showStorage(status.storage);
       drawCharts(samples.samples);
     });
+  }
+
+  // The queue tables as the server counts them, and what holds vacuum back (`outbox doctor`
+  // says what to do about either).
+  function showStorage(storage) {
+    const tables = (storage && storage.tables) || [];
+    fill("storage", tables.map((t) => {
+      const crowded = t.dead_rows !== null && t.dead_rows >= 10000 && t.dead_ratio >= 0.2;
+      return row([
+        { text: t.table },
+        { text: t.live_rows === null ? "–" : t.live_rows, className: "num" },
+        {
+          text: t.dead_rows === null ? "–" : t.dead_rows + " (" + Math.round(t.dead_ratio * 100) + "%)",
+          className: "num" + (crowded ? " bad" : ""),
+        },
+        { text: size(t.bytes), className: "num" },
+        t.autovacuum_enabled
+          ? { text: t.vacuumed_secs_ago === null ? "never" : age(t.vacuumed_secs_ago) + " ago" }
+          : { text: "autovacuum off", className: "bad" },
+      ], { "data-table": t.table });
+    }), "the database keeps no table statistics (SQLite)");
+    const notes = [];
+    if (storage && storage.autovacuum === false) notes.push("Autovacuum is off on this server.");
+    const h = storage && storage.oldest_holder;
+    if (h) {
+      let who = h.kind + (h.pid !== null ? " " + h.pid : "") + (h.name ? " (" + h.name + ")" : "");
+      if (h.age_secs !== null) who += " for " + age(h.age_secs);
+      if (h.state) who += ", " + h.state;
+      notes.push("Oldest snapshot held: " + who + ".");
+    }
+    $("horizon").textContent = notes.join(" ");
+  }
+
+  function size(bytes) {
+    if (bytes === null || bytes === undefined) return "–";
+    if (bytes >= 1 << 30) return (bytes / (1 << 30)).toFixed(1) + " GiB";
+    if (bytes >= 1 << 20) return (bytes / (1 << 20)).toFixed(1) + " MiB";
+    return Math.round(bytes / 1024) + " KiB";
   }
 
   const COLORS = ["#0b5cad", "#b42318", "#1a7f37", "#8250df", "#bf8700", "#0a7480", "#cf222e", "#57606a"];
