@@ -22,7 +22,7 @@ use crate::support::{
     BoxError, Ctx, OrderPlaced, insert_effect, insert_order, next_ids, place_order, quantile,
 };
 
-const CONSUMER: &str = "bench-p3";
+pub(crate) const CONSUMER: &str = "bench-p3";
 const CUSTOMERS: i64 = 1_000;
 /// SENT rows in the table when each measure starts.
 const HISTORY: u64 = 20_000;
@@ -34,7 +34,7 @@ pub(crate) const QUANTILES: [f64; 13] = [
 ];
 
 /// When each order's handler transaction committed (filled by the handler's after-commit).
-static HANDLED: Mutex<Vec<(i64, Instant)>> = Mutex::new(Vec::new());
+pub(crate) static HANDLED: Mutex<Vec<(i64, Instant)>> = Mutex::new(Vec::new());
 
 #[outbox::inbox_handler(consumer = "bench-p3")]
 async fn record_effect(
@@ -42,14 +42,7 @@ async fn record_effect(
     event: Event<OrderPlaced>,
 ) -> Result<(), HandlerError> {
     insert_effect(tx, CONSUMER, event.order_id, event.total_cents).await?;
-    let order_id = event.order_id;
-    tx.after_commit(move || {
-        let now = Instant::now();
-        HANDLED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((order_id, now));
-    });
+    crate::support::note_handled(tx, &HANDLED, event.order_id);
     Ok(())
 }
 

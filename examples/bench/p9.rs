@@ -28,9 +28,8 @@ use outbox::sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 use tokio::sync::Semaphore;
 
 use crate::report::{Measure, Spec, Target, m, spec};
-use crate::support::{BoxError, Ctx, OrderPlaced, insert_effect, next_ids, place_order, quantile};
+use crate::support::{BoxError, Ctx, OrderPlaced, next_ids, place_order, quantile};
 
-const CONSUMER: &str = "bench-p9";
 const CUSTOMERS: i64 = 1_000;
 /// Commits in flight at most: an order that finds this many waiting is not placed (a shop's
 /// connection pool and request timeout do the same), and counted.
@@ -39,24 +38,9 @@ const IN_FLIGHT: usize = 64;
 const SENT_AFTER: Duration = Duration::from_secs(60);
 const DONE_AFTER: Duration = Duration::from_secs(240);
 
-/// When each order's handler transaction committed.
-static HANDLED: Mutex<Vec<(i64, Instant)>> = Mutex::new(Vec::new());
-
-#[outbox::inbox_handler(consumer = "bench-p9")]
-async fn record_effect(
-    tx: &InboxTransaction,
-    event: Event<OrderPlaced>,
-) -> Result<(), HandlerError> {
-    insert_effect(tx, CONSUMER, event.order_id, event.total_cents).await?;
-    let order_id = event.order_id;
-    tx.after_commit(move || {
-        HANDLED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((order_id, Instant::now()));
-    });
-    Ok(())
-}
+/// The consumer: P3's (its handler records each order's effect and notes when it committed).
+const CONSUMER: &str = crate::p3::CONSUMER;
+static HANDLED: &Mutex<Vec<(i64, Instant)>> = &crate::p3::HANDLED;
 
 /// The three phases and how often to sample.
 struct Shape {

@@ -392,6 +392,21 @@ pub(crate) async fn insert_effect(
     Ok(())
 }
 
+/// Once the handler's transaction commits, note in `handled` when order `order_id` was.
+pub(crate) fn note_handled(
+    tx: &outbox::prelude::InboxTransaction,
+    handled: &'static std::sync::Mutex<Vec<(i64, Instant)>>,
+    order_id: i64,
+) {
+    tx.after_commit(move || {
+        let now = Instant::now();
+        handled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((order_id, now));
+    });
+}
+
 /// An order and its event, committed through `OutboxTransaction`; when the commit returned.
 pub(crate) async fn place_order(
     db: &DatabaseConnection,

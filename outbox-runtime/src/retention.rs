@@ -84,37 +84,24 @@ impl Default for RetentionPolicy {
     }
 }
 
-impl RetentionPolicy {
-    /// Delete SENT outbox events sent longer ago than this. Default 7 days.
-    pub fn sent_after(mut self, sent_after: Duration) -> Self {
-        self.sent_after = sent_after;
-        self
-    }
+crate::util::setters! {
+    RetentionPolicy {
+        /// Delete SENT outbox events sent longer ago than this. Default 7 days.
+        sent_after: Duration,
 
-    /// Delete DONE and IGNORED inbox messages processed longer ago than this: the dedup window.
-    /// Default 14 days.
-    pub fn done_after(mut self, done_after: Duration) -> Self {
-        self.done_after = done_after;
-        self
-    }
+        /// Delete DONE and IGNORED inbox messages processed longer ago than this: the dedup window.
+        /// Default 14 days.
+        done_after: Duration,
 
-    /// Rows per batch (per transaction). Default 5,000.
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
-        self
-    }
+        /// Rows per batch (per transaction). Default 5,000.
+        batch_size: usize,
 
-    /// Sleep between batches, giving other writers room. Default 50 ms.
-    pub fn pause(mut self, pause: Duration) -> Self {
-        self.pause = pause;
-        self
-    }
+        /// Sleep between batches, giving other writers room. Default 50 ms.
+        pause: Duration,
 
-    /// How long the janitor lease lasts from its last renewal (renewed before each batch).
-    /// Default 5 minutes.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
+        /// How long the janitor lease lasts from its last renewal (renewed before each batch).
+        /// Default 5 minutes.
+        lease: Duration,
     }
 }
 

@@ -80,14 +80,7 @@ async fn stored_probe(tx: &InboxTransaction, event: Event<Probe>) -> Result<(), 
 }
 
 fn inbox_config() -> InboxConfig {
-    InboxConfig::default()
-        .poll_interval(Duration::from_millis(50))
-        .backoff(
-            Backoff::default()
-                .base(Duration::from_millis(10))
-                .cap(Duration::from_millis(50))
-                .jitter(0.1),
-        )
+    quick_inbox()
 }
 
 fn relay_config() -> RelayConfig {

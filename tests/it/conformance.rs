@@ -21,7 +21,6 @@ use crate::common::own_server::{Broker, OwnServer};
 use crate::common::*;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
-use outbox::relay::{Backoff, RelayConfig};
 use outbox::runtime::Runtime;
 use outbox::transport::{Transport, memory::MemoryTransport};
 use serde::{Deserialize, Serialize};
@@ -391,18 +390,7 @@ async fn runtime(t: &TestDb, setup: &Setup) -> Runtime {
     let mut builder = Runtime::builder(t.db.clone())
         .source("conformance")
         .consumers(["conformance"])
-        .relay_config(
-            RelayConfig::default()
-                .poll_interval(Duration::from_millis(50))
-                .backoff(
-                    Backoff::default()
-                        .base(Duration::from_millis(20))
-                        .cap(Duration::from_millis(200))
-                        .jitter(0.2),
-                )
-                .max_attempts(1_000)
-                .fast_path(mode() == Mode::FastPath),
-        )
+        .relay_config(quick_relay().fast_path(mode() == Mode::FastPath))
         .inbox_config(InboxConfig::default().poll_interval(Duration::from_millis(50)));
     #[cfg(feature = "postgres-wal")]
     if mode() == Mode::Wal {

@@ -15,7 +15,7 @@ use crate::common::*;
 use bytes::Bytes;
 use outbox::inbox::InboxConfig;
 use outbox::prelude::*;
-use outbox::relay::{Backoff, RelayConfig};
+use outbox::relay::RelayConfig;
 use outbox::runtime::Runtime;
 use outbox::store::Failure;
 use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow};
@@ -152,14 +152,7 @@ async fn batch_handler(tx: &InboxTransaction, event: Event<LineAdded>) -> Result
 }
 
 fn inbox_config() -> InboxConfig {
-    InboxConfig::default()
-        .poll_interval(Duration::from_millis(50))
-        .backoff(
-            Backoff::default()
-                .base(Duration::from_millis(10))
-                .cap(Duration::from_millis(50))
-                .jitter(0.1),
-        )
+    quick_inbox()
 }
 
 fn relay_config() -> RelayConfig {

@@ -25,16 +25,7 @@ use outbox::transport::memory::{MemoryTransport, StoredMessage};
 const LEASE_RUNS_OUT: Duration = Duration::from_millis(5);
 
 fn config(batch: usize) -> RelayConfig {
-    RelayConfig::default()
-        .batch_size(batch)
-        .poll_interval(Duration::from_millis(50))
-        .backoff(
-            Backoff::default()
-                .base(Duration::from_millis(20))
-                .cap(Duration::from_millis(200))
-                .jitter(0.2),
-        )
-        .max_attempts(1_000)
+    quick_relay().batch_size(batch)
 }
 
 /// Per aggregate, the sequence numbers in the transport's log, each event id counted once.

@@ -24,17 +24,9 @@ use outbox::transport::{
 };
 
 fn config(batch: usize, relay: usize) -> RelayConfig {
-    RelayConfig::default()
+    quick_relay()
         .relay_id(format!("relay-{relay}"))
         .batch_size(batch)
-        .poll_interval(Duration::from_millis(50))
-        .backoff(
-            Backoff::default()
-                .base(Duration::from_millis(20))
-                .cap(Duration::from_millis(200))
-                .jitter(0.2),
-        )
-        .max_attempts(1_000)
 }
 
 /// One message on the stream.

@@ -190,15 +190,15 @@ fn seconds(s: Option<f64>) -> Option<Duration> {
 /// database; empty on SQLite. On MySQL, reading `INNODB_TRX` needs the `PROCESS` privilege.
 pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
     let dialect = Dialect::of(db);
-    match db.get_database_backend() {
+    let mut sql = Sql::new(dialect);
+    let autovacuum = match db.get_database_backend() {
         DbBackend::Postgres => {
             let mut setting = Sql::new(dialect);
             setting.push("SELECT current_setting('autovacuum') = 'on' AS autovacuum");
-            let autovacuum = match db.query_one_raw(setting.build()).await? {
+            let on = match db.query_one_raw(setting.build()).await? {
                 Some(row) => Some(row.try_get::<bool>("", "autovacuum")?),
                 None => None,
             };
-            let mut sql = Sql::new(dialect);
             // Sessions of this database (or of none: a WAL sender's), prepared transactions of
             // this database, and slots with an xmin; the oldest first by transactions since.
             sql.push(
@@ -223,19 +223,10 @@ pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
                  AND (database IS NULL OR database = current_database()) \
                  ) AS holders ORDER BY xid_age DESC NULLS LAST LIMIT 5",
             );
-            let holders = db
-                .query_all_raw(sql.build())
-                .await?
-                .iter()
-                .map(holder_of)
-                .collect::<Result<_, _>>()?;
-            Ok(ServerHealth {
-                autovacuum,
-                holders,
-            })
+            on
         }
         DbBackend::MySql => {
-            let mut sql = Sql::new(dialect);
+            // InnoDB's purge is the server's: every open transaction holds it back.
             sql.push(
                 "SELECT 'session' AS kind, CAST(t.trx_mysql_thread_id AS SIGNED) AS pid, \
                  COALESCE(CONCAT(p.USER, '@', p.HOST), '') AS name, t.trx_state AS state, \
@@ -246,19 +237,20 @@ pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
                  WHERE t.trx_mysql_thread_id <> CONNECTION_ID() \
                  ORDER BY t.trx_started LIMIT 5",
             );
-            let holders = db
-                .query_all_raw(sql.build())
-                .await?
-                .iter()
-                .map(holder_of)
-                .collect::<Result<_, _>>()?;
-            Ok(ServerHealth {
-                autovacuum: None,
-                holders,
-            })
+            None
         }
-        _ => Ok(ServerHealth::default()),
-    }
+        _ => return Ok(ServerHealth::default()),
+    };
+    let holders = db
+        .query_all_raw(sql.build())
+        .await?
+        .iter()
+        .map(holder_of)
+        .collect::<Result<_, _>>()?;
+    Ok(ServerHealth {
+        autovacuum,
+        holders,
+    })
 }
 
 fn holder_of(row: &QueryResult) -> Result<HorizonHolder, DbErr> {

@@ -253,17 +253,13 @@ impl Default for SubscribeOptions {
     }
 }
 
-impl SubscribeOptions {
-    /// Unacknowledged deliveries are redelivered after this long. Default 30 s.
-    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
-        self.ack_wait = ack_wait;
-        self
-    }
+crate::util::setters! {
+    SubscribeOptions {
+        /// Unacknowledged deliveries are redelivered after this long. Default 30 s.
+        ack_wait: Duration,
 
-    /// Deliveries handed out and not yet acked, at most. Default 256.
-    pub fn max_in_flight(mut self, max_in_flight: usize) -> Self {
-        self.max_in_flight = max_in_flight;
-        self
+        /// Deliveries handed out and not yet acked, at most. Default 256.
+        max_in_flight: usize,
     }
 }
 

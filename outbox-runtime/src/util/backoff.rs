@@ -21,24 +21,17 @@ impl Default for Backoff {
     }
 }
 
-impl Backoff {
-    /// Delay after the first failure. Default 1 s.
-    pub fn base(mut self, base: Duration) -> Self {
-        self.base = base;
-        self
-    }
+crate::util::setters! {
+    Backoff {
+        /// Delay after the first failure. Default 1 s.
+        base: Duration,
 
-    /// Largest delay before jitter. Default 300 s.
-    pub fn cap(mut self, cap: Duration) -> Self {
-        self.cap = cap;
-        self
-    }
+        /// Largest delay before jitter. Default 300 s.
+        cap: Duration,
 
-    /// Up to this fraction of the delay is added at random, so retries of many events spread
-    /// out. Default 0.2.
-    pub fn jitter(mut self, jitter: f64) -> Self {
-        self.jitter = jitter;
-        self
+        /// Up to this fraction of the delay is added at random, so retries of many events spread
+        /// out. Default 0.2.
+        jitter: f64,
     }
 }
 

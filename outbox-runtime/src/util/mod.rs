@@ -13,3 +13,22 @@ pub(crate) fn instance_id() -> String {
         .unwrap_or_else(|| "outbox".to_owned());
     format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
 }
+
+/// One chained setter per setting of a settings struct whose fields are crate-private: each
+/// `name: Type` becomes `pub fn name(mut self, name: Type) -> Self`, carrying the docs written
+/// above it (`Type` may be `impl Into<…>`: the value is converted into the field's type).
+macro_rules! setters {
+    ($ty:ident { $( $(#[$doc:meta])* $name:ident: $arg:ty ),* $(,)? }) => {
+        impl $ty {
+            $(
+                $(#[$doc])*
+                #[allow(clippy::useless_conversion)]
+                pub fn $name(mut self, $name: $arg) -> Self {
+                    self.$name = $name.into();
+                    self
+                }
+            )*
+        }
+    };
+}
+pub(crate) use setters;

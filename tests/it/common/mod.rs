@@ -810,3 +810,30 @@ pub fn missing_tool<T>(test: &str, what: &str) -> Option<T> {
     eprintln!("\n*** SKIPPED: {test} needs {what}; .ci/run installs it ***\n");
     None
 }
+
+/// The relay of the tests that need it quick: polls every 50 ms, retries after 20 ms doubling to
+/// 200 ms, and gives an event up only after 1,000 attempts.
+pub fn quick_relay() -> outbox::relay::RelayConfig {
+    outbox::relay::RelayConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .backoff(
+            outbox::relay::Backoff::default()
+                .base(Duration::from_millis(20))
+                .cap(Duration::from_millis(200))
+                .jitter(0.2),
+        )
+        .max_attempts(1_000)
+}
+
+/// The inbox of the tests that need it quick: workers poll every 50 ms, retries after 10 ms
+/// doubling to 50 ms.
+pub fn quick_inbox() -> outbox::inbox::InboxConfig {
+    outbox::inbox::InboxConfig::default()
+        .poll_interval(Duration::from_millis(50))
+        .backoff(
+            outbox::relay::Backoff::default()
+                .base(Duration::from_millis(10))
+                .cap(Duration::from_millis(50))
+                .jitter(0.1),
+        )
+}
