@@ -25,6 +25,7 @@ use outbox::prelude::*;
 use outbox::relay::{Backoff, RelayConfig};
 use outbox::retention::RetentionPolicy;
 use outbox::sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+use outbox::store::health::TableHealth;
 use tokio::sync::Semaphore;
 
 use crate::report::{Measure, Spec, Target, m, spec};
@@ -117,10 +118,6 @@ struct Sample {
     live_rows: i64,
     backlog: i64,
     backlog_age_s: f64,
-    commit_p50_ms: f64,
-    commit_p99_ms: f64,
-    handled_p50_ms: f64,
-    handled_p99_ms: f64,
     sent_p99_ms: f64,
     handled_per_s: f64,
     refused: u64,
@@ -128,6 +125,18 @@ struct Sample {
     commits: Vec<u64>,
     /// This interval's commit → handled latencies, sorted, in microseconds.
     handled: Vec<u64>,
+}
+
+impl Sample {
+    /// Quantile `q` of this interval's commit latencies, in milliseconds.
+    fn commit_ms(&self, q: f64) -> f64 {
+        quantile(&self.commits, q) as f64 / 1000.0
+    }
+
+    /// Quantile `q` of this interval's commit → handled latencies, in milliseconds.
+    fn handled_ms(&self, q: f64) -> f64 {
+        quantile(&self.handled, q) as f64 / 1000.0
+    }
 }
 
 /// What the producers share with the sampler.
@@ -317,10 +326,10 @@ async fn phases(ctx: &Ctx, shape: &Shape, produced: &Produced) -> Result<Vec<Sam
                 sample.live_rows,
                 sample.backlog,
                 sample.backlog_age_s,
-                sample.commit_p50_ms,
-                sample.commit_p99_ms,
-                sample.handled_p50_ms,
-                sample.handled_p99_ms,
+                sample.commit_ms(0.5),
+                sample.commit_ms(0.99),
+                sample.handled_ms(0.5),
+                sample.handled_ms(0.99),
                 sample.sent_p99_ms,
                 sample.handled_per_s,
                 sample.refused
@@ -359,24 +368,19 @@ async fn sample(
         ))
         .await?
         .ok_or("P9: no backlog row")?;
-    let ms = |us: u64| us as f64 / 1000.0;
     Ok(Sample {
         at,
         phase,
-        bytes: sum(|t| t.table_bytes.unwrap_or(0) + t.index_bytes.unwrap_or(0)),
+        bytes: tables.iter().map(TableHealth::bytes).sum(),
         outbox_bytes: tables
             .iter()
             .filter(|t| t.table == "outbox_event")
-            .map(|t| t.table_bytes.unwrap_or(0) + t.index_bytes.unwrap_or(0))
+            .map(TableHealth::bytes)
             .sum(),
         dead_rows: sum(|t| t.dead_rows.unwrap_or(0)),
         live_rows: sum(|t| t.live_rows.unwrap_or(0)),
         backlog: row.try_get("", "backlog")?,
         backlog_age_s: row.try_get("", "backlog_age")?,
-        commit_p50_ms: ms(quantile(&commits, 0.5)),
-        commit_p99_ms: ms(quantile(&commits, 0.99)),
-        handled_p50_ms: ms(quantile(&handled, 0.5)),
-        handled_p99_ms: ms(quantile(&handled, 0.99)),
         sent_p99_ms: row.try_get("", "sent_p99")?,
         handled_per_s: handled.len() as f64 / shape.every.as_secs_f64(),
         refused: produced.refused.swap(0, Ordering::Relaxed),
@@ -385,12 +389,15 @@ async fn sample(
     })
 }
 
-/// Every commit latency and commit → handled latency of `phase`'s samples from `from` (a
-/// fraction of them) on, sorted.
-fn latencies(samples: &[Sample], phase: Phase, from: f64) -> (Vec<u64>, Vec<u64>) {
+/// The samples of `phase` from `from` (a fraction of them) on: the phase's settled part.
+fn part(samples: &[Sample], phase: Phase, from: f64) -> Vec<&Sample> {
     let of_phase: Vec<&Sample> = samples.iter().filter(|s| s.phase == phase).collect();
     let start = ((of_phase.len() as f64) * from).floor() as usize;
-    let part = &of_phase[start.min(of_phase.len())..];
+    of_phase[start.min(of_phase.len())..].to_vec()
+}
+
+/// Every commit latency and commit → handled latency of `part`, sorted.
+fn latencies(part: &[&Sample]) -> (Vec<u64>, Vec<u64>) {
     let mut commits: Vec<u64> = part
         .iter()
         .flat_map(|s| s.commits.iter().copied())
@@ -404,15 +411,9 @@ fn latencies(samples: &[Sample], phase: Phase, from: f64) -> (Vec<u64>, Vec<u64>
     (commits, handled)
 }
 
-/// The median of `f` over the samples of `phase` taken in `[from, to)` of the phase's samples
-/// (fractions of them): the phase's settled part.
-fn median_of(samples: &[Sample], phase: Phase, from: f64, f: fn(&Sample) -> f64) -> f64 {
-    let of_phase: Vec<&Sample> = samples.iter().filter(|s| s.phase == phase).collect();
-    let start = ((of_phase.len() as f64) * from).floor() as usize;
-    let mut values: Vec<f64> = of_phase[start.min(of_phase.len())..]
-        .iter()
-        .map(|s| f(s))
-        .collect();
+/// The median of `f` over `part`.
+fn median_of(part: &[&Sample], f: impl Fn(&Sample) -> f64) -> f64 {
+    let mut values: Vec<f64> = part.iter().map(|s| f(s)).collect();
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
@@ -420,26 +421,25 @@ fn median_of(samples: &[Sample], phase: Phase, from: f64, f: fn(&Sample) -> f64)
 fn measures(shape: &Shape, samples: &[Sample], placed: u64) -> Vec<Measure> {
     let mut out = vec![m("p9.placed", placed as f64, "orders")];
     // Before the hold: the last third of the steady phase (the retention windows have filled).
-    let before = |f: fn(&Sample) -> f64| median_of(samples, Phase::Steady, 2.0 / 3.0, f);
+    let before = part(samples, Phase::Steady, 2.0 / 3.0);
     // Latencies over every commit (and every handled order) of the part: a spike of a minute
     // counts with its weight, not as one sample among many.
-    for (part, phase, from) in [
+    for (name, phase, from) in [
         ("before", Phase::Steady, 2.0 / 3.0),
         ("hold", Phase::Hold, 0.0),
         ("after", Phase::Release, 0.5),
     ] {
-        let (commits, handled) = latencies(samples, phase, from);
-        let intervals = samples.iter().filter(|s| s.phase == phase).count();
-        let counted = intervals - ((intervals as f64) * from).floor() as usize;
+        let settled = part(samples, phase, from);
+        let (commits, handled) = latencies(&settled);
         out.push(m(
-            format!("p9.{part}.rate"),
-            handled.len() as f64 / (counted.max(1) as f64 * shape.every.as_secs_f64()),
+            format!("p9.{name}.rate"),
+            handled.len() as f64 / (settled.len().max(1) as f64 * shape.every.as_secs_f64()),
             "ev/s",
         ));
-        for (name, sorted) in [("commit", &commits), ("handled", &handled)] {
+        for (what, sorted) in [("commit", &commits), ("handled", &handled)] {
             for (q, label) in [(0.5, "p50"), (0.99, "p99")] {
                 out.push(m(
-                    format!("p9.{part}.{name}_{label}"),
+                    format!("p9.{name}.{what}_{label}"),
                     quantile(sorted, q) as f64 / 1000.0,
                     "ms",
                 ));
@@ -448,16 +448,16 @@ fn measures(shape: &Shape, samples: &[Sample], placed: u64) -> Vec<Measure> {
         let worst = samples
             .iter()
             .filter(|s| s.phase == phase)
-            .map(|s| s.commit_p99_ms)
+            .map(|s| s.commit_ms(0.99))
             .fold(0.0, f64::max);
         out.push(m(
-            format!("p9.{part}.commit_p99_worst_interval"),
+            format!("p9.{name}.commit_p99_worst_interval"),
             worst,
             "ms",
         ));
         out.push(m(
-            format!("p9.{part}.sent_p99"),
-            median_of(samples, phase, from, |s| s.sent_p99_ms),
+            format!("p9.{name}.sent_p99"),
+            median_of(&settled, |s| s.sent_p99_ms),
             "ms",
         ));
     }
@@ -495,7 +495,7 @@ fn measures(shape: &Shape, samples: &[Sample], placed: u64) -> Vec<Measure> {
     out.push(m("p9.refused", refused as f64, "orders"));
     // Back to normal: the first release sample from which the commit p99 stays within 1.2x
     // the figure before the hold.
-    let normal = before(|s| s.commit_p99_ms) * 1.2;
+    let normal = median_of(&before, |s| s.commit_ms(0.99)) * 1.2;
     let release: Vec<&Sample> = samples
         .iter()
         .filter(|s| s.phase == Phase::Release)
@@ -507,7 +507,7 @@ fn measures(shape: &Shape, samples: &[Sample], placed: u64) -> Vec<Measure> {
         .max()
         .unwrap_or_default();
     let recovered = (0..release.len())
-        .find(|&i| release[i..].iter().all(|s| s.commit_p99_ms <= normal))
+        .find(|&i| release[i..].iter().all(|s| s.commit_ms(0.99) <= normal))
         .map(|i| release[i].at.saturating_sub(hold_end).as_secs_f64());
     out.push(m("p9.recovery", recovered.unwrap_or(f64::INFINITY), "s"));
     out
@@ -531,10 +531,10 @@ fn write_csv(samples: &[Sample]) -> Result<(), BoxError> {
             s.live_rows,
             s.backlog,
             s.backlog_age_s,
-            s.commit_p50_ms,
-            s.commit_p99_ms,
-            s.handled_p50_ms,
-            s.handled_p99_ms,
+            s.commit_ms(0.5),
+            s.commit_ms(0.99),
+            s.handled_ms(0.5),
+            s.handled_ms(0.99),
             s.sent_p99_ms,
             s.handled_per_s,
             s.refused

@@ -354,8 +354,7 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
 
     // The queue tables and the horizon (PostgreSQL, MySQL).
     for table in crate::store::health::tables(db).await? {
-        let bytes = table.table_bytes.unwrap_or(0) + table.index_bytes.unwrap_or(0);
-        gauge!(TABLE_BYTES, "table" => table.table.clone()).set(bytes as f64);
+        gauge!(TABLE_BYTES, "table" => table.table.clone()).set(table.bytes() as f64);
         if let Some(live) = table.live_rows {
             gauge!(TABLE_LIVE_ROWS, "table" => table.table.clone()).set(live as f64);
         }
@@ -365,9 +364,8 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
     }
     if db.get_database_backend() != sea_orm::DbBackend::Sqlite {
         // Without the right to see other sessions (MySQL's PROCESS), the gauge stays unset.
-        if let Ok(server) = crate::store::health::server(db).await {
-            let held = server
-                .holders
+        if let Ok(holders) = crate::store::health::holders(db).await {
+            let held = holders
                 .iter()
                 .filter(|h| h.kind != crate::store::health::HolderKind::Slot)
                 .filter_map(|h| h.age)

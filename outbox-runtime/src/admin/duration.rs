@@ -1,4 +1,5 @@
-//! [`HumanDuration`]: durations as operators write them (`7d`, `1h30m`, `500ms`).
+//! [`HumanDuration`]: durations as operators write them (`7d`, `1h30m`, `500ms`), and
+//! [`HumanBytes`]: sizes as operators read them (`1.5 GiB`).
 
 use std::{fmt, str::FromStr, time::Duration};
 
@@ -30,6 +31,21 @@ impl fmt::Display for HumanDuration {
             }
         }
         f.write_str(&parts.join(" "))
+    }
+}
+
+/// A number of bytes as operators read it: `12 B`, `3.5 KiB`, `1.2 MiB`, `2.0 GiB`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct HumanBytes(pub u64);
+
+impl fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            n if n >= 1 << 30 => write!(f, "{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
+            n if n >= 1 << 20 => write!(f, "{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
+            n if n >= 1 << 10 => write!(f, "{:.1} KiB", n as f64 / 1024.0),
+            n => write!(f, "{n} B"),
+        }
     }
 }
 

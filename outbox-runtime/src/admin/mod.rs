@@ -62,7 +62,7 @@ pub use actions::{
 };
 pub use dead_letters::{Page, dead_letter, dead_letters};
 pub use doctor::{DoctorOptions, DoctorReport, Finding, Severity, doctor};
-pub use duration::HumanDuration;
+pub use duration::{HumanBytes, HumanDuration};
 pub use status::{
     ConsumerStatus, OutboxStatus, RelayStatus, Status, StatusCounts, WalSlotStatus, status,
 };

@@ -12,7 +12,9 @@ use std::time::Duration;
 use sea_orm::{DatabaseConnection, DbBackend};
 use serde::Serialize;
 
-use super::{AdminError, DoctorOptions, DoctorReport, HumanDuration, Severity, db_error};
+use super::{
+    AdminError, DoctorOptions, DoctorReport, HumanBytes, HumanDuration, Severity, db_error,
+};
 use crate::store::health::{self, HolderKind, HorizonHolder, TableHealth};
 
 /// Below this many dead row versions a table is not flagged, whatever its ratio: a small table
@@ -99,10 +101,7 @@ fn table_status(t: &TableHealth) -> TableStatus {
         live_rows: t.live_rows,
         dead_rows: t.dead_rows,
         dead_ratio: t.dead_ratio(),
-        bytes: match (t.table_bytes, t.index_bytes) {
-            (None, None) => None,
-            (table, index) => Some(table.unwrap_or(0) + index.unwrap_or(0)),
-        },
+        bytes: (t.table_bytes.is_some() || t.index_bytes.is_some()).then(|| t.bytes()),
         index_bytes: t.index_bytes,
         vacuumed_secs_ago: t.vacuumed_ago.map(|d| d.as_secs()),
         autovacuum_enabled: t.autovacuum_enabled,
@@ -208,10 +207,7 @@ fn check_tables(
         }
     }
     if !flagged {
-        let bytes: i64 = tables
-            .iter()
-            .map(|t| t.table_bytes.unwrap_or(0) + t.index_bytes.unwrap_or(0))
-            .sum();
+        let bytes: i64 = tables.iter().map(TableHealth::bytes).sum();
         let dead: i64 = tables.iter().map(|t| t.dead_rows.unwrap_or(0)).sum();
         report.push(
             Severity::Ok,
@@ -219,7 +215,7 @@ fn check_tables(
             format!(
                 "{} queue tables, {} with their indexes, {dead} dead row versions; autovacuum on",
                 tables.len(),
-                bytes_text(bytes)
+                HumanBytes(u64::try_from(bytes).unwrap_or(0))
             ),
         );
     }
@@ -294,13 +290,4 @@ fn check_horizon(
 
 fn whole_secs(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
-}
-
-fn bytes_text(bytes: i64) -> String {
-    const MIB: f64 = 1024.0 * 1024.0;
-    if bytes >= 1 << 20 {
-        format!("{:.1} MiB", bytes as f64 / MIB)
-    } else {
-        format!("{} KiB", bytes / 1024)
-    }
 }

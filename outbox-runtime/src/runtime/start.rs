@@ -48,11 +48,10 @@ impl RuntimeBuilder {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
         };
-        let worker_id = self.owner_name();
-        let (consumers, wakes) =
-            self.start_consumers(&by_consumer, &outbox, &worker_id, &mut loops);
-        let relay_stats = self.start_relay(&by_consumer, &outbox, &wakes, &mut loops);
-        self.start_janitor(&worker_id, &mut loops);
+        let owner = self.owner_name();
+        let (consumers, wakes) = self.start_consumers(&by_consumer, &outbox, &owner, &mut loops);
+        let relay_stats = self.start_relay(&by_consumer, &outbox, &owner, &wakes, &mut loops);
+        self.start_janitor(&owner, &mut loops);
         self.start_sampler(&mut loops);
         tracing::info!(
             consumers = by_consumer.len(),
@@ -195,10 +194,11 @@ impl RuntimeBuilder {
         &self,
         by_consumer: &ByConsumer,
         outbox: &Outbox,
+        owner: &str,
         wakes: &BTreeMap<&'static str, Arc<Notify>>,
         loops: &mut Loops,
     ) -> Option<Arc<RelayStats>> {
-        let config = self.relay.clone()?.relay_id(self.owner_name());
+        let config = self.relay.clone()?.relay_id(owner);
         let relay = match &self.transport {
             Some(transport) => Relay::new(self.db.clone(), transport.clone()),
             None => {

@@ -48,6 +48,11 @@ pub struct TableHealth {
 }
 
 impl TableHealth {
+    /// Bytes of the table and its indexes (0 where the server does not say).
+    pub fn bytes(&self) -> i64 {
+        self.table_bytes.unwrap_or(0) + self.index_bytes.unwrap_or(0)
+    }
+
     /// Dead row versions as a share of all row versions (0 without any).
     pub fn dead_ratio(&self) -> f64 {
         let dead = self.dead_rows.unwrap_or(0).max(0) as f64;
@@ -187,18 +192,33 @@ fn seconds(s: Option<f64>) -> Option<Duration> {
 }
 
 /// The server's autovacuum setting and the oldest holders of the horizon that matter to this
-/// database; empty on SQLite. On MySQL, reading `INNODB_TRX` needs the `PROCESS` privilege.
+/// database ([`autovacuum`], [`holders`]); empty on SQLite.
 pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
-    let dialect = Dialect::of(db);
-    let mut sql = Sql::new(dialect);
-    let autovacuum = match db.get_database_backend() {
+    Ok(ServerHealth {
+        autovacuum: autovacuum(db).await?,
+        holders: holders(db).await?,
+    })
+}
+
+/// The server's `autovacuum` setting (PostgreSQL); `None` elsewhere.
+pub async fn autovacuum<C: ConnectionTrait>(db: &C) -> Result<Option<bool>, DbErr> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(None);
+    }
+    let mut sql = Sql::new(Dialect::of(db));
+    sql.push("SELECT current_setting('autovacuum') = 'on' AS autovacuum");
+    match db.query_one_raw(sql.build()).await? {
+        Some(row) => Ok(Some(row.try_get::<bool>("", "autovacuum")?)),
+        None => Ok(None),
+    }
+}
+
+/// The oldest holders of the horizon that matter to this database, oldest first (at most
+/// five); empty on SQLite. On MySQL, reading `INNODB_TRX` needs the `PROCESS` privilege.
+pub async fn holders<C: ConnectionTrait>(db: &C) -> Result<Vec<HorizonHolder>, DbErr> {
+    let mut sql = Sql::new(Dialect::of(db));
+    match db.get_database_backend() {
         DbBackend::Postgres => {
-            let mut setting = Sql::new(dialect);
-            setting.push("SELECT current_setting('autovacuum') = 'on' AS autovacuum");
-            let on = match db.query_one_raw(setting.build()).await? {
-                Some(row) => Some(row.try_get::<bool>("", "autovacuum")?),
-                None => None,
-            };
             // Sessions of this database (or of none: a WAL sender's), prepared transactions of
             // this database, and slots with an xmin; the oldest first by transactions since.
             sql.push(
@@ -223,7 +243,6 @@ pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
                  AND (database IS NULL OR database = current_database()) \
                  ) AS holders ORDER BY xid_age DESC NULLS LAST LIMIT 5",
             );
-            on
         }
         DbBackend::MySql => {
             // InnoDB's purge is the server's: every open transaction holds it back.
@@ -237,20 +256,14 @@ pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
                  WHERE t.trx_mysql_thread_id <> CONNECTION_ID() \
                  ORDER BY t.trx_started LIMIT 5",
             );
-            None
         }
-        _ => return Ok(ServerHealth::default()),
-    };
-    let holders = db
-        .query_all_raw(sql.build())
+        _ => return Ok(Vec::new()),
+    }
+    db.query_all_raw(sql.build())
         .await?
         .iter()
         .map(holder_of)
-        .collect::<Result<_, _>>()?;
-    Ok(ServerHealth {
-        autovacuum,
-        holders,
-    })
+        .collect()
 }
 
 fn holder_of(row: &QueryResult) -> Result<HorizonHolder, DbErr> {

@@ -5,8 +5,8 @@ use std::{fmt::Write as _, time::Duration};
 
 use outbox::{
     admin::{
-        AdminAction, DeadLetter, DeadLetterDetail, DoctorReport, HumanDuration, Severity, Source,
-        Status,
+        AdminAction, DeadLetter, DeadLetterDetail, DoctorReport, HumanBytes, HumanDuration,
+        Severity, Source, Status,
     },
     retention::PurgeReport,
 };
@@ -317,12 +317,7 @@ pub(crate) fn render_storage(status: &Status) -> String {
 }
 
 pub(crate) fn bytes(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20)),
-        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
-        n => format!("{n} B"),
-    }
+    HumanBytes(n).to_string()
 }
 
 pub(crate) fn render_dead_list(items: &[DeadLetter], page: u64, limit: u32) -> String {
