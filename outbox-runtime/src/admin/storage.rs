@@ -208,16 +208,17 @@ fn check_tables(
     }
     if !flagged {
         let bytes: i64 = tables.iter().map(TableHealth::bytes).sum();
-        let dead: i64 = tables.iter().map(|t| t.dead_rows.unwrap_or(0)).sum();
-        report.push(
-            Severity::Ok,
-            "storage",
-            format!(
-                "{} queue tables, {} with their indexes, {dead} dead row versions; autovacuum on",
-                tables.len(),
-                HumanBytes(u64::try_from(bytes).unwrap_or(0))
-            ),
+        let mut message = format!(
+            "{} queue tables, {} with their indexes",
+            tables.len(),
+            HumanBytes(u64::try_from(bytes).unwrap_or(0))
         );
+        // Only PostgreSQL counts dead row versions and has autovacuum.
+        if autovacuum == Some(true) {
+            let dead: i64 = tables.iter().map(|t| t.dead_rows.unwrap_or(0)).sum();
+            message.push_str(&format!(", {dead} dead row versions; autovacuum on"));
+        }
+        report.push(Severity::Ok, "storage", message);
     }
 }
 
