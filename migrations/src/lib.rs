@@ -32,6 +32,7 @@ mod m0007_inbox_drop_message_id_key;
 mod m0008_failure;
 mod m0009_scheduled;
 mod m0010_failure_class;
+mod m0011_claim_floor;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -46,6 +47,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0008_failure::MIGRATION),
         Box::new(m0009_scheduled::MIGRATION),
         Box::new(m0010_failure_class::MIGRATION),
+        Box::new(m0011_claim_floor::MIGRATION),
     ]
 }
 

@@ -19,6 +19,7 @@ mod bad_input;
 #[cfg(feature = "catalogue")]
 mod catalogue;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod claim_floor;
 mod claim_window;
 #[cfg(feature = "cli")]
 mod cli;

@@ -54,7 +54,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 10);
+    assert_eq!(applied, 11);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -85,6 +85,7 @@ async fn up_down_up(t: TestDb) {
     assert!(!table_exists(&t.db, "outbox_relay").await);
     assert!(!table_exists(&t.db, "outbox_failure").await);
     assert!(!table_exists(&t.db, "outbox_scheduled").await);
+    assert!(!table_exists(&t.db, "outbox_rescan").await);
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         0
@@ -97,10 +98,14 @@ async fn up_down_up(t: TestDb) {
     assert!(table_exists(&t.db, "outbox_relay").await);
     assert!(table_exists(&t.db, "outbox_failure").await);
     assert!(table_exists(&t.db, "outbox_scheduled").await);
+    assert_eq!(
+        scalar_i64(&t.db, "SELECT generation AS n FROM outbox_rescan WHERE id = 1").await,
+        0
+    );
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        10
+        11
     );
 }
 
@@ -175,7 +180,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
             "outbox_0007_inbox_drop_message_id_key",
             "outbox_0008_create_failure",
             "outbox_0009_create_scheduled",
-            "outbox_0010_failure_class"
+            "outbox_0010_failure_class",
+            "outbox_0011_claim_floor"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();
@@ -232,7 +238,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     use outbox::inbox::{ExternalInbox, IncomingMessage, Receipt, ReceiveError};
     let db = &t.db;
     // Back to the schema of the release before `outbox_0006`.
-    Migrator::down(db, Some(5)).await.unwrap();
+    Migrator::down(db, Some(6)).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         5
@@ -285,7 +291,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     Migrator::up(db, None).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        10
+        11
     );
     assert_eq!(
         inbox.receive(&message("psp-b", "evt_1")).await.unwrap(),

@@ -185,7 +185,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0010` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0011` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -311,6 +311,10 @@ const TABLES: &[TableSpec] = &[
             "due_at",
             "created_at",
         ],
+    },
+    TableSpec {
+        name: "outbox_rescan",
+        columns: &["id", "generation"],
     },
 ];
 

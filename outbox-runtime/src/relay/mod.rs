@@ -117,6 +117,8 @@ pub struct Relay {
     wal: Option<Arc<wal::WalMode>>,
     /// When due delayed events were last moved into the outbox (at most once a poll interval).
     promoted_at: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// Where the claim's scans start (see `store/floor.rs`).
+    floor: Arc<std::sync::Mutex<store::floor::Floor>>,
 }
 
 impl fmt::Debug for Relay {
@@ -144,6 +146,7 @@ impl Relay {
             #[cfg(feature = "postgres-wal")]
             wal: None,
             promoted_at: Default::default(),
+            floor: Default::default(),
         }
     }
 
@@ -162,6 +165,7 @@ impl Relay {
             #[cfg(feature = "postgres-wal")]
             wal: None,
             promoted_at: Default::default(),
+            floor: Default::default(),
         }
     }
 
@@ -234,6 +238,14 @@ impl Relay {
     /// Counters since start.
     pub fn stats(&self) -> RelayStatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// The claim's floor now: no unsent event that is not DEAD has a lower id (see
+    /// `store/floor.rs`); `None` until one is confirmed, and on backends that keep none.
+    #[cfg(feature = "test-util")]
+    pub fn claim_floor(&self) -> Option<i64> {
+        let floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
+        floor.bound().map(|b| b.low)
     }
 
     /// Run one round: claim, publish, settle.

@@ -392,6 +392,15 @@ fn push_sent_filter(sql: &mut Sql, filter: &SentFilter) {
     }
 }
 
+/// After a change that made `affected` finished rows unfinished again: bump the rescan
+/// generation, so that claimers look below their floors (see `floor.rs`).
+async fn made_unfinished(txn: &DatabaseTransaction, affected: u64) -> Result<u64, DbErr> {
+    if affected > 0 {
+        super::floor::rescan(txn).await?;
+    }
+    Ok(affected)
+}
+
 /// Run `UPDATE <table> SET <set> WHERE status = <from> AND <rows>`, in chunks of ids (`from` is
 /// a status's SQL literal).
 async fn guarded_update(
@@ -434,7 +443,7 @@ async fn guarded_update(
 
 /// Outbox DEAD → PENDING: a fresh attempt budget, no lease; `last_error` stays until it is sent.
 pub(crate) async fn replay_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
-    guarded_update(
+    let affected = guarded_update(
         txn,
         Source::Outbox,
         &|sql: &mut Sql| {
@@ -447,12 +456,13 @@ pub(crate) async fn replay_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> 
         OutboxStatus::Dead.literal(),
         rows,
     )
-    .await
+    .await?;
+    made_unfinished(txn, affected).await
 }
 
 /// Inbox DEAD → RETRY due now: a fresh attempt budget; `last_error` stays until it is done.
 pub(crate) async fn replay_inbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
-    guarded_update(
+    let affected = guarded_update(
         txn,
         Source::Inbox,
         &|sql: &mut Sql| {
@@ -466,7 +476,8 @@ pub(crate) async fn replay_inbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> R
         InboxStatus::Dead.literal(),
         rows,
     )
-    .await
+    .await?;
+    made_unfinished(txn, affected).await
 }
 
 /// Inbox DEAD → IGNORED, finished now (so retention purges it after the dedup window).
@@ -490,7 +501,7 @@ pub(crate) async fn ignore_inbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> R
 
 /// Outbox SENT → PENDING, as if never sent.
 pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
-    guarded_update(
+    let affected = guarded_update(
         txn,
         Source::Outbox,
         &|sql: &mut Sql| {
@@ -504,7 +515,8 @@ pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> 
         OutboxStatus::Sent.literal(),
         rows,
     )
-    .await
+    .await?;
+    made_unfinished(txn, affected).await
 }
 
 /// `(id, status)` of the outbox rows with these event ids, locked like [`lock_statuses`].

@@ -158,6 +158,18 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         false
     }
 
+    /// Whether a statement can read its snapshot's oldest running and first unassigned
+    /// transaction ids: the claim then keeps a floor (see `floor.rs`).
+    fn snapshots(&self) -> bool {
+        false
+    }
+
+    /// `snap_xmin, snap_xmax` of the statement's snapshot, as integers (where
+    /// [`Backend::snapshots`]).
+    fn snapshot_columns(&self) -> &'static str {
+        "0 AS snap_xmin, 0 AS snap_xmax"
+    }
+
     /// Whether a JSON column rejects the NUL character (`\u0000`) in a string.
     fn json_rejects_nul(&self) -> bool {
         false

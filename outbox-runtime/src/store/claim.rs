@@ -11,6 +11,7 @@ use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, QueryResult, Statemen
 use super::{
     DbTime, Dialect,
     backend::{NextAggregate, QueueScan},
+    floor::{Bound, push_low},
     sql::Sql,
     status::WorkStatus,
 };
@@ -48,6 +49,8 @@ pub struct Queue<'a> {
     /// PENDING rows younger than this (by the database's clock) are not claimable: beside the
     /// WAL relay, which publishes them, the claim loop only picks up what it left.
     pub pending_age: Option<Duration>,
+    /// Where the scans of unfinished rows start (see `floor.rs`); `None`: at the first.
+    pub floor: Option<Bound>,
 }
 
 impl Queue<'_> {
@@ -364,10 +367,45 @@ pub(crate) fn push_has_next(sql: &mut Sql, queue: &Queue<'_>) {
     ));
 }
 
-/// "No earlier row of this row's aggregate is unfinished."
+/// "No earlier row of this row's aggregate is unfinished." With a floor, the unfinished rows
+/// are looked for from the floor up, and the DEAD ones (which stay below it) in their own
+/// partial index.
 pub(crate) fn push_no_unfinished_predecessor(sql: &mut Sql, queue: &Queue<'_>) {
     let earlier = unfinished_in_aggregate(queue, "<");
     sql.push(&format!(" AND NOT EXISTS ({earlier})"));
+    if queue.floor.is_some() {
+        let scope = match queue.scope {
+            Some((column, _)) => format!(" AND d.{column} = o.{column}"),
+            None => String::new(),
+        };
+        sql.push(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM {} d WHERE d.aggregate_type = o.aggregate_type \
+             AND d.aggregate_id = o.aggregate_id{scope} AND d.id < o.id AND d.status = {})",
+            queue.table,
+            WorkStatus::Dead.literal()
+        ));
+    }
+}
+
+/// `f AS (SELECT <the floor> AS low)` in a statement's `WITH` list, followed by `, ` when more
+/// follow, if the queue has a floor: the statement's other parts read it as [`FLOOR`].
+fn push_floor_cte(sql: &mut Sql, queue: &Queue<'_>, more: bool) {
+    if let Some(bound) = queue.floor {
+        sql.push("f AS (SELECT ");
+        push_low(sql, bound);
+        sql.push(if more { " AS low), " } else { " AS low) " });
+    }
+}
+
+/// The floor, where a statement has [`push_floor_cte`]'s `f`.
+const FLOOR: &str = "(SELECT low FROM f)";
+
+/// ` AND {alias}id >= <the floor>`, when the queue has one.
+fn floor_predicate(queue: &Queue<'_>, alias: &str) -> String {
+    match queue.floor {
+        Some(_) => format!(" AND {alias}id >= {FLOOR}"),
+        None => String::new(),
+    }
 }
 
 /// The unfinished rows `e` of row `o`'s aggregate (and scope) whose id is `order` (`<`, `>`)
@@ -378,9 +416,15 @@ fn unfinished_in_aggregate(queue: &Queue<'_>, order: &str) -> String {
         Some((column, _)) => format!(" AND e.{column} = o.{column}"),
         None => String::new(),
     };
+    // Later rows are above the row itself, so above the floor.
+    let floor = if order == "<" {
+        floor_predicate(queue, "e.")
+    } else {
+        String::new()
+    };
     format!(
         "SELECT 1 FROM {} e WHERE e.aggregate_type = o.aggregate_type \
-         AND e.aggregate_id = o.aggregate_id{scope} AND e.id {order} o.id AND {unfinished}",
+         AND e.aggregate_id = o.aggregate_id{scope} AND e.id {order} o.id{floor} AND {unfinished}",
         queue.table
     )
 }
@@ -455,6 +499,10 @@ async fn window_bound(
     window: usize,
 ) -> Result<Option<i64>, DbErr> {
     let mut sql = Sql::new(queue.dialect);
+    if queue.floor.is_some() {
+        sql.push("WITH ");
+        push_floor_cte(&mut sql, queue, false);
+    }
     push_window_bound(&mut sql, queue, window);
     match txn.query_one_raw(sql.build()).await? {
         Some(row) => Ok(Some(row.try_get("", "id")?)),
@@ -466,10 +514,11 @@ async fn window_bound(
 /// unsent/unfinished partial index.
 fn push_window_bound_filtered(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
     sql.push(&format!(
-        "SELECT id FROM {} WHERE {} AND status <> {}",
+        "SELECT id FROM {} WHERE {} AND status <> {}{}",
         queue.table,
         queue.unfinished(""),
-        WorkStatus::Processing.literal()
+        WorkStatus::Processing.literal(),
+        floor_predicate(queue, "")
     ));
     push_scope_of(sql, queue, "");
     sql.push(&format!(" ORDER BY id LIMIT 1 OFFSET {}", window - 1));
@@ -513,10 +562,19 @@ fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     let dialect = queue.dialect;
     let mut sql = Sql::new(dialect);
     let columns = prefixed_columns(queue.columns, "o");
-    if let HeadsBound::Window(window) = bound {
-        sql.push("WITH w AS (");
-        push_window_bound(&mut sql, queue, *window);
-        sql.push(") ");
+    match bound {
+        HeadsBound::Window(window) => {
+            sql.push("WITH ");
+            push_floor_cte(&mut sql, queue, true);
+            sql.push("w AS (");
+            push_window_bound(&mut sql, queue, *window);
+            sql.push(") ");
+        }
+        _ if queue.floor.is_some() => {
+            sql.push("WITH ");
+            push_floor_cte(&mut sql, queue, false);
+        }
+        _ => {}
     }
     sql.push(&format!("SELECT {columns}"));
     push_now_column(&mut sql);
@@ -547,9 +605,10 @@ fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     // From the first unfinished row: otherwise the planner may walk the primary key from the
     // table's first row through every finished row (their number only grows until retention).
     sql.push(&format!(
-        " AND o.id >= (SELECT MIN(x.id) FROM {} x WHERE {}",
+        " AND o.id >= (SELECT MIN(x.id) FROM {} x WHERE {}{}",
         queue.table,
-        queue.unfinished("x.")
+        queue.unfinished("x."),
+        floor_predicate(queue, "x.")
     ));
     push_scope_of(&mut sql, queue, "x.");
     sql.push(")");
@@ -593,10 +652,13 @@ fn beyond_window_recursive(query: &BeyondWindow<'_>, next: NextAggregate) -> Sta
     let table = queue.table;
     let mut sql = Sql::new(queue.dialect);
     // agg: one row per aggregate in key order, with the id of its first unfinished row.
+    sql.push("WITH RECURSIVE ");
+    push_floor_cte(&mut sql, queue, true);
     sql.push(&format!(
-        "WITH RECURSIVE agg (n, id, t, i) AS (SELECT 1, s.id, s.aggregate_type, s.aggregate_id \
-         FROM (SELECT e.id, e.aggregate_type, e.aggregate_id FROM {table} e WHERE {}",
-        queue.unfinished("e.")
+        "agg (n, id, t, i) AS (SELECT 1, s.id, s.aggregate_type, s.aggregate_id \
+         FROM (SELECT e.id, e.aggregate_type, e.aggregate_id FROM {table} e WHERE {}{}",
+        queue.unfinished("e."),
+        floor_predicate(queue, "e.")
     ));
     push_scope_of(&mut sql, queue, "e.");
     sql.push(
@@ -630,9 +692,10 @@ pub(crate) fn push_beyond_window_rest(sql: &mut Sql, query: &BeyondWindow<'_>) {
     // which the planners push into this branch, from being read as an id range (SQLite would
     // then walk every row after the window instead of the aggregate index's NULL range).
     sql.push(&format!(
-        "SELECT +id AS id FROM {} WHERE {} AND aggregate_type IS NULL",
+        "SELECT +id AS id FROM {} WHERE {} AND aggregate_type IS NULL{}",
         queue.table,
-        queue.unfinished("")
+        queue.unfinished(""),
+        floor_predicate(queue, "")
     ));
     push_scope_of(sql, queue, "");
     sql.push(") c WHERE c.id > ")
@@ -792,9 +855,10 @@ fn beyond_window_grouped(query: &BeyondWindow<'_>) -> Statement {
 fn push_next_aggregate_by_row_value(sql: &mut Sql, queue: &Queue<'_>) {
     sql.push(&format!(
         "CROSS JOIN LATERAL (SELECT e.id, e.aggregate_type, e.aggregate_id \
-         FROM {} e WHERE {}",
+         FROM {} e WHERE {}{}",
         queue.table,
-        queue.unfinished("e.")
+        queue.unfinished("e."),
+        floor_predicate(queue, "e.")
     ));
     push_scope_of(sql, queue, "e.");
     sql.push(

@@ -633,6 +633,7 @@ pub async fn claim(
         scope: Some(("consumer", consumer)),
         predicate: unfinished,
         pending_age: None,
+        floor: None,
     };
     let mut messages = Vec::new();
     let mut expired_dead = Vec::new();

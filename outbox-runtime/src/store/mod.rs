@@ -8,7 +8,8 @@
 //!   `status`: the tables' states, `errors`: what a database error means;
 //! - `outbox`: the commit-time INSERT of buffered events, `scheduled`: delayed events, kept
 //!   apart until due;
-//! - `claim`: claiming rows of a work queue in id order, per aggregate;
+//! - `claim`: claiming rows of a work queue in id order, per aggregate; `floor`: where a
+//!   claim's scans may start (PostgreSQL);
 //! - `relay`: the relay's claim and write-back, `local`: the database-local transport;
 //! - `inbox`: recording deliveries, the worker's claim and write-back;
 //! - `admin`: operators' reads and state changes and the audit log, `retention`: purging
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod dialect;
 pub mod errors;
 pub mod failures;
+pub mod floor;
 pub mod health;
 pub mod inbox;
 pub mod lease;

@@ -70,6 +70,15 @@ impl Backend for Postgres {
         true
     }
 
+    fn snapshots(&self) -> bool {
+        true
+    }
+
+    fn snapshot_columns(&self) -> &'static str {
+        "pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snap_xmin, \
+         pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS snap_xmax"
+    }
+
     fn json_rejects_nul(&self) -> bool {
         true
     }
@@ -96,6 +105,7 @@ impl Backend for Postgres {
                 "outbox_event_unsent_idx",
                 "outbox_event_aggregate_unsent_idx",
                 "outbox_event_sent_at_idx",
+                "outbox_event_aggregate_dead_idx",
             ],
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,

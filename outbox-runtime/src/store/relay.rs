@@ -151,7 +151,17 @@ pub(super) fn outbox_queue(dialect: Dialect) -> Queue<'static> {
         scope: None,
         predicate: |dialect, prefix| dialect.unsent(prefix),
         pending_age: None,
+        floor: None,
     }
+}
+
+/// Sample the outbox's floor from `from` up (see `floor.rs`): `None` where the dialect keeps
+/// none.
+pub async fn sample_floor(
+    db: &DatabaseConnection,
+    from: i64,
+) -> Result<Option<super::floor::Sample>, DbErr> {
+    super::floor::sample(db, &outbox_queue(Dialect::of(db)), from).await
 }
 
 /// Claim a batch: PENDING rows, RETRY rows that are due, and PROCESSING rows whose lease expired.
@@ -172,10 +182,21 @@ pub async fn claim_aged(
     params: &ClaimParams<'_>,
     pending_age: Option<std::time::Duration>,
 ) -> Result<Claim, DbErr> {
+    claim_from(db, params, pending_age, None).await
+}
+
+/// [`claim_aged`], its scans starting at `floor` (see `floor.rs`).
+pub async fn claim_from(
+    db: &DatabaseConnection,
+    params: &ClaimParams<'_>,
+    pending_age: Option<std::time::Duration>,
+    floor: Option<super::floor::Bound>,
+) -> Result<Claim, DbErr> {
     let txn = begin_work(db).await?;
     let dialect = Dialect::of(&txn);
     let queue = Queue {
         pending_age,
+        floor,
         ..outbox_queue(dialect)
     };
     let claimable = select_claimable(&txn, &queue, params.batch_size, params.ordering).await?;

@@ -126,6 +126,7 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 BEGIN
 SELECT id, status FROM outbox_event WHERE id IN (…) FOR UPDATE
 UPDATE outbox_event SET status = 'PENDING', attempts = 0, next_attempt_at = NULL, locked_by = NULL, locked_until = NULL, claim_token = NULL WHERE status = 'DEAD' AND id IN (…)
+UPDATE outbox_rescan SET generation = generation + 1 WHERE id = 1
 INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, at) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))
 COMMIT
 
@@ -142,6 +143,7 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 BEGIN
 SELECT id, event_id, status FROM outbox_event WHERE event_id IN (…) FOR UPDATE
 UPDATE outbox_event SET status = 'PENDING', sent_at = NULL, attempts = 0, next_attempt_at = NULL, locked_by = NULL, locked_until = NULL, claim_token = NULL, failure_class = NULL, last_error = NULL WHERE status = 'SENT' AND id IN (…)
+UPDATE outbox_rescan SET generation = generation + 1 WHERE id = 1
 INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, at) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))
 COMMIT
 

@@ -22,6 +22,7 @@ COMMIT
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers FROM outbox_scheduled WHERE due_at <= statement_timestamp() ORDER BY due_at, id LIMIT 10 FOR UPDATE SKIP LOCKED
 COMMIT
+SELECT COALESCE((SELECT MIN(x.id) FROM outbox_event x WHERE x.status <> 'SENT' AND x.status <> 'DEAD' AND x.id >= ?), (SELECT MAX(m.id) + 1 FROM outbox_event m), 0) AS low, pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snap_xmin, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS snap_xmax, (SELECT generation FROM outbox_rescan WHERE id = 1) AS generation
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off
 WITH w AS (SELECT id FROM outbox_event WHERE status <> 'SENT' AND status <> 'PROCESSING' ORDER BY id LIMIT 1 OFFSET 1023) SELECT o.id, o.event_id, o.source, o.event_type, o.schema_version, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.payload, o.headers, o.status, o.attempts, o.locked_until, o.created_at, statement_timestamp() AS db_now, CASE WHEN EXISTS (SELECT 1 FROM outbox_event e WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id > o.id AND e.status <> 'SENT') THEN 1 ELSE 0 END AS has_next, (SELECT id FROM w) AS window_bound FROM outbox_event o WHERE o.status <> 'SENT' AND o.id <= COALESCE((SELECT id FROM w), 9223372036854775807) AND o.id >= (SELECT MIN(x.id) FROM outbox_event x WHERE x.status <> 'SENT') AND ((o.status = 'PENDING') OR (o.status = 'RETRY' AND o.next_attempt_at <= statement_timestamp()) OR (o.status = 'PROCESSING' AND o.locked_until < statement_timestamp())) AND NOT EXISTS (SELECT 1 FROM outbox_event e WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id < o.id AND e.status <> 'SENT') ORDER BY o.id LIMIT 10 FOR UPDATE SKIP LOCKED
 SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, payload, headers, status, attempts, locked_until, created_at FROM outbox_event WHERE status <> 'SENT' AND id > 1 AND ((aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?)) ORDER BY id LIMIT 10 FOR UPDATE
@@ -113,6 +114,7 @@ SELECT id, attempt, status, error, failed_at FROM outbox_failure WHERE queue = '
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 SELECT id, status FROM outbox_event WHERE id IN (…) FOR UPDATE
 UPDATE outbox_event SET status = 'PENDING', attempts = 0, next_attempt_at = NULL, locked_by = NULL, locked_until = NULL, claim_token = NULL WHERE status = 'DEAD' AND id IN (…)
+UPDATE outbox_rescan SET generation = generation + 1 WHERE id = 1
 INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, at) VALUES (?, ?, ?, ?, ?, statement_timestamp()) RETURNING id
 COMMIT
 
@@ -127,6 +129,7 @@ COMMIT
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 SELECT id, event_id, status FROM outbox_event WHERE event_id IN (…) FOR UPDATE
 UPDATE outbox_event SET status = 'PENDING', sent_at = NULL, attempts = 0, next_attempt_at = NULL, locked_by = NULL, locked_until = NULL, claim_token = NULL, failure_class = NULL, last_error = NULL WHERE status = 'SENT' AND id IN (…)
+UPDATE outbox_rescan SET generation = generation + 1 WHERE id = 1
 INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, at) VALUES (?, ?, ?, ?, ?, statement_timestamp()) RETURNING id
 COMMIT
 

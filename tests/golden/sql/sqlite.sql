@@ -84,6 +84,7 @@ SELECT id, attempt, status, error, failed_at FROM outbox_failure WHERE queue = '
 -- admin: replay a dead event
 SELECT id, status FROM outbox_event WHERE id IN (…)
 UPDATE outbox_event SET status = 'PENDING', attempts = 0, next_attempt_at = NULL, locked_by = NULL, locked_until = NULL, claim_token = NULL WHERE status = 'DEAD' AND id IN (…)
+UPDATE outbox_rescan SET generation = generation + 1 WHERE id = 1
 INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, at) VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')) RETURNING id
 
 -- admin: ignore a dead message
@@ -94,6 +95,7 @@ INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, a
 -- admin: resend a sent event
 SELECT id, event_id, status FROM outbox_event WHERE event_id IN (…)
 UPDATE outbox_event SET status = 'PENDING', sent_at = NULL, attempts = 0, next_attempt_at = NULL, locked_by = NULL, locked_until = NULL, claim_token = NULL, failure_class = NULL, last_error = NULL WHERE status = 'SENT' AND id IN (…)
+UPDATE outbox_rescan SET generation = generation + 1 WHERE id = 1
 INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, at) VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')) RETURNING id
 
 -- admin: audit log

@@ -1,0 +1,414 @@
+//! The claim's floor: an id below which a work queue holds no unfinished row that is not DEAD,
+//! and never will again without an operator, so that a claim's scans of the partial index of
+//! unfinished rows start there instead of at the index's first entry.
+//!
+//! Why: a row that leaves the queue (SENT, DONE) keeps its entry in the partial indexes of
+//! unfinished rows until vacuum removes it, and vacuum cannot while any snapshot older than the
+//! change is held (a report query, a backup, a session idle in transaction). Every scan from
+//! the first entry then visits each such row's heap tuple: after two minutes of a held horizon
+//! at 400 events/s the claim's `MIN(id)` took half a second. With a floor the scans start at
+//! the oldest unfinished row the queue still has, and stay as cheap as without the hold.
+//!
+//! A floor is only safe if no row below it can still appear: a transaction that inserted a row
+//! and has not committed yet is invisible to the statement that finds the lowest unfinished id,
+//! and may commit later, below it. So a floor is found in two steps (PostgreSQL's snapshots
+//! say when the second may be taken):
+//!
+//! 1. a sample reads the lowest unfinished, not DEAD, id from the current floor up (a
+//!    *candidate*); every row below it that the sample could not see belongs to a transaction
+//!    that was running then, or was just starting its INSERT;
+//! 2. the candidate is *sealed* by the first sample at least [`SEAL_AFTER`] later, which
+//!    records the first transaction id not yet assigned then (`xmax`): every transaction of
+//!    step 1, the starting ones included, has an id below it;
+//! 3. a sample whose oldest running transaction (`xmin`) is at or past that `xmax` confirms
+//!    the candidate: those transactions have all ended, their rows are visible to it, and the
+//!    floor becomes the lower of the candidate and what that sample found.
+//!
+//! DEAD rows stay below the floor (they wait for an operator); the ordering check looks for
+//! them in their own small partial index. An operator's replay or resend makes a finished row
+//! unfinished again, below the floor: it bumps the generation in `outbox_rescan` in the same
+//! transaction, and every claim statement compares that generation with the one its floor was
+//! found under, scanning from the start when they differ, until the next sample starts over.
+//! The floor also starts over every [`RESET_EVERY`], for a row made unfinished by a tool that
+//! does not bump the generation (an older release's CLI during a rolling upgrade).
+//!
+//! A transaction that holds an id of its own open (a session idle in transaction after a
+//! write) stops the confirmations: the floor stays where it was, and the scans cost what they
+//! cost without one, which `outbox doctor` reports as a held horizon. A read-only holder (a
+//! report, `pg_dump`) does not.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use sea_orm::{ConnectionTrait, DbErr, Value};
+
+use super::{Dialect, claim::Queue, get_i64, get_opt_i64, sql::Sql};
+
+/// The table whose one row holds the generation that operators' replays and resends bump.
+pub const RESCAN_TABLE: &str = "outbox_rescan";
+
+/// How long after a candidate its sealing sample comes: longer than any INSERT takes between
+/// drawing its row's id and taking its transaction id.
+pub const SEAL_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a claimer samples: at most once this often.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the floor starts over from the first row of the index.
+pub const RESET_EVERY: Duration = Duration::from_secs(60);
+
+/// Candidates waiting for their confirmation, at most (while a transaction holds the horizon
+/// with an id of its own, no candidate is confirmed: newer ones are not kept).
+const MAX_CANDIDATES: usize = 4;
+
+/// What one sample read, in one statement and one snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// The id it read from ([`Floor::from`]).
+    pub from: i64,
+    /// The lowest unfinished, not DEAD, id at or above the floor; with none, one above the
+    /// highest id of the table (0 when it is empty).
+    pub low: i64,
+    /// The oldest transaction id still running.
+    pub xmin: i64,
+    /// The first transaction id not assigned yet.
+    pub xmax: i64,
+    /// The rescan generation.
+    pub generation: i64,
+}
+
+/// A floor and the generation it was found under: what a claim statement binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// No unfinished, not DEAD, row has a lower id.
+    pub low: i64,
+    /// The rescan generation it holds for.
+    pub generation: i64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    low: i64,
+    taken: Instant,
+    /// The `xmax` of the first sample at least [`SEAL_AFTER`] later.
+    sealed: Option<i64>,
+}
+
+/// One claimer's floor on one queue (see the module's documentation).
+#[derive(Debug)]
+pub struct Floor {
+    confirmed: Option<i64>,
+    generation: Option<i64>,
+    candidates: VecDeque<Candidate>,
+    sampled: Option<Instant>,
+    reset: Option<Instant>,
+}
+
+impl Default for Floor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Floor {
+    /// No floor yet: scans start at the first entry.
+    pub fn new() -> Self {
+        Floor {
+            confirmed: None,
+            generation: None,
+            candidates: VecDeque::new(),
+            sampled: None,
+            reset: None,
+        }
+    }
+
+    /// The floor to bind, if one is confirmed.
+    pub fn bound(&self) -> Option<Bound> {
+        Some(Bound {
+            low: self.confirmed?,
+            generation: self.generation?,
+        })
+    }
+
+    /// Whether a sample is due at `now`; the lower bound it reads from is [`Floor::from`].
+    pub fn due(&self, now: Instant) -> bool {
+        self.sampled
+            .is_none_or(|at| now.saturating_duration_since(at) >= SAMPLE_EVERY)
+    }
+
+    /// Where the next sample looks from: the floor, unless it starts over at `now`.
+    pub fn from(&self, now: Instant) -> i64 {
+        if self.starts_over(now) {
+            0
+        } else {
+            self.confirmed.unwrap_or(0)
+        }
+    }
+
+    fn starts_over(&self, now: Instant) -> bool {
+        self.reset
+            .is_some_and(|at| now.saturating_duration_since(at) >= RESET_EVERY)
+    }
+
+    /// Take in a sample read at `now` from [`Floor::from`]`(now)`.
+    pub fn observe(&mut self, sample: Sample, now: Instant) {
+        self.sampled = Some(now);
+        let restart = self.starts_over(now);
+        let changed = self.generation != Some(sample.generation);
+        if restart || changed {
+            self.confirmed = None;
+            self.candidates.clear();
+            self.generation = Some(sample.generation);
+        }
+        if restart || self.reset.is_none() {
+            self.reset = Some(now);
+        }
+        if changed && sample.from > 0 {
+            // Read from a floor an operator's change has made void: the next sample reads
+            // from the start.
+            return;
+        }
+        for candidate in &mut self.candidates {
+            if candidate.sealed.is_none()
+                && now.saturating_duration_since(candidate.taken) >= SEAL_AFTER
+            {
+                candidate.sealed = Some(sample.xmax);
+            }
+        }
+        while let Some(first) = self.candidates.front() {
+            match first.sealed {
+                Some(xmax) if sample.xmin >= xmax => {
+                    // Every row below the candidate that its sample could not see is visible
+                    // to this one: the lowest of them, if any is unfinished, is at least
+                    // `sample.low`'s equal.
+                    let low = first.low.min(sample.low);
+                    self.confirmed = Some(self.confirmed.map_or(low, |c| c.max(low)));
+                    self.candidates.pop_front();
+                }
+                _ => break,
+            }
+        }
+        let advances = self.confirmed.is_none_or(|c| sample.low > c)
+            && self.candidates.back().is_none_or(|c| sample.low > c.low);
+        if advances && self.candidates.len() < MAX_CANDIDATES {
+            self.candidates.push_back(Candidate {
+                low: sample.low,
+                taken: now,
+                sealed: None,
+            });
+        }
+    }
+}
+
+/// Read a [`Sample`] of `queue` from `from` up: on a dialect without snapshots, `None`.
+pub async fn sample<C: ConnectionTrait>(
+    conn: &C,
+    queue: &Queue<'_>,
+    from: i64,
+) -> Result<Option<Sample>, DbErr> {
+    let dialect = queue.dialect;
+    if !dialect.snapshots() {
+        return Ok(None);
+    }
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!(
+        "SELECT COALESCE((SELECT MIN(x.id) FROM {table} x WHERE {live} AND x.id >= ",
+        table = queue.table,
+        live = live(queue, "x."),
+    ))
+    .bind(from.into());
+    super::claim::push_scope_of(&mut sql, queue, "x.");
+    sql.push(&format!(
+        "), (SELECT MAX(m.id) + 1 FROM {table} m), 0) AS low, {snapshot}, \
+         (SELECT generation FROM {RESCAN_TABLE} WHERE id = 1) AS generation",
+        table = queue.table,
+        snapshot = dialect.snapshot_columns(),
+    ));
+    let Some(row) = conn.query_one_raw(sql.build()).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Sample {
+        from,
+        low: get_i64(&row, "low")?,
+        xmin: get_i64(&row, "snap_xmin")?,
+        xmax: get_i64(&row, "snap_xmax")?,
+        generation: get_opt_i64(&row, "generation")?.unwrap_or(0),
+    }))
+}
+
+/// "Unfinished and not DEAD", on columns with `prefix`.
+fn live(queue: &Queue<'_>, prefix: &str) -> String {
+    format!(
+        "{} AND {prefix}status <> {}",
+        queue.unfinished(prefix),
+        super::status::WorkStatus::Dead.literal()
+    )
+}
+
+/// `(SELECT CASE WHEN generation = <g> THEN <low> ELSE 0 END FROM outbox_rescan WHERE id = 1)`:
+/// the floor as a claim statement uses it, 0 (the whole index) once an operator made a row
+/// unfinished again after the floor was found.
+pub(crate) fn push_low(sql: &mut Sql, bound: Bound) {
+    sql.push("COALESCE((SELECT CASE WHEN r.generation = ")
+        .bind(bound.generation.into())
+        .push(" THEN ")
+        .bind(bound.low.into())
+        .push(&format!(
+            " ELSE 0 END FROM {RESCAN_TABLE} r WHERE r.id = 1), 0)"
+        ));
+}
+
+/// Bump the rescan generation: in the transaction of an operator's change that makes finished
+/// rows unfinished again.
+pub(crate) async fn rescan<C: ConnectionTrait>(conn: &C) -> Result<(), DbErr> {
+    let dialect = Dialect::of(conn);
+    let sql = format!("UPDATE {RESCAN_TABLE} SET generation = generation + 1 WHERE id = 1");
+    conn.execute_raw(dialect.statement(sql, Vec::<Value>::new()))
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    fn sample(low: i64, xmin: i64, xmax: i64) -> Sample {
+        Sample {
+            from: 0,
+            low,
+            xmin,
+            xmax,
+            generation: 0,
+        }
+    }
+
+    #[test]
+    fn a_candidate_is_confirmed_once_the_transactions_after_its_seal_have_ended() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        floor.observe(sample(100, 50, 60), t);
+        assert_eq!(floor.bound(), None, "a first sample is only a candidate");
+        floor.observe(sample(120, 55, 70), at(t, 1000));
+        assert_eq!(floor.bound(), None, "sealed at xmax 70, not confirmed");
+        floor.observe(sample(130, 69, 75), at(t, 2000));
+        assert_eq!(floor.bound(), None, "transaction 69 may hold a row below 100");
+        floor.observe(sample(140, 70, 80), at(t, 3000));
+        assert_eq!(
+            floor.bound(),
+            Some(Bound {
+                low: 100,
+                generation: 0
+            })
+        );
+    }
+
+    #[test]
+    fn a_late_commit_below_the_candidate_lowers_what_is_confirmed() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        floor.observe(sample(100, 50, 60), t);
+        floor.observe(sample(100, 55, 70), at(t, 1000));
+        // Row 90 committed late: the confirming sample sees it.
+        floor.observe(sample(90, 70, 80), at(t, 2000));
+        assert_eq!(floor.bound().map(|b| b.low), Some(90));
+    }
+
+    #[test]
+    fn a_seal_waits_for_a_sample_a_second_later() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        floor.observe(sample(100, 50, 60), t);
+        floor.observe(sample(100, 60, 61), at(t, 400));
+        floor.observe(sample(100, 61, 62), at(t, 800));
+        assert_eq!(floor.bound(), None, "sealed no earlier than a second after");
+        floor.observe(sample(100, 62, 63), at(t, 1000));
+        floor.observe(sample(100, 63, 64), at(t, 1400));
+        assert_eq!(floor.bound().map(|b| b.low), Some(100));
+    }
+
+    #[test]
+    fn a_transaction_that_keeps_its_id_holds_the_floor_where_it_was() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        floor.observe(sample(100, 50, 60), t);
+        floor.observe(sample(200, 55, 70), at(t, 1000));
+        floor.observe(sample(300, 70, 80), at(t, 2000));
+        assert_eq!(floor.bound().map(|b| b.low), Some(100));
+        // Transaction 75 stays open from here on: 200's seal (80) is never reached.
+        for s in 3..30 {
+            floor.observe(sample(300 + s, 75, 90 + s), at(t, s as u64 * 1000));
+            assert_eq!(floor.bound().map(|b| b.low), Some(100));
+        }
+        // It ends: the candidates sealed meanwhile are confirmed, in turn.
+        floor.observe(sample(400, 200, 210), at(t, 30_000));
+        assert!(floor.bound().is_some_and(|b| b.low > 200));
+        assert!(floor.candidates.len() <= MAX_CANDIDATES);
+    }
+
+    #[test]
+    fn the_floor_never_goes_down_within_a_generation() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        floor.observe(sample(500, 50, 60), t);
+        floor.observe(sample(500, 60, 70), at(t, 1000));
+        floor.observe(sample(500, 70, 80), at(t, 2000));
+        assert_eq!(floor.bound().map(|b| b.low), Some(500));
+        // Samples read from the floor up: a lower low cannot come back, but stays harmless.
+        floor.observe(sample(500, 80, 90), at(t, 3000));
+        floor.observe(sample(600, 90, 95), at(t, 4000));
+        floor.observe(sample(600, 95, 99), at(t, 5000));
+        floor.observe(sample(600, 99, 120), at(t, 6000));
+        assert_eq!(floor.bound().map(|b| b.low), Some(600));
+    }
+
+    #[test]
+    fn a_new_generation_starts_over() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        floor.observe(sample(100, 50, 60), t);
+        floor.observe(sample(100, 60, 70), at(t, 1000));
+        floor.observe(sample(100, 70, 80), at(t, 2000));
+        assert!(floor.bound().is_some());
+        floor.observe(
+            Sample {
+                from: 100,
+                generation: 1,
+                ..sample(100, 80, 90)
+            },
+            at(t, 3000),
+        );
+        assert_eq!(floor.bound(), None, "an operator made a row unfinished again");
+        assert_eq!(floor.from(at(t, 3500)), 0);
+    }
+
+    #[test]
+    fn the_floor_starts_over_every_minute() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        floor.observe(sample(100, 50, 60), t);
+        floor.observe(sample(100, 60, 70), at(t, 1000));
+        floor.observe(sample(100, 70, 80), at(t, 2000));
+        assert_eq!(floor.from(at(t, 59_000)), 100);
+        assert_eq!(floor.from(at(t, 60_000)), 0, "read from the start");
+        floor.observe(sample(40, 80, 90), at(t, 60_000));
+        assert_eq!(floor.bound(), None);
+        floor.observe(sample(40, 90, 95), at(t, 61_000));
+        floor.observe(sample(40, 95, 99), at(t, 62_000));
+        assert_eq!(floor.bound().map(|b| b.low), Some(40));
+        assert_eq!(floor.from(at(t, 63_000)), 40);
+    }
+
+    #[test]
+    fn samples_are_due_once_a_second() {
+        let t = Instant::now();
+        let mut floor = Floor::new();
+        assert!(floor.due(t));
+        floor.observe(sample(1, 1, 2), t);
+        assert!(!floor.due(at(t, 999)));
+        assert!(floor.due(at(t, 1000)));
+    }
+}
