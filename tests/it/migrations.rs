@@ -347,7 +347,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     db.execute_unprepared("DELETE FROM inbox_event WHERE origin = 'psp-b'")
         .await
         .unwrap();
-    Migrator::down(db, Some(4)).await.unwrap();
+    Migrator::down(db, Some(5)).await.unwrap();
     assert_eq!(
         old_release_insert(db, "billing", id9, b"{}").await.unwrap(),
         0
