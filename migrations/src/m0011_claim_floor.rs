@@ -3,9 +3,10 @@
 //! - `outbox_rescan`, one row whose `generation` an operator's replay or resend bumps in its own
 //!   transaction: a finished row made unfinished again lies below the floors that claimers
 //!   keep, and they start over when they see the generation change;
-//! - on PostgreSQL, `outbox_event_aggregate_dead_idx`: the DEAD events per aggregate, which
-//!   stay below the floor, for the claim's "no earlier event of this aggregate is unsent"
-//!   check. It holds only dead letters, so it stays small.
+//! - on PostgreSQL, `outbox_event_aggregate_dead_idx` and `inbox_event_aggregate_dead_idx`: the
+//!   DEAD events (messages of a consumer) per aggregate, which stay below the floor, for the
+//!   claims' "no earlier row of this aggregate is unfinished" check. They hold only dead
+//!   letters, so they stay small.
 //!
 //! Nothing changes for code that does not know these: a rolling upgrade applies this migration
 //! first and the previous release keeps running beside the new one.
@@ -29,6 +30,7 @@ const POSTGRES_UP: &[&str] = &[
     )"#,
     "INSERT INTO outbox_rescan (id, generation) VALUES (1, 0)",
     "CREATE INDEX outbox_event_aggregate_dead_idx ON outbox_event (aggregate_type, aggregate_id, id) WHERE status = 'DEAD'",
+    "CREATE INDEX inbox_event_aggregate_dead_idx ON inbox_event (consumer, aggregate_type, aggregate_id, id) WHERE status = 'DEAD'",
 ];
 
 const MYSQL_UP: &[&str] = &[
@@ -49,6 +51,7 @@ const SQLITE_UP: &[&str] = &[
 ];
 
 const POSTGRES_DOWN: &[&str] = &[
+    "DROP INDEX inbox_event_aggregate_dead_idx",
     "DROP INDEX outbox_event_aggregate_dead_idx",
     "DROP TABLE outbox_rescan",
 ];

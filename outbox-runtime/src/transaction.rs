@@ -485,6 +485,7 @@ impl OutboxTransaction {
             token,
             lease,
             ordering: true,
+            floor: None,
         };
         let committed = self.commit_with(Some(claim)).await?;
         for f in committed.after_commit {

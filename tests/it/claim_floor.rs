@@ -5,7 +5,7 @@
 //! transaction that commits late, and one an operator replays. These tests hold such an event
 //! back while the relay claims for seconds (long enough for its floor to move) and check that
 //! the floor stopped below it, and that it and the events behind it in its aggregate are
-//! published, in order.
+//! published, in order. The inbox worker's claim takes the same floor.
 
 use std::{
     sync::Arc,
@@ -18,7 +18,14 @@ use outbox::admin::{self, Actor, Selector, Target};
 use outbox::prelude::*;
 use outbox::relay::Relay;
 use outbox::sea_orm::{Statement, TransactionTrait};
+use outbox::store::Failure;
+use outbox::store::claim::ClaimParams;
+use outbox::store::floor::Bound;
+use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow};
 use outbox::transport::memory::MemoryTransport;
+
+/// How long a test waits for a floor to be confirmed.
+const CONFIRMED: Duration = Duration::from_secs(30);
 
 fn relay(t: &TestDb, transport: &MemoryTransport) -> Relay {
     Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(quick_relay().batch_size(50))
@@ -37,13 +44,48 @@ async fn line(t: &TestDb, outbox: &Outbox, cart: &str, seq: u32) {
 
 /// Commit events of other carts and run the relay for `length`: the floor moves meanwhile.
 async fn traffic(t: &TestDb, outbox: &Outbox, relay: &Relay, length: Duration, seq: &mut u32) {
+    traffic_until(t, outbox, relay, length, seq, |_| false).await;
+}
+
+/// [`traffic`] until the relay's floor satisfies `enough` (at most `length`); whether it did.
+async fn traffic_until(
+    t: &TestDb,
+    outbox: &Outbox,
+    relay: &Relay,
+    length: Duration,
+    seq: &mut u32,
+    enough: impl Fn(i64) -> bool,
+) -> bool {
     let end = Instant::now() + length;
     while Instant::now() < end {
+        if relay.claim_floor().is_some_and(&enough) {
+            return true;
+        }
         line(t, outbox, &format!("busy-{}", *seq % 5), *seq).await;
         *seq += 1;
         relay.run_once().await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    false
+}
+
+/// Commit events of other carts for `length` while a spawned relay runs, or until its floor
+/// satisfies `enough`; returns the next `seq`.
+async fn busy(
+    t: &TestDb,
+    outbox: &Outbox,
+    relay: &Relay,
+    length: Duration,
+    mut seq: u32,
+    enough: impl Fn(i64) -> bool,
+) -> u32 {
+    let end = Instant::now() + length;
+    while Instant::now() < end && !relay.claim_floor().is_some_and(&enough) {
+        line(t, outbox, &format!("busy-{}", seq % 5), seq).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    seq
 }
 
 /// The `seq`s of `cart` as the broker received them.
@@ -92,10 +134,13 @@ async fn a_late_commit_stays_above_the_floor() {
     let transport = MemoryTransport::new();
     let relay = relay(&t, &transport);
     let mut seq = 0;
-    traffic(&t, &outbox, &relay, Duration::from_millis(3_500), &mut seq).await;
-    let before = relay
-        .claim_floor()
-        .expect("a floor after three seconds of claims");
+    // A floor is confirmed once the transactions running when it was read have ended, on the
+    // whole server: other tests' transactions may take a while.
+    assert!(
+        traffic_until(&t, &outbox, &relay, CONFIRMED, &mut seq, |_| true).await,
+        "no floor after {CONFIRMED:?} of claims"
+    );
+    let before = relay.claim_floor().unwrap();
 
     // The first line of cart `late`, inserted by a transaction that stays open.
     let open = t.db.begin().await.unwrap();
@@ -129,12 +174,87 @@ async fn a_late_commit_stays_above_the_floor() {
         "SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'SENT'",
     )
     .await;
-    assert_eq!(busy, i64::from(seq), "the other carts' events were all sent");
+    assert_eq!(
+        busy,
+        i64::from(seq),
+        "the other carts' events were all sent"
+    );
 
     open.commit().await.unwrap();
     line(&t, &outbox, "late", 1).await;
     drain(&relay, &transport, "late", 2).await;
     assert_eq!(published(&transport, "late"), [0, 1]);
+}
+
+/// The same with the fast path: commits write their events claimed unless an earlier event of
+/// their aggregate is unsent, and the INSERT looks for one from the relay's floor up. The late
+/// transaction's event is found by the next commit of its cart, which leaves its own event to
+/// the claim loop: both are published in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_commit_stays_above_the_fast_paths_floor() {
+    let Some(t) = test_db(Backend::Postgres, "claim_floor_late_fast").await else {
+        return;
+    };
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(quick_relay().batch_size(50).listen(false))
+        .with_outbox(&outbox);
+    let floor = relay.clone();
+    let handle = relay.spawn();
+    let seq = busy(&t, &outbox, &floor, CONFIRMED, 0, |_| true).await;
+    let before = floor
+        .claim_floor()
+        .expect("a floor after claims and commits");
+
+    let open = t.db.begin().await.unwrap();
+    let late_id = open
+        .query_one_raw(Statement::from_sql_and_values(
+            t.dialect().backend(),
+            "INSERT INTO outbox_event (event_id, source, event_type, schema_version, \
+             aggregate_type, aggregate_id, payload, headers) \
+             VALUES ($1, 'carts', 'line.added', 1, 'cart', 'late', \
+             CAST($2 AS jsonb), '{}'::jsonb) RETURNING id",
+            [
+                uuid::Uuid::now_v7().into(),
+                r#"{"cart":"late","seq":0}"#.to_owned().into(),
+            ],
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get::<i64>("", "id")
+        .unwrap();
+    assert!(late_id > before);
+    let seq = busy(
+        &t,
+        &outbox,
+        &floor,
+        Duration::from_millis(3_500),
+        seq,
+        |_| false,
+    )
+    .await;
+    let during = floor.claim_floor().unwrap();
+    assert!(
+        during <= late_id,
+        "the floor ({during}) passed the open transaction's event ({late_id})"
+    );
+
+    open.commit().await.unwrap();
+    line(&t, &outbox, "late", 1).await;
+    let end = Instant::now() + Duration::from_secs(20);
+    while published(&transport, "late").len() < 2 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.shutdown().await.unwrap();
+    assert_eq!(published(&transport, "late"), [0, 1]);
+    let sent = scalar(
+        &t,
+        "SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'SENT'",
+    )
+    .await;
+    assert_eq!(sent, i64::from(seq) + 2, "every event was sent");
 }
 
 /// An event goes DEAD, the next of its cart waits behind it, and the relay's floor moves past
@@ -162,8 +282,10 @@ async fn a_replay_below_the_floor_is_published_in_order() {
     line(&t, &outbox, "stuck", 1).await;
 
     let mut seq = 0;
-    traffic(&t, &outbox, &relay, Duration::from_millis(3_500), &mut seq).await;
-    let floor = relay.claim_floor().expect("a floor after three seconds");
+    traffic_until(&t, &outbox, &relay, CONFIRMED, &mut seq, |f| f > dead_id).await;
+    let floor = relay
+        .claim_floor()
+        .expect("a floor after claims and commits");
     assert!(
         floor > dead_id,
         "the floor ({floor}) stays at the DEAD event ({dead_id})"
@@ -182,13 +304,109 @@ async fn a_replay_below_the_floor_is_published_in_order() {
     .unwrap();
     assert_eq!(report.outbox, 1);
     assert_eq!(
-        scalar(
-            &t,
-            "SELECT generation AS n FROM outbox_rescan WHERE id = 1"
-        )
-        .await,
+        scalar(&t, "SELECT generation AS n FROM outbox_rescan WHERE id = 1").await,
         1
     );
     drain(&relay, &transport, "stuck", 2).await;
     assert_eq!(published(&transport, "stuck"), [0, 1]);
+}
+
+/// Record `seqs` of `cart` for consumer `inventory` in `state`, one transaction each; their
+/// row ids.
+async fn inbox_rows(
+    t: &TestDb,
+    cart: &str,
+    seqs: std::ops::Range<u32>,
+    state: InboxState,
+) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for seq in seqs {
+        let message_id = format!("{cart}:{seq}");
+        let row = NewInboxRow {
+            consumer: "inventory",
+            message_id: &message_id,
+            event_type: Some("line.added"),
+            aggregate_type: Some("cart"),
+            aggregate_id: Some(cart),
+            payload: b"{}",
+            ..NewInboxRow::default()
+        };
+        let tx = t.db.begin().await.unwrap();
+        assert!(inbox_store::insert(&tx, &row, &state).await.unwrap());
+        tx.commit().await.unwrap();
+        ids.push(
+            scalar(
+                t,
+                &format!(
+                    "SELECT id AS n FROM inbox_event WHERE consumer = 'inventory' \
+                     AND message_id = '{message_id}'"
+                ),
+            )
+            .await,
+        );
+    }
+    ids
+}
+
+/// The message ids of an inbox claim with `floor`, in id order (the claim is handed back).
+async fn inbox_claim(t: &TestDb, floor: Bound) -> Vec<String> {
+    let params = ClaimParams {
+        owner: "worker",
+        batch_size: 10,
+        lease: Duration::from_secs(30),
+        ordering: true,
+        max_attempts: 10,
+    };
+    let claim = inbox_store::claim_from(&t.db, "inventory", &params, Some(floor))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = claim.messages.iter().map(|m| m.id).collect();
+    inbox_store::release(&t.db, claim.token, &ids, &[])
+        .await
+        .unwrap();
+    claim.messages.into_iter().map(|m| m.message_id).collect()
+}
+
+/// The inbox worker's claim from a floor: a DEAD message below the floor still holds the rest
+/// of its aggregate back, the messages above it are claimed, and once an operator replays the
+/// DEAD one (bumping the rescan generation) the same floor no longer hides it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_claim_from_a_floor() {
+    let Some(t) = test_db(Backend::Postgres, "claim_floor_inbox").await else {
+        return;
+    };
+    let dead = InboxState::Failed(Failure::Dead {
+        attempts: 5,
+        error: "poison".into(),
+    });
+    let stuck = inbox_rows(&t, "stuck", 0..1, dead).await;
+    inbox_rows(&t, "handled", 0..5, InboxState::Done).await;
+    let behind = inbox_rows(&t, "stuck", 1..3, InboxState::Pending).await;
+    inbox_rows(&t, "fresh", 0..3, InboxState::Pending).await;
+    let floor = Bound {
+        low: behind[0],
+        generation: 0,
+    };
+    assert!(stuck[0] < floor.low);
+    assert_eq!(
+        inbox_claim(&t, floor).await,
+        ["fresh:0", "fresh:1", "fresh:2"],
+        "the messages behind the DEAD one below the floor stay back"
+    );
+
+    let report = admin::replay(
+        &t.db,
+        &Selector::Ids(vec![Target::inbox(stuck[0])]),
+        &Actor::new("alice").reason("handler fixed"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.inbox, 1);
+    assert_eq!(
+        inbox_claim(&t, floor).await,
+        [
+            "stuck:0", "stuck:1", "stuck:2", "fresh:0", "fresh:1", "fresh:2"
+        ],
+        "after the replay the claim looks below the floor"
+    );
 }

@@ -99,7 +99,11 @@ async fn up_down_up(t: TestDb) {
     assert!(table_exists(&t.db, "outbox_failure").await);
     assert!(table_exists(&t.db, "outbox_scheduled").await);
     assert_eq!(
-        scalar_i64(&t.db, "SELECT generation AS n FROM outbox_rescan WHERE id = 1").await,
+        scalar_i64(
+            &t.db,
+            "SELECT generation AS n FROM outbox_rescan WHERE id = 1"
+        )
+        .await,
         0
     );
     Migrator::up(&t.db, None).await.unwrap();

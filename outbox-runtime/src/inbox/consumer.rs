@@ -56,6 +56,8 @@ pub(crate) struct Consumer {
     pub(super) worker_id: String,
     /// Batches still to run with savepoints from the start (see `batch`).
     pub(super) careful: AtomicU32,
+    /// Where the worker's claims start (see `store/floor.rs`).
+    pub(super) floor: std::sync::Mutex<crate::store::floor::Floor>,
 }
 
 impl fmt::Debug for Consumer {
@@ -115,6 +117,7 @@ impl Consumer {
             stats: Arc::default(),
             worker_id,
             careful: AtomicU32::new(0),
+            floor: Default::default(),
         }
     }
 

@@ -61,7 +61,12 @@ impl Consumer {
             ordering: self.ordering,
             max_attempts: self.max_attempts(None),
         };
-        let claim = store::inbox::claim(&self.db, self.name, &params).await?;
+        // Where the claim's scans start (see `store/floor.rs`).
+        let floor = store::floor::refresh(&self.floor, |from| {
+            store::inbox::sample_floor(&self.db, self.name, from)
+        })
+        .await;
+        let claim = store::inbox::claim_from(&self.db, self.name, &params, floor).await?;
         for _ in 0..claim.dead {
             self.count(Counter::dead);
         }

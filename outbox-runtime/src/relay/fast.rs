@@ -68,6 +68,9 @@ pub(super) struct FastPath {
     queued: AtomicUsize,
     /// Above this many queued events, commits write PENDING and leave them to the relay.
     max_queued: usize,
+    /// The relay's claim floor, which the INSERT's check for an unsent earlier event of the
+    /// aggregate starts at.
+    floor: Arc<std::sync::Mutex<store::floor::Floor>>,
 }
 
 /// Events a commit owns, handed to the fast path.
@@ -87,6 +90,7 @@ impl FastPath {
         ordering: bool,
         broker_down: Arc<AtomicBool>,
         max_queued: usize,
+        floor: Arc<std::sync::Mutex<store::floor::Floor>>,
     ) -> (Arc<FastPath>, mpsc::UnboundedReceiver<Handoff>) {
         let (handoff, receiver) = mpsc::unbounded_channel();
         let fast = FastPath {
@@ -98,6 +102,7 @@ impl FastPath {
             broker_down,
             queued: AtomicUsize::new(0),
             max_queued,
+            floor,
         };
         (Arc::new(fast), receiver)
     }
@@ -121,6 +126,7 @@ impl Handover for FastPath {
             token: self.token,
             lease: self.lease,
             ordering: self.ordering,
+            floor: self.floor.lock().unwrap_or_else(|p| p.into_inner()).bound(),
         }
     }
 
@@ -200,6 +206,7 @@ impl Relay {
             self.config.ordering,
             self.broker.down_flag(),
             self.config.batch_size.max(1) * QUEUED_BATCHES,
+            self.floor.clone(),
         );
         if !outbox.install_fast_path(fast.clone() as Arc<dyn Handover>) {
             tracing::info!(

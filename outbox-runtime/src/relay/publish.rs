@@ -48,30 +48,6 @@ impl Relay {
         }
     }
 
-    /// Where the claim's scans start: sampled at most once a second (see `store/floor.rs`). A
-    /// sample that fails leaves the floor as it was; the claim reports the database's errors.
-    async fn floor(&self) -> Option<store::floor::Bound> {
-        let now = Instant::now();
-        let from = {
-            let floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
-            if !floor.due(now) {
-                return floor.bound();
-            }
-            floor.from(now)
-        };
-        let sampled = store::relay::sample_floor(&self.db, from).await;
-        let mut floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
-        match sampled {
-            Ok(Some(sample)) => floor.observe(sample, now),
-            Ok(None) => {}
-            Err(e) => tracing::debug!(
-                relay = %self.config.relay_id, error = %e,
-                "could not sample the claim's floor; it stays where it was"
-            ),
-        }
-        floor.bound()
-    }
-
     /// Claim a batch; for the database-local sink, the whole round.
     pub(super) async fn claim_step(&self) -> Result<Claimed<'_>, RelayError> {
         // Delayed events that cannot be moved must not stop the outbox: warn, and claim.
@@ -106,7 +82,11 @@ impl Relay {
         };
         // A deadlock or busy database only delays a claim: try again at once, a few times.
         let pending_age = self.pending_age();
-        let floor = self.floor().await;
+        // Where the claim's scans start (see `store/floor.rs`).
+        let floor = store::floor::refresh(&self.floor, |from| {
+            store::relay::sample_floor(&self.db, from)
+        })
+        .await;
         let claim = with_transient_retries(|| {
             store::relay::claim_from(&self.db, &params, pending_age, floor)
         })

@@ -145,6 +145,10 @@ struct ClaimLoop<'a> {
     look_now: bool,
     /// The last claim found events: look again after `linger`.
     lingering: bool,
+    /// When the loop claims next without a wake-up: set when it starts waiting, kept while the
+    /// other sources' rounds come and go (otherwise a busy fast path would put the poll off for
+    /// as long as commits keep coming, and due retries and other processes' events with it).
+    poll_at: Option<tokio::time::Instant>,
     /// The other sources, whose rounds go on whatever the loop waits for.
     sources: Sources<'a>,
 }
@@ -184,6 +188,7 @@ impl Relay {
             in_flight: None,
             look_now: true,
             lingering: false,
+            poll_at: None,
             sources: self.start_sources(&shutdown),
         };
         while !shutdown.is_cancelled() {
@@ -297,6 +302,9 @@ impl Relay {
             Some(linger) if claims.lingering => linger,
             _ => self.config.poll_interval,
         };
+        let poll_at = *claims
+            .poll_at
+            .get_or_insert_with(|| tokio::time::Instant::now() + sleep);
         let ClaimLoop {
             in_flight, sources, ..
         } = claims;
@@ -309,7 +317,7 @@ impl Relay {
                 }
             } => None,
             _ = hint.notified() => None,
-            _ = tokio::time::sleep(sleep) => None,
+            _ = tokio::time::sleep_until(poll_at) => None,
             round = async {
                 match in_flight.as_mut() {
                     Some(round) => round.await,
@@ -319,6 +327,7 @@ impl Relay {
             () = sources.step() => return Woken::Other,
         };
         let Some(round) = finished else {
+            claims.poll_at = None;
             return Woken::Look;
         };
         // Finishing a round is no reason to look again: wait on.
@@ -333,6 +342,8 @@ impl Relay {
     /// Claim the next batch, beside the round in flight (whose publish and settle go on
     /// meanwhile); account for both, and leave the new claim publishing in flight.
     async fn claim_next<'a>(&'a self, claims: &mut ClaimLoop<'a>, shutdown: &'a CancellationToken) {
+        // The next poll counts from this claim.
+        claims.poll_at = None;
         let overlapped = claims.in_flight.is_some();
         let (claimed, previous) = match claims.in_flight.take() {
             Some(previous) => {

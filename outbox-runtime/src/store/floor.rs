@@ -200,6 +200,37 @@ impl Floor {
     }
 }
 
+/// A claimer's floor before a claim: sampled with `sample` (from the id it is given) when a
+/// sample is due; then the bound to claim with. A sample that fails leaves the floor as it
+/// was (the claim that follows reports what is wrong with the database).
+pub async fn refresh<Fut>(
+    floor: &std::sync::Mutex<Floor>,
+    sample: impl FnOnce(i64) -> Fut,
+) -> Option<Bound>
+where
+    Fut: std::future::Future<Output = Result<Option<Sample>, DbErr>>,
+{
+    let now = Instant::now();
+    let from = {
+        let floor = floor.lock().unwrap_or_else(|p| p.into_inner());
+        if !floor.due(now) {
+            return floor.bound();
+        }
+        floor.from(now)
+    };
+    let sampled = sample(from).await;
+    let mut floor = floor.lock().unwrap_or_else(|p| p.into_inner());
+    match sampled {
+        Ok(Some(sample)) => floor.observe(sample, now),
+        Ok(None) => {}
+        Err(e) => tracing::debug!(
+            error = %e,
+            "could not sample a claim's floor; it stays where it was"
+        ),
+    }
+    floor.bound()
+}
+
 /// Read a [`Sample`] of `queue` from `from` up: on a dialect without snapshots, `None`.
 pub async fn sample<C: ConnectionTrait>(
     conn: &C,
@@ -295,7 +326,11 @@ mod tests {
         floor.observe(sample(120, 55, 70), at(t, 1000));
         assert_eq!(floor.bound(), None, "sealed at xmax 70, not confirmed");
         floor.observe(sample(130, 69, 75), at(t, 2000));
-        assert_eq!(floor.bound(), None, "transaction 69 may hold a row below 100");
+        assert_eq!(
+            floor.bound(),
+            None,
+            "transaction 69 may hold a row below 100"
+        );
         floor.observe(sample(140, 70, 80), at(t, 3000));
         assert_eq!(
             floor.bound(),
@@ -381,7 +416,11 @@ mod tests {
             },
             at(t, 3000),
         );
-        assert_eq!(floor.bound(), None, "an operator made a row unfinished again");
+        assert_eq!(
+            floor.bound(),
+            None,
+            "an operator made a row unfinished again"
+        );
         assert_eq!(floor.from(at(t, 3500)), 0);
     }
 

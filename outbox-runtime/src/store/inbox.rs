@@ -617,6 +617,39 @@ pub async fn claim(
     consumer: &str,
     params: &ClaimParams<'_>,
 ) -> Result<InboxClaim, DbErr> {
+    claim_from(db, consumer, params, None).await
+}
+
+/// A consumer's unfinished messages as a work queue.
+fn inbox_queue(dialect: Dialect, consumer: &str) -> Queue<'_> {
+    Queue {
+        dialect,
+        table: INBOX_TABLE,
+        columns: COLUMNS,
+        scope: Some(("consumer", consumer)),
+        predicate: unfinished,
+        pending_age: None,
+        floor: None,
+    }
+}
+
+/// Sample `consumer`'s floor from `from` up (see `floor.rs`): `None` where the dialect keeps
+/// none.
+pub async fn sample_floor(
+    db: &DatabaseConnection,
+    consumer: &str,
+    from: i64,
+) -> Result<Option<super::floor::Sample>, DbErr> {
+    super::floor::sample(db, &inbox_queue(Dialect::of(db), consumer), from).await
+}
+
+/// [`claim`], its scans starting at `floor` (see `floor.rs`).
+pub async fn claim_from(
+    db: &DatabaseConnection,
+    consumer: &str,
+    params: &ClaimParams<'_>,
+    floor: Option<super::floor::Bound>,
+) -> Result<InboxClaim, DbErr> {
     let ClaimParams {
         owner: worker_id,
         batch_size,
@@ -627,13 +660,8 @@ pub async fn claim(
     let txn = begin_work(db).await?;
     let dialect = Dialect::of(&txn);
     let queue = Queue {
-        dialect,
-        table: INBOX_TABLE,
-        columns: COLUMNS,
-        scope: Some(("consumer", consumer)),
-        predicate: unfinished,
-        pending_age: None,
-        floor: None,
+        floor,
+        ..inbox_queue(dialect, consumer)
     };
     let mut messages = Vec::new();
     let mut expired_dead = Vec::new();

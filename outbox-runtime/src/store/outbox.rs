@@ -119,6 +119,9 @@ pub(crate) struct FastClaim<'a> {
     /// Per-aggregate order: leave an event behind an unsent one of its aggregate to the claim
     /// loop. Without it every event is claimed.
     pub(crate) ordering: bool,
+    /// The relay's claim floor (see `floor.rs`): the check for an unsent earlier event of the
+    /// aggregate looks from it up, and for DEAD ones in their own index.
+    pub(crate) floor: Option<super::floor::Bound>,
 }
 
 /// A row the commit-time INSERT wrote PROCESSING for the fast path.
@@ -300,11 +303,18 @@ fn push_fast_claim_values(
     let owner = Arg::Value(fast.owner.to_owned().into());
     let until = Arg::Time(DbTime::after(fast.lease));
     sql.push(", ");
-    push_fast_claim(sql, event, check, Claimed::Literal(processing), pending);
+    push_fast_claim(
+        sql,
+        event,
+        check,
+        fast.floor,
+        Claimed::Literal(processing),
+        pending,
+    );
     sql.push(", ");
-    push_fast_claim(sql, event, check, Claimed::Arg(owner), "NULL");
+    push_fast_claim(sql, event, check, fast.floor, Claimed::Arg(owner), "NULL");
     sql.push(", ");
-    push_fast_claim(sql, event, check, Claimed::Arg(until), "NULL");
+    push_fast_claim(sql, event, check, fast.floor, Claimed::Arg(until), "NULL");
     let token = sql.dialect().uuid(fast.token);
     sql.push(", ").bind(token);
 }
@@ -426,6 +436,7 @@ fn push_fast_claim(
     sql: &mut Sql,
     event: &PendingEvent,
     earlier: Option<&[Uuid]>,
+    floor: Option<super::floor::Bound>,
     claimed: Claimed<'_>,
     unclaimed: &str,
 ) {
@@ -446,11 +457,29 @@ fn push_fast_claim(
     .bind(event.aggregate_id.clone().into())
     .push(" AND ")
     .push(&dialect.unsent("e."));
+    if let Some(bound) = floor {
+        sql.push(" AND e.id >= ");
+        super::floor::push_low(sql, bound);
+    }
     if !earlier.is_empty() {
         sql.push(" AND e.event_id NOT IN ")
             .bind_list(earlier.iter().map(|id| dialect.uuid(*id)));
     }
-    sql.push(&format!(") THEN {unclaimed} ELSE "));
+    sql.push(")");
+    if floor.is_some() {
+        // DEAD events stay below the floor.
+        sql.push(&format!(
+            " OR EXISTS (SELECT 1 FROM {OUTBOX_TABLE} d WHERE d.aggregate_type = "
+        ))
+        .bind(event.aggregate_type.to_string().into())
+        .push(" AND d.aggregate_id = ")
+        .bind(event.aggregate_id.clone().into())
+        .push(&format!(
+            " AND d.status = {})",
+            super::status::OutboxStatus::Dead.literal()
+        ));
+    }
+    sql.push(&format!(" THEN {unclaimed} ELSE "));
     push_claimed(sql, claimed);
     sql.push(" END");
 }

@@ -107,7 +107,7 @@ impl Backend for Postgres {
                 "outbox_event_sent_at_idx",
                 "outbox_event_aggregate_dead_idx",
             ],
-            "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
+            "inbox_event" => &super::schema::INBOX_EVENT_INDEXES_POSTGRES,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
             "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
             _ => &[],

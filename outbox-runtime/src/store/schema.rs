@@ -52,6 +52,17 @@ pub(crate) const INBOX_EVENT_INDEXES: [&str; 5] = [
     "inbox_event_processed_at_idx",
 ];
 
+/// [`INBOX_EVENT_INDEXES`] and, on PostgreSQL, the DEAD messages per aggregate
+/// (`outbox_0011`).
+pub(crate) const INBOX_EVENT_INDEXES_POSTGRES: [&str; 6] = [
+    "inbox_event_message_key",
+    "inbox_event_business_key",
+    "inbox_event_unfinished_idx",
+    "inbox_event_aggregate_idx",
+    "inbox_event_processed_at_idx",
+    "inbox_event_aggregate_dead_idx",
+];
+
 /// The indexes of `outbox_failure` (`outbox_0008`), the same on every backend.
 pub(crate) const FAILURE_INDEXES: [&str; 2] = ["outbox_failure_row", "outbox_failure_at"];
 
