@@ -101,7 +101,10 @@ pub struct Floor {
     generation: Option<i64>,
     candidates: VecDeque<Candidate>,
     sampled: Option<Instant>,
-    reset: Option<Instant>,
+    /// When the last sample from the first row was read.
+    checked: Option<Instant>,
+    /// The rescan generation changed: the next sample reads from the first row.
+    rescan: bool,
 }
 
 impl Default for Floor {
@@ -118,7 +121,8 @@ impl Floor {
             generation: None,
             candidates: VecDeque::new(),
             sampled: None,
-            reset: None,
+            checked: None,
+            rescan: false,
         }
     }
 
@@ -136,36 +140,42 @@ impl Floor {
             .is_none_or(|at| now.saturating_duration_since(at) >= SAMPLE_EVERY)
     }
 
-    /// Where the next sample looks from: the floor, unless it starts over at `now`.
+    /// Where the next sample looks from: the floor; the first row when there is none yet,
+    /// after the rescan generation changed, and every [`RESET_EVERY`].
     pub fn from(&self, now: Instant) -> i64 {
-        if self.starts_over(now) {
+        if self.rescan || self.check_due(now) {
             0
         } else {
             self.confirmed.unwrap_or(0)
         }
     }
 
-    fn starts_over(&self, now: Instant) -> bool {
-        self.reset
-            .is_some_and(|at| now.saturating_duration_since(at) >= RESET_EVERY)
+    fn check_due(&self, now: Instant) -> bool {
+        self.checked
+            .is_none_or(|at| now.saturating_duration_since(at) >= RESET_EVERY)
     }
 
-    /// Take in a sample read at `now` from [`Floor::from`]`(now)`.
+    /// Take in a sample read at `now` from [`Sample::from`] (what [`Floor::from`] said).
+    ///
+    /// A sample read from the first row lowers the floor to the lowest unfinished row it saw,
+    /// if that is lower, at once (lowering a floor is always safe), and adopts its generation:
+    /// the claims keep a floor while it is checked.
     pub fn observe(&mut self, sample: Sample, now: Instant) {
         self.sampled = Some(now);
-        let restart = self.starts_over(now);
-        let changed = self.generation != Some(sample.generation);
-        if restart || changed {
-            self.confirmed = None;
-            self.candidates.clear();
+        let changed = self.generation.is_some_and(|g| g != sample.generation);
+        if sample.from == 0 {
+            self.confirmed = self.confirmed.map(|c| c.min(sample.low));
+            self.checked = Some(now);
+            self.rescan = false;
+            if changed {
+                // Candidates were read before the operator's change: read them again.
+                self.candidates.clear();
+            }
             self.generation = Some(sample.generation);
-        }
-        if restart || self.reset.is_none() {
-            self.reset = Some(now);
-        }
-        if changed && sample.from > 0 {
-            // Read from a floor an operator's change has made void: the next sample reads
-            // from the start.
+        } else if changed {
+            // Read from a floor an operator's change may have made void (the claims ignore it
+            // meanwhile, their generation being old): the next sample reads from the start.
+            self.rescan = true;
             return;
         }
         for candidate in &mut self.candidates {
@@ -401,13 +411,14 @@ mod tests {
     }
 
     #[test]
-    fn a_new_generation_starts_over() {
+    fn a_new_generation_is_read_from_the_start_and_lowers_the_floor() {
         let t = Instant::now();
         let mut floor = Floor::new();
         floor.observe(sample(100, 50, 60), t);
         floor.observe(sample(100, 60, 70), at(t, 1000));
         floor.observe(sample(100, 70, 80), at(t, 2000));
-        assert!(floor.bound().is_some());
+        assert_eq!(floor.bound().map(|b| b.low), Some(100));
+        // An operator replayed row 40: the sample read from the floor cannot have seen it.
         floor.observe(
             Sample {
                 from: 100,
@@ -418,27 +429,59 @@ mod tests {
         );
         assert_eq!(
             floor.bound(),
-            None,
-            "an operator made a row unfinished again"
+            Some(Bound {
+                low: 100,
+                generation: 0
+            }),
+            "kept, under the old generation the claims no longer trust"
         );
-        assert_eq!(floor.from(at(t, 3500)), 0);
+        assert_eq!(floor.from(at(t, 4000)), 0, "read from the start");
+        floor.observe(
+            Sample {
+                generation: 1,
+                ..sample(40, 90, 95)
+            },
+            at(t, 4000),
+        );
+        assert_eq!(
+            floor.bound(),
+            Some(Bound {
+                low: 40,
+                generation: 1
+            })
+        );
+        assert_eq!(floor.from(at(t, 5000)), 40);
     }
 
     #[test]
-    fn the_floor_starts_over_every_minute() {
+    fn the_floor_is_checked_from_the_start_every_minute() {
         let t = Instant::now();
         let mut floor = Floor::new();
         floor.observe(sample(100, 50, 60), t);
-        floor.observe(sample(100, 60, 70), at(t, 1000));
-        floor.observe(sample(100, 70, 80), at(t, 2000));
+        floor.observe(
+            Sample {
+                from: 100,
+                ..sample(100, 60, 70)
+            },
+            at(t, 1000),
+        );
+        floor.observe(
+            Sample {
+                from: 100,
+                ..sample(100, 70, 80)
+            },
+            at(t, 2000),
+        );
         assert_eq!(floor.from(at(t, 59_000)), 100);
         assert_eq!(floor.from(at(t, 60_000)), 0, "read from the start");
+        // A row below the floor made unfinished by a tool that keeps no generation.
         floor.observe(sample(40, 80, 90), at(t, 60_000));
-        assert_eq!(floor.bound(), None);
-        floor.observe(sample(40, 90, 95), at(t, 61_000));
-        floor.observe(sample(40, 95, 99), at(t, 62_000));
-        assert_eq!(floor.bound().map(|b| b.low), Some(40));
-        assert_eq!(floor.from(at(t, 63_000)), 40);
+        assert_eq!(
+            floor.bound().map(|b| b.low),
+            Some(40),
+            "lowered at once, never without a floor"
+        );
+        assert_eq!(floor.from(at(t, 61_000)), 40);
     }
 
     #[test]
