@@ -17,7 +17,7 @@ use crate::common::*;
 use outbox::admin::{self, Actor, Selector, Target};
 use outbox::prelude::*;
 use outbox::relay::Relay;
-use outbox::sea_orm::{Statement, TransactionTrait};
+use outbox::sea_orm::{DatabaseTransaction, Statement, TransactionTrait};
 use outbox::store::Failure;
 use outbox::store::claim::ClaimParams;
 use outbox::store::floor::Bound;
@@ -110,6 +110,30 @@ async fn drain(relay: &Relay, transport: &MemoryTransport, cart: &str, n: usize)
     }
 }
 
+/// The first line of cart `late`, inserted by a transaction left open; the transaction and the
+/// row's id.
+async fn open_late_event(t: &TestDb) -> (DatabaseTransaction, i64) {
+    let open = t.db.begin().await.unwrap();
+    let late_id = open
+        .query_one_raw(Statement::from_sql_and_values(
+            t.dialect().backend(),
+            "INSERT INTO outbox_event (event_id, source, event_type, schema_version, \
+             aggregate_type, aggregate_id, payload, headers) \
+             VALUES ($1, 'carts', 'line.added', 1, 'cart', 'late', \
+             CAST($2 AS jsonb), '{}'::jsonb) RETURNING id",
+            [
+                uuid::Uuid::now_v7().into(),
+                r#"{"cart":"late","seq":0}"#.to_owned().into(),
+            ],
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get::<i64>("", "id")
+        .unwrap();
+    (open, late_id)
+}
+
 async fn scalar(t: &TestDb, sql: &str) -> i64 {
     let row =
         t.db.query_one_raw(Statement::from_string(
@@ -143,25 +167,7 @@ async fn a_late_commit_stays_above_the_floor() {
     let before = relay.claim_floor().unwrap();
 
     // The first line of cart `late`, inserted by a transaction that stays open.
-    let open = t.db.begin().await.unwrap();
-    let event_id = uuid::Uuid::now_v7();
-    let late_id = open
-        .query_one_raw(Statement::from_sql_and_values(
-            t.dialect().backend(),
-            "INSERT INTO outbox_event (event_id, source, event_type, schema_version, \
-             aggregate_type, aggregate_id, payload, headers) \
-             VALUES ($1, 'carts', 'line.added', 1, 'cart', 'late', \
-             CAST($2 AS jsonb), '{}'::jsonb) RETURNING id",
-            [
-                event_id.into(),
-                r#"{"cart":"late","seq":0}"#.to_owned().into(),
-            ],
-        ))
-        .await
-        .unwrap()
-        .unwrap()
-        .try_get::<i64>("", "id")
-        .unwrap();
+    let (open, late_id) = open_late_event(&t).await;
     assert!(late_id > before);
     traffic(&t, &outbox, &relay, Duration::from_millis(3_500), &mut seq).await;
     let during = relay.claim_floor().unwrap();
@@ -207,24 +213,7 @@ async fn a_late_commit_stays_above_the_fast_paths_floor() {
         .claim_floor()
         .expect("a floor after claims and commits");
 
-    let open = t.db.begin().await.unwrap();
-    let late_id = open
-        .query_one_raw(Statement::from_sql_and_values(
-            t.dialect().backend(),
-            "INSERT INTO outbox_event (event_id, source, event_type, schema_version, \
-             aggregate_type, aggregate_id, payload, headers) \
-             VALUES ($1, 'carts', 'line.added', 1, 'cart', 'late', \
-             CAST($2 AS jsonb), '{}'::jsonb) RETURNING id",
-            [
-                uuid::Uuid::now_v7().into(),
-                r#"{"cart":"late","seq":0}"#.to_owned().into(),
-            ],
-        ))
-        .await
-        .unwrap()
-        .unwrap()
-        .try_get::<i64>("", "id")
-        .unwrap();
+    let (open, late_id) = open_late_event(&t).await;
     assert!(late_id > before);
     let seq = busy(
         &t,
