@@ -612,6 +612,7 @@ pub struct InboxClaim {
 /// run behind it.
 ///
 /// `params.owner` names the worker in `locked_by`.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub async fn claim(
     db: &DatabaseConnection,
     consumer: &str,
