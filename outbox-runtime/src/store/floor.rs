@@ -28,9 +28,11 @@
 //! them in their own small partial index. An operator's replay or resend makes a finished row
 //! unfinished again, below the floor: it bumps the generation in `outbox_rescan` in the same
 //! transaction, and every claim statement compares that generation with the one its floor was
-//! found under, scanning from the start when they differ, until the next sample starts over.
-//! The floor also starts over every [`RESET_EVERY`], for a row made unfinished by a tool that
-//! does not bump the generation (an older release's CLI during a rolling upgrade).
+//! found under, scanning from the start when they differ, until the next sample, read from the
+//! first row, lowers the floor to what it finds and adopts the new generation. The floor is also
+//! checked from the first row every [`CHECK_EVERY`] (lowered at once, never dropped), for a row
+//! made unfinished by a tool that does not bump the generation (an older release's CLI during a
+//! rolling upgrade).
 //!
 //! A transaction that holds an id of its own open (a session idle in transaction after a
 //! write) stops the confirmations: the floor stays where it was, and the scans cost what they
@@ -40,7 +42,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use sea_orm::{ConnectionTrait, DbErr, Value};
+use sea_orm::{ConnectionTrait, DbErr};
 
 use super::{Dialect, claim::Queue, get_i64, get_opt_i64, sql::Sql};
 
@@ -54,8 +56,9 @@ pub const SEAL_AFTER: Duration = Duration::from_secs(1);
 /// How often a claimer samples: at most once this often.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
-/// How often the floor starts over from the first row of the index.
-pub const RESET_EVERY: Duration = Duration::from_secs(60);
+/// How often a sample reads from the first row of the index, to find a row made unfinished below
+/// the floor by a tool that does not bump the generation.
+pub const CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// Candidates waiting for their confirmation, at most (while a transaction holds the horizon
 /// with an id of its own, no candidate is confirmed: newer ones are not kept).
@@ -141,7 +144,7 @@ impl Floor {
     }
 
     /// Where the next sample looks from: the floor; the first row when there is none yet,
-    /// after the rescan generation changed, and every [`RESET_EVERY`].
+    /// after the rescan generation changed, and every [`CHECK_EVERY`].
     pub fn from(&self, now: Instant) -> i64 {
         if self.rescan || self.check_due(now) {
             0
@@ -152,7 +155,7 @@ impl Floor {
 
     fn check_due(&self, now: Instant) -> bool {
         self.checked
-            .is_none_or(|at| now.saturating_duration_since(at) >= RESET_EVERY)
+            .is_none_or(|at| now.saturating_duration_since(at) >= CHECK_EVERY)
     }
 
     /// Take in a sample read at `now` from [`Sample::from`] (what [`Floor::from`] said).
@@ -304,8 +307,7 @@ pub(crate) fn push_low(sql: &mut Sql, bound: Bound) {
 pub(crate) async fn rescan<C: ConnectionTrait>(conn: &C) -> Result<(), DbErr> {
     let dialect = Dialect::of(conn);
     let sql = format!("UPDATE {RESCAN_TABLE} SET generation = generation + 1 WHERE id = 1");
-    conn.execute_raw(dialect.statement(sql, Vec::<Value>::new()))
-        .await?;
+    conn.execute_raw(dialect.raw(sql)).await?;
     Ok(())
 }
 
