@@ -182,6 +182,47 @@ async fn connect(broker: Broker, url: String) -> Arc<dyn Transport> {
     }
 }
 
+/// The database's clock, in seconds since the epoch.
+async fn db_now(db: &DatabaseConnection) -> f64 {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT extract(epoch FROM clock_timestamp())::float8 AS now",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get("", "now").unwrap()
+}
+
+/// When each event was committed and each failure written, in seconds from `since`: where
+/// an unexpected failure sits against the outage (whose times the test prints).
+async fn timeline(db: &DatabaseConnection, since: f64) -> String {
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT 'failure of row ' || f.row_id || ' (attempt ' || f.attempt || ')' AS what, \
+                    extract(epoch FROM f.failed_at)::float8 - $1 AS at \
+             FROM outbox_failure f WHERE f.queue = 'outbox' \
+             UNION ALL \
+             SELECT 'commit of row ' || e.id, extract(epoch FROM e.created_at)::float8 - $1 \
+             FROM outbox_event e \
+             WHERE e.id IN (SELECT row_id FROM outbox_failure WHERE queue = 'outbox') \
+             ORDER BY at",
+            [since.into()],
+        ))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let what: String = r.try_get("", "what").unwrap();
+            let at: f64 = r.try_get("", "at").unwrap();
+            format!("{at:.3} s {what}")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// What a watcher saw while the broker was away and coming back.
 #[derive(Debug, Default)]
 struct Watched {
@@ -243,6 +284,7 @@ async fn survives_a_20s_broker_outage(
     let Some(t) = test_db(Backend::Postgres, test).await else {
         return;
     };
+    let started_db = db_now(&t.db).await;
     let Some(server) = OwnServer::start(broker, test).await else {
         return;
     };
@@ -264,9 +306,17 @@ async fn survives_a_20s_broker_outage(
         .unwrap();
     // A RabbitMQ publish before the consumer's queue is bound is unroutable, and fails.
     wait_subscribed(&runtime, consumer).await;
+    eprintln!(
+        "{test}: subscribed at {:.3} s",
+        db_now(&t.db).await - started_db
+    );
     let producer = Producer::spawn(t.db.clone(), runtime.outbox().clone());
     // Events flow end to end before the broker goes.
     wait_for_effects(&t, 4 * CARTS as usize, Duration::from_secs(30)).await;
+    eprintln!(
+        "{test}: flowing at {:.3} s",
+        db_now(&t.db).await - started_db
+    );
     assert_eq!(
         metrics.value(&failures),
         0.0,
@@ -286,6 +336,10 @@ async fn survives_a_20s_broker_outage(
     let handled_before = count_effects(&t.db).await;
     let committed_before = producer.committed();
     let killed_at = Instant::now();
+    eprintln!(
+        "{test}: broker stopped at {:.3} s",
+        db_now(&t.db).await - started_db
+    );
     if broker == Broker::Kafka {
         // tansu keeps its log in memory (a killed one comes back empty): frozen instead.
         server.freeze();
@@ -312,6 +366,10 @@ async fn survives_a_20s_broker_outage(
         server.resume().await.unwrap();
     }
     let restarted_after = killed_at.elapsed();
+    eprintln!(
+        "{test}: broker back at {:.3} s",
+        db_now(&t.db).await - started_db
+    );
 
     // Commits go on while the runtime catches up, then stop.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -365,8 +423,9 @@ async fn survives_a_20s_broker_outage(
     assert_eq!(
         attempts,
         0,
-        "the outage spent attempts on the events: {errors:?}; history: {:?}",
-        outbox_failures(&t.db).await
+        "the outage spent attempts on the events: {errors:?}; history: {:?}; timeline: {}",
+        outbox_failures(&t.db).await,
+        timeline(&t.db, started_db).await
     );
     assert_eq!(watched.max_attempts, 0, "an unsent row counted an attempt");
     assert!(

@@ -220,8 +220,10 @@ async fn a_failing_handler_retries_dies_and_is_replayed(t: TestDb) {
         (answer.status.as_u16(), answer.outcome()),
         (200, "received".into())
     );
+    // The counters move just after the commit that marks the row DEAD: wait for both.
     let dead = eventually(Duration::from_secs(30), || async {
         inbox_rows(&t.db, CONSUMER).await[0].status == "DEAD"
+            && receiver.runtime.consumer_stats(CONSUMER).unwrap().dead == 1
     })
     .await;
     let row = inbox_rows(&t.db, CONSUMER).await.remove(0);

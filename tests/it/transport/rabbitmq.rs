@@ -315,7 +315,9 @@ async fn setup_refuses_an_existing_exchange_of_another_type() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_messages_are_rejected_and_routable_ones_confirmed() {
-    let Some(transport) = transport("unroutable").await else {
+    // Past the grace after connecting (see the next test).
+    let Some(transport) = transport_with("unroutable", |b| b.recovery_grace(Duration::ZERO)).await
+    else {
         return;
     };
     transport.setup().await.expect("setup");
@@ -354,6 +356,42 @@ async fn unroutable_messages_are_rejected_and_routable_ones_confirmed() {
     publish_ok(&*transport, &lost).await;
     assert_eq!(transport.queue_depth(&shipping).await, 5);
     assert_eq!(transport.queue_depth(&queue).await, 3);
+}
+
+/// Right after a connection opens, a returned message says the broker is not ready (a broker
+/// back from a crash restores a durable queue's bindings only once it has recovered the queue):
+/// a connection failure, on which the relay spends no attempt; once the grace has passed, the
+/// same return is a rejection again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_just_after_connecting_is_a_broker_not_ready() {
+    let grace = Duration::from_secs(2);
+    let Some(transport) = transport_with("unroutable_grace", |b| b.recovery_grace(grace)).await
+    else {
+        return;
+    };
+    transport.setup().await.expect("setup");
+    let queue = transport.declare_queue("billing", &["order.placed"]).await;
+    let messages = vec![message("order.shipped", 0), message("order.placed", 0)];
+
+    let results = transport.publish(&messages).await;
+    match &results[0] {
+        Err(error @ PublishError::Connection(reason)) => {
+            assert!(error.may_be_unavailable());
+            assert!(
+                reason.contains("unroutable") && reason.contains("order.shipped"),
+                "{reason}"
+            );
+            assert!(reason.contains("after the connection opened"), "{reason}");
+        }
+        other => panic!("expected a broker not ready, got {other:?}"),
+    }
+    assert!(results[1].is_ok(), "{:?}", results[1]);
+
+    tokio::time::sleep(grace).await;
+    let results = transport.publish(&messages).await;
+    assert_unroutable(&results[0], "order.shipped");
+    assert!(results[1].is_ok(), "{:?}", results[1]);
+    assert_eq!(transport.queue_depth(&queue).await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,7 +467,8 @@ async fn a_full_queue_nacks_and_oversized_messages_fail_permanently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_publishes_each_get_their_own_confirms_and_returns() {
-    let Some(transport) = transport("concurrent").await else {
+    let Some(transport) = transport_with("concurrent", |b| b.recovery_grace(Duration::ZERO)).await
+    else {
         return;
     };
     transport.setup().await.expect("setup");

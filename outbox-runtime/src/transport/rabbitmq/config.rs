@@ -35,6 +35,10 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest AMQP heartbeat timeout (a 16-bit number of seconds).
 const MAX_HEARTBEAT: Duration = Duration::from_secs(u16::MAX as u64);
 
+/// Default time after a connection opens during which a message returned unroutable is taken
+/// for a broker still restoring its bindings (see [`RabbitMqConfig::recovery_grace`]).
+pub const DEFAULT_RECOVERY_GRACE: Duration = Duration::from_secs(10);
+
 /// Default largest message published: RabbitMQ's default `max_message_size` (128 MiB).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
 
@@ -122,6 +126,14 @@ pub struct RabbitMqConfig {
     pub(crate) max_message_size: usize,
     /// The connection name the broker shows. Default [`DEFAULT_CONNECTION_NAME`].
     pub(crate) connection_name: String,
+    /// How long after a connection opens a message the broker returns as unroutable is reported
+    /// as [`PublishError::Connection`](crate::transport::PublishError::Connection) (the broker
+    /// is not ready: the relay spends no attempt and waits) rather than
+    /// [`PublishError::Rejected`](crate::transport::PublishError::Rejected). A broker that
+    /// restarts after a crash accepts connections while it still recovers its durable queues,
+    /// and restores a queue's bindings only once that queue is back: until then a publish to it
+    /// comes back unroutable. Zero turns this off. Default [`DEFAULT_RECOVERY_GRACE`] (10 s).
+    pub(crate) recovery_grace: Duration,
 }
 
 impl Default for RabbitMqConfig {
@@ -137,6 +149,7 @@ impl Default for RabbitMqConfig {
             queue_type: QueueType::Classic,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             connection_name: DEFAULT_CONNECTION_NAME.to_owned(),
+            recovery_grace: DEFAULT_RECOVERY_GRACE,
         }
     }
 }
@@ -200,6 +213,13 @@ impl RabbitMqConfig {
     /// Set the connection name the broker shows.
     pub fn connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = name.into();
+        self
+    }
+
+    /// Set how long after a connection opens an unroutable return says the broker is not
+    /// ready rather than that no queue is bound (zero: never).
+    pub fn recovery_grace(mut self, grace: Duration) -> Self {
+        self.recovery_grace = grace;
         self
     }
 
@@ -271,6 +291,10 @@ impl RabbitMqTransportBuilder {
         max_message_size: usize;
         /// Name the connection. Default `outbox`.
         connection_name: impl Into<String>;
+        /// For this long after a connection opens, a message returned unroutable is taken for
+        /// a broker still restoring its bindings after a restart: reported as a connection
+        /// failure (no attempt spent), not a rejection. Zero turns it off. Default 10 s.
+        recovery_grace: Duration;
     }
 
     /// Replace every setting at once.
@@ -311,6 +335,7 @@ impl RabbitMqTransportBuilder {
                     last_error: String::new(),
                 }),
                 generation: AtomicU64::new(1),
+                opened_at: std::sync::Mutex::new(tokio::time::Instant::now()),
                 status: RwLock::new(status),
                 publisher: Mutex::new(None),
             }),

@@ -75,6 +75,9 @@ impl RabbitMqTransport {
                 let connection = Arc::new(connection);
                 let generation = slot.generation.wrapping_add(1);
                 self.inner.generation.store(generation, Ordering::Release);
+                if let Ok(mut opened_at) = self.inner.opened_at.lock() {
+                    *opened_at = Instant::now();
+                }
                 *slot = ConnectionSlot {
                     current: Some(connection.clone()),
                     generation,
@@ -123,6 +126,14 @@ impl RabbitMqTransport {
             }
             result => result,
         }
+    }
+
+    /// How long ago the current connection opened.
+    pub(super) fn connection_age(&self) -> Duration {
+        self.inner
+            .opened_at
+            .lock()
+            .map_or(Duration::MAX, |opened_at| opened_at.elapsed())
     }
 
     /// The generation of the current connection: pass it to [`give_up`](Self::give_up).

@@ -23,7 +23,11 @@
 //!
 //! - unroutable (no queue is bound for its routing key): the broker returns it, then acks it;
 //!   reported as [`PublishError::Rejected`] ("unroutable: …"), so the relay retries it until a
-//!   consumer queue exists or the event ends `DEAD`;
+//!   consumer queue exists or the event ends `DEAD`. Within
+//!   [`recovery_grace`](RabbitMqConfig::recovery_grace) of the connection's opening it is
+//!   reported as [`PublishError::Connection`] instead: a broker back from a crash accepts
+//!   connections while it still recovers its durable queues, and a queue's bindings route again
+//!   only once the queue is back, so the relay waits for the broker without spending an attempt;
 //! - `basic.nack` (e.g. a bound queue is full and set to `reject-publish`):
 //!   [`PublishError::Rejected`];
 //! - no confirm within [`publish_timeout`](RabbitMqConfig::publish_timeout) (counted from the
@@ -143,8 +147,8 @@ mod topology;
 
 pub use config::{
     DEFAULT_CONNECTION_NAME, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_HEARTBEAT,
-    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_PUBLISH_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, QueueType,
-    RabbitMqConfig, RabbitMqTransportBuilder,
+    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_PUBLISH_TIMEOUT, DEFAULT_RECOVERY_GRACE,
+    DEFAULT_RESPONSE_TIMEOUT, QueueType, RabbitMqConfig, RabbitMqTransportBuilder,
 };
 pub use publish::CONTENT_TYPE;
 pub use topology::queue_name;
@@ -170,6 +174,8 @@ struct Inner {
     /// without awaiting: an operation that times out replaces the connection only if it is
     /// still the one of the generation the operation started on.
     generation: AtomicU64,
+    /// When the current connection opened (never held across an `.await`).
+    opened_at: std::sync::Mutex<tokio::time::Instant>,
     /// The status of the current connection, readable without awaiting (never held across an
     /// `.await`).
     status: RwLock<ConnectionStatus>,

@@ -318,12 +318,24 @@ impl RabbitMqTransport {
             let key = (message.event_id.to_string(), message.event_type.clone());
             results[index] = Some(if let Some(reason) = returns.get(&key) {
                 matched += 1;
-                Err(PublishError::Rejected(format!(
-                    "unroutable: no queue is bound for routing key `{}` on exchange `{}` (the \
-                     broker returned the message: {reason}); declare the consumers' queues \
-                     before publishing",
-                    message.event_type, self.inner.exchange
-                )))
+                let age = self.connection_age();
+                if age < self.inner.config.recovery_grace {
+                    Err(PublishError::Connection(format!(
+                        "RabbitMQ returned the message as unroutable (routing key `{}` on \
+                         exchange `{}`: {reason}) {age:.1?} after the connection opened: a \
+                         broker back from a restart routes to a durable queue only once it has \
+                         recovered it, so for {:?} after connecting this is taken for a broker \
+                         that is not ready yet",
+                        message.event_type, self.inner.exchange, self.inner.config.recovery_grace
+                    )))
+                } else {
+                    Err(PublishError::Rejected(format!(
+                        "unroutable: no queue is bound for routing key `{}` on exchange `{}` \
+                         (the broker returned the message: {reason}); declare the consumers' \
+                         queues before publishing",
+                        message.event_type, self.inner.exchange
+                    )))
+                }
             } else if !acked {
                 Err(PublishError::Rejected(format!(
                     "the broker refused to store the message (basic.nack), e.g. a queue bound \
