@@ -195,6 +195,12 @@ async fn db_now(db: &DatabaseConnection) -> f64 {
     row.try_get("", "now").unwrap()
 }
 
+/// Print when `what` happened, by the database's clock in seconds from `since`, so that it lines
+/// up with the [`timeline`] of a failure.
+async fn mark(db: &DatabaseConnection, test: &str, since: f64, what: &str) {
+    eprintln!("{test}: {what} at {:.3} s", db_now(db).await - since);
+}
+
 /// When each event was committed and each failure written, in seconds from `since`: where
 /// an unexpected failure sits against the outage (whose times the test prints).
 async fn timeline(db: &DatabaseConnection, since: f64) -> String {
@@ -306,17 +312,11 @@ async fn survives_a_20s_broker_outage(
         .unwrap();
     // A RabbitMQ publish before the consumer's queue is bound is unroutable, and fails.
     wait_subscribed(&runtime, consumer).await;
-    eprintln!(
-        "{test}: subscribed at {:.3} s",
-        db_now(&t.db).await - started_db
-    );
+    mark(&t.db, test, started_db, "subscribed").await;
     let producer = Producer::spawn(t.db.clone(), runtime.outbox().clone());
     // Events flow end to end before the broker goes.
     wait_for_effects(&t, 4 * CARTS as usize, Duration::from_secs(30)).await;
-    eprintln!(
-        "{test}: flowing at {:.3} s",
-        db_now(&t.db).await - started_db
-    );
+    mark(&t.db, test, started_db, "flowing").await;
     assert_eq!(
         metrics.value(&failures),
         0.0,
@@ -336,10 +336,7 @@ async fn survives_a_20s_broker_outage(
     let handled_before = count_effects(&t.db).await;
     let committed_before = producer.committed();
     let killed_at = Instant::now();
-    eprintln!(
-        "{test}: broker stopped at {:.3} s",
-        db_now(&t.db).await - started_db
-    );
+    mark(&t.db, test, started_db, "broker stopped").await;
     if broker == Broker::Kafka {
         // tansu keeps its log in memory (a killed one comes back empty): frozen instead.
         server.freeze();
@@ -366,10 +363,7 @@ async fn survives_a_20s_broker_outage(
         server.resume().await.unwrap();
     }
     let restarted_after = killed_at.elapsed();
-    eprintln!(
-        "{test}: broker back at {:.3} s",
-        db_now(&t.db).await - started_db
-    );
+    mark(&t.db, test, started_db, "broker back").await;
 
     // Commits go on while the runtime catches up, then stop.
     tokio::time::sleep(Duration::from_secs(2)).await;

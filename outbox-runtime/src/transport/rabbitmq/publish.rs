@@ -312,14 +312,16 @@ impl RabbitMqTransport {
             let reason = format!("{} {}", message.reply_code, message.reply_text);
             returns.insert((id, key), reason);
         }
+        // Returns this soon after connecting say the broker is not ready (see `recovery_grace`).
+        let age = self.connection_age();
+        let recovering = age < self.inner.config.recovery_grace;
         let mut matched = 0;
         for (index, acked) in confirmed {
             let message = &messages[index];
             let key = (message.event_id.to_string(), message.event_type.clone());
             results[index] = Some(if let Some(reason) = returns.get(&key) {
                 matched += 1;
-                let age = self.connection_age();
-                if age < self.inner.config.recovery_grace {
+                if recovering {
                     Err(PublishError::Connection(format!(
                         "RabbitMQ returned the message as unroutable (routing key `{}` on \
                          exchange `{}`: {reason}) {age:.1?} after the connection opened: a \
