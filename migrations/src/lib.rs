@@ -33,6 +33,7 @@ mod m0008_failure;
 mod m0009_scheduled;
 mod m0010_failure_class;
 mod m0011_claim_floor;
+mod m0012_open_idx;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -48,6 +49,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0009_scheduled::MIGRATION),
         Box::new(m0010_failure_class::MIGRATION),
         Box::new(m0011_claim_floor::MIGRATION),
+        Box::new(m0012_open_idx::MIGRATION),
     ]
 }
 
@@ -58,11 +60,23 @@ struct Script {
     mysql: &'static [&'static str],
     sqlite: &'static [&'static str],
     down: Down,
-    /// Run in one transaction on every backend. A script whose statements depend on the schema
-    /// changes of the ones before it (SQLite's table rebuild: its `RENAME` after its `DROP`)
-    /// needs one connection; SeaORM runs SQLite migrations without a transaction, statement by
-    /// statement on whichever pooled connection is free.
-    one_transaction: bool,
+    /// Where the statements run.
+    transaction: Transaction,
+}
+
+/// Whether a migration's statements run in one transaction.
+#[derive(Clone, Copy)]
+enum Transaction {
+    /// SeaORM's default: one transaction on PostgreSQL, none elsewhere.
+    Backend,
+    /// One transaction on every backend. A script whose statements depend on the schema changes
+    /// of the ones before it (SQLite's table rebuild: its `RENAME` after its `DROP`) needs one
+    /// connection; SeaORM runs SQLite migrations without a transaction, statement by statement
+    /// on whichever pooled connection is free.
+    One,
+    /// None on any backend: PostgreSQL's `CREATE INDEX CONCURRENTLY`, which builds an index
+    /// without blocking writes, refuses to run inside a transaction.
+    None,
 }
 
 /// How a migration is undone.
@@ -88,7 +102,11 @@ impl MigrationName for Script {
 #[async_trait::async_trait]
 impl MigrationTrait for Script {
     fn use_transaction(&self) -> Option<bool> {
-        self.one_transaction.then_some(true)
+        match self.transaction {
+            Transaction::Backend => None,
+            Transaction::One => Some(true),
+            Transaction::None => Some(false),
+        }
     }
 
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {

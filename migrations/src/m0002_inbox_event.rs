@@ -3,7 +3,7 @@
 //! `id` numbers rows in arrival order, which the retry worker follows to keep a consumer's
 //! per-aggregate order; `(consumer, message_id)` is unique.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0002_create_inbox_event",
@@ -11,7 +11,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[

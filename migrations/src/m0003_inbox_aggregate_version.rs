@@ -1,7 +1,7 @@
 //! `inbox_aggregate_version`: the newest aggregate version each consumer accepted, for handlers
 //! that drop stale events (`InboxTransaction::accept_version`).
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0003_create_inbox_aggregate_version",
@@ -9,7 +9,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[r#"CREATE TABLE inbox_aggregate_version (

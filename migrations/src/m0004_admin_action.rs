@@ -2,7 +2,7 @@
 //! ignore, resend, purge), and `outbox_lease`, named leases that let one instance at a time run a
 //! singleton job such as the retention janitor.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0004_create_admin_action",
@@ -10,7 +10,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[

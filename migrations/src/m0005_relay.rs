@@ -3,7 +3,7 @@
 //! circuit breaker opens or closes, and on a heartbeat; a row whose `expires_at` passed belongs
 //! to a relay that stopped without saying so.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0005_create_relay",
@@ -11,7 +11,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[r#"CREATE TABLE outbox_relay (

@@ -16,7 +16,7 @@
 //! The old unique `(consumer, message_id)` stays until `outbox_0007`: processes of the previous
 //! release, which name it in their `ON CONFLICT`, keep working while this one rolls out.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0006_inbox_external_keys",
@@ -24,7 +24,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::Each(POSTGRES_DOWN, MYSQL_DOWN, POSTGRES_DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[

@@ -12,7 +12,7 @@
 //! SQLite cannot drop a table constraint, so there the table is rebuilt with its rows, its ids
 //! and its id sequence.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0007_inbox_drop_message_id_key",
@@ -20,7 +20,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::Each(POSTGRES_DOWN, MYSQL_DOWN, SQLITE_DOWN),
-    one_transaction: true,
+    transaction: Transaction::One,
 };
 
 const POSTGRES_UP: &[&str] =

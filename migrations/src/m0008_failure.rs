@@ -4,7 +4,7 @@
 //! table keeps the ones before it, for an operator reading a dead letter. Retention deletes a
 //! row's history with the row, and history of finished rows once it is older than the window.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0008_create_failure",
@@ -12,7 +12,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[

@@ -3,7 +3,7 @@
 //! moves each due event into `outbox_event` (a new row, as if committed then), so claims never
 //! read scheduled rows however many there are; due events are found by the `due_at` index.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0009_create_scheduled",
@@ -11,7 +11,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[

@@ -8,7 +8,7 @@
 //! no class (`NULL`), and the relay recognises its outage failures by `last_error` as that
 //! release wrote it, so a rolling upgrade needs no backfill.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0010_failure_class",
@@ -16,7 +16,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::All(DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] =

@@ -11,7 +11,7 @@
 //! Nothing changes for code that does not know these: a rolling upgrade applies this migration
 //! first and the previous release keeps running beside the new one.
 
-use crate::{Down, Script};
+use crate::{Down, Script, Transaction};
 
 pub(crate) const MIGRATION: Script = Script {
     name: "outbox_0011_claim_floor",
@@ -19,7 +19,7 @@ pub(crate) const MIGRATION: Script = Script {
     mysql: MYSQL_UP,
     sqlite: SQLITE_UP,
     down: Down::Each(POSTGRES_DOWN, DOWN, DOWN),
-    one_transaction: false,
+    transaction: Transaction::Backend,
 };
 
 const POSTGRES_UP: &[&str] = &[

@@ -482,14 +482,14 @@ async fn doctor_exits_non_zero_on_a_broken_schema() {
     let Some(t) = test_db(Backend::SqliteFile, "cli_doctor_lf").await else {
         return;
     };
-    t.db.execute_unprepared("DROP INDEX outbox_event_unsent_idx")
+    t.db.execute_unprepared("DROP INDEX outbox_event_open_idx")
         .await
         .unwrap();
     let out = cli(Some(&t.url), &["doctor"]).await;
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
-        text.contains("error    indexes     index `outbox_event_unsent_idx`"),
+        text.contains("error    indexes     index `outbox_event_open_idx`"),
         "{text}"
     );
     assert!(text.contains("unhealthy: 1 error(s)"), "{text}");

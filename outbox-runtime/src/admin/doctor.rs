@@ -185,7 +185,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0011` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0012` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",

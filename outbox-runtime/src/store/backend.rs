@@ -237,7 +237,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
 /// (`claim.rs`) writes its statements in the shape this names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueScan {
-    /// A partial index of the unfinished rows, read as one id range: the heads query computes
+    /// A partial index of the open rows, read as one id range: the heads query computes
     /// the claim window's bound itself, and the heads beyond the window are found by a loose
     /// index scan over the aggregate index (a recursive CTE), each step a `next` seek.
     PartialIndex {

@@ -1,6 +1,6 @@
 //! Claiming rows of a work queue table (`outbox_event`, `inbox_event`) in id order, with
 //! optional per-aggregate order. The statements take the shape the dialect's planner reads
-//! fast ([`QueueScan`]): over a partial index of the unfinished rows (PostgreSQL, SQLite), or
+//! fast ([`QueueScan`]): over a partial index of the open rows (PostgreSQL, SQLite), or
 //! one `(status, id)` range per status (MySQL/MariaDB); both shapes are here, side by side.
 
 use std::time::Duration;
@@ -57,6 +57,16 @@ impl Queue<'_> {
     /// "This row still holds its aggregate back", on columns with `prefix` (`o.`, or empty).
     pub fn unfinished(&self, prefix: &str) -> String {
         (self.predicate)(&self.dialect, prefix)
+    }
+
+    /// "A claim can take this row or has it in flight" (PENDING, PROCESSING, RETRY), on columns
+    /// with `prefix`: the predicate of the queue's id index, written as the index is, so that
+    /// every scan by id is served by it. The per-aggregate checks say [`Queue::unfinished`],
+    /// which this index cannot serve: they must see DEAD rows, and only the aggregate indexes
+    /// give them (a planner that misjudged the id index's size read them from it, walking every
+    /// retained entry).
+    pub fn open(&self, prefix: &str) -> String {
+        WorkStatus::in_list(prefix, &WorkStatus::OPEN)
     }
 }
 
@@ -474,25 +484,23 @@ pub(crate) fn prefixed_columns(columns: &str, alias: &str) -> String {
         .join(", ")
 }
 
-/// How many unfinished rows that are not in flight, from the front of the queue, the heads query
-/// looks at: enough that a backlog spread over many aggregates fills a batch with heads from the
-/// window alone.
+/// How many open rows that are not in flight (PENDING, RETRY), from the front of the queue, the
+/// heads query looks at: enough that a backlog spread over many aggregates fills a batch with
+/// heads from the window alone.
 fn window_size(limit: usize) -> usize {
     (8 * limit).max(1024)
 }
 
-/// The statuses the window counts: unfinished, but not PROCESSING. The batches that other
-/// claims (other relays or workers, or the same relay's previous batch) are still publishing
-/// would otherwise fill the window with rows that cannot be heads, and every claim would fall
-/// back to the scan beyond it. MySQL has no partial indexes: its window reads one `(status, id)`
-/// range per status.
-pub(crate) const WINDOW_STATUSES: [WorkStatus; 3] =
-    [WorkStatus::Pending, WorkStatus::Retry, WorkStatus::Dead];
+/// The statuses the window counts: open, but not PROCESSING. The batches that other claims
+/// (other relays or workers, or the same relay's previous batch) are still publishing, and the
+/// dead letters waiting for an operator, would otherwise fill the window with rows that cannot
+/// be heads, and every claim would fall back to the scan beyond it. MySQL has no partial
+/// indexes: its window reads one `(status, id)` range per status.
+pub(crate) const WINDOW_STATUSES: [WorkStatus; 2] = [WorkStatus::Pending, WorkStatus::Retry];
 
-/// The id of the `window`-th unfinished row of the queue that is not PROCESSING, in id order;
-/// `None` when the queue holds fewer (the heads query then reads all of them anyway). Served by
-/// the unsent/unfinished partial index on PostgreSQL and SQLite, by one `(status, id)` range per
-/// status on MySQL.
+/// The id of the `window`-th PENDING or RETRY row of the queue, in id order; `None` when the
+/// queue holds fewer (the heads query then reads all of them anyway). Served by the open rows'
+/// partial index on PostgreSQL and SQLite, by one `(status, id)` range per status on MySQL.
 async fn window_bound(
     txn: &DatabaseTransaction,
     queue: &Queue<'_>,
@@ -510,13 +518,13 @@ async fn window_bound(
     }
 }
 
-/// The query of [`window_bound`], also used as a scalar subquery: served by the
-/// unsent/unfinished partial index.
+/// The query of [`window_bound`], also used as a scalar subquery: served by the open rows'
+/// partial index.
 fn push_window_bound_filtered(sql: &mut Sql, queue: &Queue<'_>, window: usize) {
     sql.push(&format!(
         "SELECT id FROM {} WHERE {} AND status <> {}{}",
         queue.table,
-        queue.unfinished(""),
+        queue.open(""),
         WorkStatus::Processing.literal(),
         floor_predicate(queue, "")
     ));
@@ -551,7 +559,7 @@ pub struct HeadsQuery<'a> {
     pub bound: HeadsBound,
 }
 
-/// [`HeadsQuery`] over the partial index of unfinished rows, from the first of them.
+/// [`HeadsQuery`] over the partial index of open rows, from the first of them.
 fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     let HeadsQuery {
         queue,
@@ -587,7 +595,7 @@ fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
     sql.push(&format!(
         " FROM {} o WHERE {}",
         queue.table,
-        queue.unfinished("o.")
+        queue.open("o.")
     ));
     push_scope_of(&mut sql, queue, "o.");
     match bound {
@@ -602,12 +610,13 @@ fn heads_query_ranged(query: &HeadsQuery<'_>) -> Statement {
             ));
         }
     }
-    // From the first unfinished row: otherwise the planner may walk the primary key from the
-    // table's first row through every finished row (their number only grows until retention).
+    // From the first open row (no claimable row is below it): otherwise the planner may walk
+    // the primary key from the table's first row through every finished row (their number only
+    // grows until retention).
     sql.push(&format!(
         " AND o.id >= (SELECT MIN(x.id) FROM {} x WHERE {}{}",
         queue.table,
-        queue.unfinished("x."),
+        queue.open("x."),
         floor_predicate(queue, "x.")
     ));
     push_scope_of(&mut sql, queue, "x.");
@@ -700,7 +709,7 @@ pub(crate) fn push_beyond_window_rest(sql: &mut Sql, query: &BeyondWindow<'_>) {
     push_scope_of(sql, queue, "");
     sql.push(") c WHERE c.id > ")
         .bind(query.bound.into())
-        .push(&format!(") AND {}", queue.unfinished("o.")));
+        .push(&format!(") AND {}", queue.open("o.")));
     push_scope_of(sql, queue, "o.");
     push_claimable(sql, queue);
     push_no_unfinished_predecessor(sql, queue);

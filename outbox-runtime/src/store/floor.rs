@@ -1,9 +1,9 @@
 //! The claim's floor: an id below which a work queue holds no unfinished row that is not DEAD,
 //! and never will again without an operator, so that a claim's scans of the partial index of
-//! unfinished rows start there instead of at the index's first entry.
+//! open rows (PENDING, PROCESSING, RETRY) start there instead of at the index's first entry.
 //!
 //! Why: a row that leaves the queue (SENT, DONE) keeps its entry in the partial indexes of
-//! unfinished rows until vacuum removes it, and vacuum cannot while any snapshot older than the
+//! open rows until vacuum removes it, and vacuum cannot while any snapshot older than the
 //! change is held (a report query, a backup, a session idle in transaction). Every scan from
 //! the first entry then visits each such row's heap tuple: after two minutes of a held horizon
 //! at 400 events/s the claim's `MIN(id)` took half a second. With a floor the scans start at
@@ -14,7 +14,7 @@
 //! and may commit later, below it. So a floor is found in two steps (PostgreSQL's snapshots
 //! say when the second may be taken):
 //!
-//! 1. a sample reads the lowest unfinished, not DEAD, id from the current floor up (a
+//! 1. a sample reads the lowest open (unfinished, not DEAD) id from the current floor up (a
 //!    *candidate*); every row below it that the sample could not see belongs to a transaction
 //!    that was running then, or was just starting its INSERT;
 //! 2. the candidate is *sealed* by the first sample at least [`SEAL_AFTER`] later, which
@@ -258,7 +258,7 @@ pub async fn sample<C: ConnectionTrait>(
     sql.push(&format!(
         "SELECT COALESCE((SELECT MIN(x.id) FROM {table} x WHERE {live} AND x.id >= ",
         table = queue.table,
-        live = live(queue, "x."),
+        live = queue.open("x."),
     ))
     .bind(from.into());
     super::claim::push_scope_of(&mut sql, queue, "x.");
@@ -278,15 +278,6 @@ pub async fn sample<C: ConnectionTrait>(
         xmax: get_i64(&row, "snap_xmax")?,
         generation: get_opt_i64(&row, "generation")?.unwrap_or(0),
     }))
-}
-
-/// "Unfinished and not DEAD", on columns with `prefix`.
-fn live(queue: &Queue<'_>, prefix: &str) -> String {
-    format!(
-        "{} AND {prefix}status <> {}",
-        queue.unfinished(prefix),
-        super::status::WorkStatus::Dead.literal()
-    )
 }
 
 /// `(SELECT CASE WHEN generation = <g> THEN <low> ELSE 0 END FROM outbox_rescan WHERE id = 1)`:

@@ -102,7 +102,7 @@ impl Backend for Postgres {
             "outbox_event" => &[
                 "outbox_event_event_id_key",
                 "outbox_event_dedup_key_idx",
-                "outbox_event_unsent_idx",
+                "outbox_event_open_idx",
                 "outbox_event_aggregate_unsent_idx",
                 "outbox_event_sent_at_idx",
                 "outbox_event_aggregate_dead_idx",

@@ -42,8 +42,8 @@ async fn items(db: &DatabaseConnection, sql: &'static str) -> Result<Vec<TableIt
         .collect()
 }
 
-/// The named indexes of `inbox_event` once every migration ran (`outbox_0007` dropped the old
-/// `inbox_event_consumer_message_key`).
+/// The named indexes of `inbox_event` on MySQL/MariaDB once every migration ran (`outbox_0007`
+/// dropped the old `inbox_event_consumer_message_key`).
 pub(crate) const INBOX_EVENT_INDEXES: [&str; 5] = [
     "inbox_event_message_key",
     "inbox_event_business_key",
@@ -52,12 +52,22 @@ pub(crate) const INBOX_EVENT_INDEXES: [&str; 5] = [
     "inbox_event_processed_at_idx",
 ];
 
-/// [`INBOX_EVENT_INDEXES`] and, on PostgreSQL, the DEAD messages per aggregate
+/// The named indexes of `inbox_event` on SQLite: its open rows by id (`outbox_0012`) in
+/// place of the unfinished ones.
+pub(crate) const INBOX_EVENT_INDEXES_SQLITE: [&str; 5] = [
+    "inbox_event_message_key",
+    "inbox_event_business_key",
+    "inbox_event_open_idx",
+    "inbox_event_aggregate_idx",
+    "inbox_event_processed_at_idx",
+];
+
+/// [`INBOX_EVENT_INDEXES_SQLITE`] and, on PostgreSQL, the DEAD messages per aggregate
 /// (`outbox_0011`).
 pub(crate) const INBOX_EVENT_INDEXES_POSTGRES: [&str; 6] = [
     "inbox_event_message_key",
     "inbox_event_business_key",
-    "inbox_event_unfinished_idx",
+    "inbox_event_open_idx",
     "inbox_event_aggregate_idx",
     "inbox_event_processed_at_idx",
     "inbox_event_aggregate_dead_idx",

@@ -118,11 +118,11 @@ impl Backend for Sqlite {
         match table {
             "outbox_event" => &[
                 "outbox_event_dedup_key_idx",
-                "outbox_event_unsent_idx",
+                "outbox_event_open_idx",
                 "outbox_event_aggregate_unsent_idx",
                 "outbox_event_sent_at_idx",
             ],
-            "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
+            "inbox_event" => &super::schema::INBOX_EVENT_INDEXES_SQLITE,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
             "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
             _ => &[],

@@ -153,6 +153,17 @@ impl InboxStatus {
     pub const FINISHED: [InboxStatus; 2] = [InboxStatus::Done, InboxStatus::Ignored];
 }
 
+impl WorkStatus {
+    /// The rows a claim can take or has in flight: what the queues' id indexes hold
+    /// (`outbox_event_open_idx`, `inbox_event_open_idx`). DEAD rows are left out: they are not
+    /// claimable, and the ordering checks find them through the aggregate indexes.
+    pub const OPEN: [WorkStatus; 3] = [
+        WorkStatus::Pending,
+        WorkStatus::Processing,
+        WorkStatus::Retry,
+    ];
+}
+
 /// Where a failed attempt goes, on either table: due again later, or given up on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
