@@ -203,7 +203,8 @@ pub fn redelivery_horizon(
 #[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct PurgeReport {
-    /// SENT outbox events deleted.
+    /// SENT outbox events deleted one by one (those an earlier release marked SENT in
+    /// `outbox_event`; sent events in `outbox_sent` leave by whole slots, [`PurgeReport::slots_emptied`]).
     pub outbox_deleted: u64,
     /// DONE and IGNORED inbox messages deleted.
     pub inbox_deleted: u64,
@@ -212,6 +213,11 @@ pub struct PurgeReport {
     pub failures_deleted: u64,
     /// Delete transactions run.
     pub batches: u64,
+    /// Slots of the rotating tables (`outbox_sent`, `outbox_key`) emptied whole: each drops a
+    /// slot's rows at once, however many; they are not counted in [`PurgeReport::deleted`] or
+    /// `outbox_deleted`, which count the rows deleted one by one (SENT rows an earlier release
+    /// left in `outbox_event`).
+    pub slots_emptied: u64,
     /// Outbox events sent before this instant were eligible.
     pub sent_before: DateTime<Utc>,
     /// Inbox messages processed before this instant were eligible.
@@ -329,6 +335,7 @@ async fn run(
         inbox_deleted: 0,
         failures_deleted: 0,
         batches: 0,
+        slots_emptied: 0,
         sent_before: cutoff(now, policy.sent_after),
         done_before: cutoff(now, policy.done_after),
         elapsed: Duration::ZERO,
@@ -390,13 +397,30 @@ async fn run(
             tokio::time::sleep(policy.pause).await;
         }
     }
+    if !report.lease_lost {
+        for (table, window) in [
+            (store::sent::SENT_TABLE, Some(policy.sent_after)),
+            (store::keys::KEY_TABLE, None),
+        ] {
+            let emptied = store::rotation::empty_expired(db, table, window)
+                .await
+                .map_err(db_error("emptying the expired slots of a rotating table"))?;
+            report.slots_emptied += emptied.slots.len() as u64;
+        }
+    }
     report.elapsed = started.elapsed();
-    if always_record || report.deleted() > 0 {
-        let target = format!(
+    if always_record || report.deleted() > 0 || report.slots_emptied > 0 {
+        let mut target = format!(
             "outbox_event SENT before {}; inbox_event DONE/IGNORED before {}",
             crate::envelope::format_time(&report.sent_before),
-            crate::envelope::format_time(&report.done_before)
+            crate::envelope::format_time(&report.done_before),
         );
+        if report.slots_emptied > 0 {
+            target.push_str(&format!(
+                "; {} slot(s) of outbox_sent and outbox_key emptied",
+                report.slots_emptied
+            ));
+        }
         report.audit_id = Some(
             sql::record_action(
                 db,
@@ -414,6 +438,7 @@ async fn run(
         outbox_deleted = report.outbox_deleted,
         inbox_deleted = report.inbox_deleted,
         batches = report.batches,
+        slots_emptied = report.slots_emptied,
         elapsed_ms = report.elapsed.as_millis() as u64,
         lease_lost = report.lease_lost,
         "retention purge"

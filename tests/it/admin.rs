@@ -1109,7 +1109,9 @@ async fn doctor_and_status_report_the_storage_and_what_holds_vacuum_back(t: Test
             "outbox_event",
             "inbox_event",
             "outbox_failure",
-            "outbox_scheduled"
+            "outbox_scheduled",
+            "outbox_sent",
+            "outbox_key"
         ]
     );
     assert!(
@@ -1614,7 +1616,7 @@ async fn ignore_and_resend_by_filter(t: TestDb) {
     let cart2 = sent_of("cart-2");
     exec(
         &t.db,
-        "UPDATE outbox_event SET sent_at = ? WHERE id = ?",
+        "UPDATE outbox_sent SET sent_at = ? WHERE id = ?",
         vec![t.dialect().timestamp(ago(180 * MIN)), cart2[0].into()],
     )
     .await;

@@ -175,11 +175,7 @@ async fn a_late_commit_stays_above_the_floor() {
         during <= late_id,
         "the floor ({during}) passed the open transaction's event ({late_id})"
     );
-    let busy = scalar(
-        &t,
-        "SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'SENT'",
-    )
-    .await;
+    let busy = scalar(&t, "SELECT COUNT(*) AS n FROM outbox_sent").await;
     assert_eq!(
         busy,
         i64::from(seq),
@@ -238,11 +234,7 @@ async fn a_late_commit_stays_above_the_fast_paths_floor() {
     }
     handle.shutdown().await.unwrap();
     assert_eq!(published(&transport, "late"), [0, 1]);
-    let sent = scalar(
-        &t,
-        "SELECT COUNT(*) AS n FROM outbox_event WHERE status = 'SENT'",
-    )
-    .await;
+    let sent = scalar(&t, "SELECT COUNT(*) AS n FROM outbox_sent").await;
     assert_eq!(sent, i64::from(seq) + 2, "every event was sent");
 }
 

@@ -200,11 +200,7 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
     assert_eq!(json_of(&answer)["status"], 401);
     assert_eq!(statuses(&t, &f).await, before, "nothing changed");
     assert_eq!(audit_rows(&t).await, 0, "nothing audited");
-    assert_eq!(
-        scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_event").await,
-        8,
-        "nothing purged"
-    );
+    assert_eq!(count_events(&t.db).await, 8, "nothing purged");
 }
 
 async fn cross_site_writes_are_refused(t: TestDb) {

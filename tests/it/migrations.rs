@@ -54,7 +54,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 12);
+    assert_eq!(applied, 13);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -80,7 +80,10 @@ async fn up_down_up(t: TestDb) {
                 "{indexes:?}"
             );
             let inbox = index_names(&t.db, "inbox_event").await;
-            assert!(inbox.iter().any(|i| i == "inbox_event_open_idx"), "{inbox:?}");
+            assert!(
+                inbox.iter().any(|i| i == "inbox_event_open_idx"),
+                "{inbox:?}"
+            );
             assert!(
                 !inbox.iter().any(|i| i == "inbox_event_unfinished_idx"),
                 "{inbox:?}"
@@ -98,6 +101,9 @@ async fn up_down_up(t: TestDb) {
     assert!(!table_exists(&t.db, "outbox_failure").await);
     assert!(!table_exists(&t.db, "outbox_scheduled").await);
     assert!(!table_exists(&t.db, "outbox_rescan").await);
+    assert!(!table_exists(&t.db, "outbox_sent").await);
+    assert!(!table_exists(&t.db, "outbox_key").await);
+    assert!(!table_exists(&t.db, "outbox_rotation").await);
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         0
@@ -121,7 +127,7 @@ async fn up_down_up(t: TestDb) {
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        12
+        13
     );
 }
 
@@ -198,7 +204,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
             "outbox_0009_create_scheduled",
             "outbox_0010_failure_class",
             "outbox_0011_claim_floor",
-            "outbox_0012_open_idx"
+            "outbox_0012_open_idx",
+            "outbox_0013_sent_rotation"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();
@@ -255,7 +262,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     use outbox::inbox::{ExternalInbox, IncomingMessage, Receipt, ReceiveError};
     let db = &t.db;
     // Back to the schema of the release before `outbox_0006`.
-    Migrator::down(db, Some(7)).await.unwrap();
+    Migrator::down(db, Some(8)).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         5
@@ -308,7 +315,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     Migrator::up(db, None).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        12
+        13
     );
     assert_eq!(
         inbox.receive(&message("psp-b", "evt_1")).await.unwrap(),
@@ -364,7 +371,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     db.execute_unprepared("DELETE FROM inbox_event WHERE origin = 'psp-b'")
         .await
         .unwrap();
-    Migrator::down(db, Some(6)).await.unwrap();
+    Migrator::down(db, Some(7)).await.unwrap();
     assert_eq!(
         old_release_insert(db, "billing", id9, b"{}").await.unwrap(),
         0

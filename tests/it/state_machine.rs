@@ -519,6 +519,34 @@ async fn outbox_rows(db: &DatabaseConnection) -> Result<BTreeMap<i64, OutRow>, T
         .map_err(fail)?;
         out.insert(r.id, r);
     }
+    // Sent events, moved to `outbox_sent` with what they keep.
+    let sent = db
+        .query_all_raw(Statement::from_string(
+            d.backend(),
+            "SELECT id, event_id, aggregate_id, attempts, locked_by, claim_token, sent_at \
+             FROM outbox_sent ORDER BY id",
+        ))
+        .await
+        .map_err(fail)?;
+    for row in sent {
+        let r = (|| -> Result<OutRow, outbox::sea_orm::DbErr> {
+            Ok(OutRow {
+                id: row.try_get("", "id")?,
+                event_id: d.get_uuid(&row, "event_id")?,
+                aggregate: row.try_get("", "aggregate_id")?,
+                status: "SENT".to_owned(),
+                attempts: row.try_get("", "attempts")?,
+                next_attempt_at: None,
+                locked_by: row.try_get("", "locked_by")?,
+                locked_until: None,
+                claim_token: d.get_opt_uuid(&row, "claim_token")?,
+                sent_at: d.get_opt_timestamp(&row, "sent_at")?,
+                last_error: None,
+            })
+        })()
+        .map_err(fail)?;
+        out.insert(r.id, r);
+    }
     Ok(out)
 }
 

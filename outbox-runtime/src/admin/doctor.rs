@@ -185,7 +185,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0012` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0013` create. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -315,6 +315,36 @@ const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_rescan",
         columns: &["id", "generation"],
+    },
+    TableSpec {
+        name: "outbox_rotation",
+        columns: &["table_name", "slot_seconds", "slots"],
+    },
+    TableSpec {
+        name: "outbox_sent",
+        columns: &[
+            "slot",
+            "id",
+            "event_id",
+            "source",
+            "event_type",
+            "schema_version",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "dedup_key",
+            "payload",
+            "headers",
+            "attempts",
+            "locked_by",
+            "claim_token",
+            "created_at",
+            "sent_at",
+        ],
+    },
+    TableSpec {
+        name: "outbox_key",
+        columns: &["slot", "bucket", "event_type", "dedup_key", "event_id"],
     },
 ];
 

@@ -252,6 +252,16 @@ impl Relay {
         shutdown: &CancellationToken,
     ) {
         let ids: Vec<i64> = batch.events.iter().map(|e| e.id).collect();
+        // Where each event stands in its aggregate, to ask afterwards what waits behind it.
+        let places: Vec<store::relay::Place> = batch
+            .events
+            .iter()
+            .map(|e| store::relay::Place {
+                id: e.id,
+                aggregate_type: e.aggregate_type.clone(),
+                aggregate_id: e.aggregate_id.clone(),
+            })
+            .collect();
         let claim = Claim {
             token: fast.token,
             claimed_at: batch.events.iter().map(|e| e.created_at).max(),
@@ -278,7 +288,7 @@ impl Relay {
             Ok(round) => {
                 let report = round.report;
                 let wake = report.released + report.retried + report.dead > 0
-                    || (report.sent > 0 && self.followed(&ids).await);
+                    || (report.sent > 0 && self.followed(&places).await);
                 if wake {
                     outbox.committed(&self.db);
                 }
@@ -293,9 +303,11 @@ impl Relay {
         }
     }
 
-    /// Whether events wait behind `ids` in their aggregates (on error: assume so).
-    async fn followed(&self, ids: &[i64]) -> bool {
-        store::relay::followed(&self.db, ids).await.unwrap_or(true)
+    /// Whether events wait behind `places` in their aggregates (on error: assume so).
+    async fn followed(&self, places: &[store::relay::Place]) -> bool {
+        store::relay::followed(&self.db, places)
+            .await
+            .unwrap_or(true)
     }
 }
 

@@ -11,6 +11,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, V
 
 use super::{
     ACTION_TABLE, DbTime, Dialect, INBOX_TABLE, OUTBOX_TABLE, get_i64, get_opt_i64,
+    sent::{KEPT_COLUMNS, SENT_TABLE},
     sql::Sql,
     status::{InboxStatus, OutboxStatus, WorkStatus},
 };
@@ -44,7 +45,8 @@ pub(crate) async fn outbox_counts(db: &DatabaseConnection) -> Result<Vec<CountRo
         "SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM {OUTBOX_TABLE} GROUP BY status"
     );
     let rows = db.query_all_raw(dialect.raw(sql)).await?;
-    rows.iter()
+    let mut counts = rows
+        .iter()
         .map(|row| {
             Ok(CountRow {
                 consumer: None,
@@ -53,7 +55,35 @@ pub(crate) async fn outbox_counts(db: &DatabaseConnection) -> Result<Vec<CountRo
                 oldest: dialect.get_opt_timestamp(row, "oldest")?,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, DbErr>>()?;
+    // Sent events are in `outbox_sent` (an earlier release left its own in `outbox_event`).
+    let sent = db
+        .query_one_raw(dialect.raw(format!(
+            "SELECT COUNT(*) AS n, MIN(created_at) AS oldest FROM {SENT_TABLE}"
+        )))
+        .await?;
+    if let Some(row) = sent {
+        let count = get_i64(&row, "n")?;
+        let oldest = dialect.get_opt_timestamp(&row, "oldest")?;
+        let sent = OutboxStatus::Sent.as_str();
+        match counts.iter_mut().find(|c| c.status == sent) {
+            Some(row) => {
+                row.count += count;
+                row.oldest = match (row.oldest, oldest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            None if count > 0 => counts.push(CountRow {
+                consumer: None,
+                status: sent.to_owned(),
+                count,
+                oldest,
+            }),
+            None => {}
+        }
+    }
+    Ok(counts)
 }
 
 /// `inbox_event` rows per consumer and status, with the oldest `received_at` of each.
@@ -222,8 +252,35 @@ pub(crate) async fn outbox_detail(
          locked_by, locked_until, created_at, sent_at, last_error FROM {OUTBOX_TABLE} WHERE id = "
     ))
     .bind(id.into());
-    let Some(row) = db.query_one_raw(sql.build()).await? else {
-        return Ok(None);
+    let (row, moved) = match db.query_one_raw(sql.build()).await? {
+        Some(row) => (row, false),
+        None => {
+            // Sent: moved to `outbox_sent`, with what it kept.
+            let mut sql = Sql::new(dialect);
+            sql.push(&format!(
+                "SELECT {KEPT_COLUMNS}, sent_at FROM {SENT_TABLE} WHERE id = "
+            ))
+            .bind(id.into());
+            match db.query_one_raw(sql.build()).await? {
+                Some(row) => (row, true),
+                None => return Ok(None),
+            }
+        }
+    };
+    // What a row in `outbox_sent` no longer has.
+    let unless_moved = |column: &str| -> Result<Option<String>, DbErr> {
+        if moved {
+            Ok(None)
+        } else {
+            row.try_get("", column)
+        }
+    };
+    let time_unless_moved = |column: &str| {
+        if moved {
+            Ok(None)
+        } else {
+            dialect.get_opt_timestamp(&row, column)
+        }
     };
     let payload = dialect.get_json_text(&row, "payload")?;
     let headers = dialect.get_json_text(&row, "headers")?;
@@ -261,10 +318,13 @@ pub(crate) async fn outbox_detail(
             aggregate_type: Some(event.aggregate_type.clone()),
             aggregate_id: Some(event.aggregate_id.clone()),
             attempts: get_i64(&row, "attempts")?,
-            last_error: row.try_get("", "last_error")?,
+            last_error: unless_moved("last_error")?,
             arrived_at: event.created_at,
         },
-        status: row.try_get("", "status")?,
+        status: match moved {
+            true => OutboxStatus::Sent.as_str().to_owned(),
+            false => row.try_get("", "status")?,
+        },
         source: Some(event.source.clone()),
         schema_version: Some(i64::from(event.schema_version)),
         aggregate_version: event.aggregate_version,
@@ -273,9 +333,9 @@ pub(crate) async fn outbox_detail(
         payload,
         envelope,
         envelope_error,
-        next_attempt_at: dialect.get_opt_timestamp(&row, "next_attempt_at")?,
+        next_attempt_at: time_unless_moved("next_attempt_at")?,
         locked_by: row.try_get("", "locked_by")?,
-        locked_until: dialect.get_opt_timestamp(&row, "locked_until")?,
+        locked_until: time_unless_moved("locked_until")?,
         sent_at: dialect.get_opt_timestamp(&row, "sent_at")?,
         processed_at: None,
         failures: super::failures::history(db, Source::Outbox, id).await?,
@@ -357,6 +417,25 @@ pub(crate) async fn lock_statuses(
         sql.push(dialect.lock_rows(false));
         for row in txn.query_all_raw(sql.build()).await? {
             found.insert(row.try_get("", "id")?, row.try_get("", "status")?);
+        }
+    }
+    if source == Source::Outbox {
+        // Sent events moved to `outbox_sent`.
+        let missing: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !found.contains_key(id))
+            .collect();
+        for chunk in missing.chunks(500) {
+            let mut sql = Sql::new(dialect);
+            sql.push(&format!("SELECT id FROM {SENT_TABLE} WHERE id IN "))
+                .bind_list(chunk.iter().map(|id| Value::from(*id)));
+            for row in txn.query_all_raw(sql.build()).await? {
+                found.insert(
+                    row.try_get("", "id")?,
+                    OutboxStatus::Sent.as_str().to_owned(),
+                );
+            }
         }
     }
     Ok(found)
@@ -499,9 +578,11 @@ pub(crate) async fn ignore_inbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> R
     .await
 }
 
-/// Outbox SENT → PENDING, as if never sent.
+/// Outbox SENT → PENDING, as if never sent: rows an earlier release marked SENT in place are
+/// updated, rows in `outbox_sent` move back into `outbox_event` under their own id (one whose
+/// dedup key a newer unsent event holds stays where it is).
 pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
-    let affected = guarded_update(
+    let mut affected = guarded_update(
         txn,
         Source::Outbox,
         &|sql: &mut Sql| {
@@ -516,7 +597,52 @@ pub(crate) async fn resend_outbox(txn: &DatabaseTransaction, rows: Rows<'_>) -> 
         rows,
     )
     .await?;
+    match rows {
+        Rows::Ids(ids) => {
+            for chunk in ids.chunks(500) {
+                affected += move_back(txn, Rows::Ids(chunk)).await?;
+            }
+        }
+        rows => affected += move_back(txn, rows).await?,
+    }
     made_unfinished(txn, affected).await
+}
+
+/// The `outbox_sent` rows `rows` selects, back into `outbox_event` as PENDING; returns how many
+/// moved.
+async fn move_back(txn: &DatabaseTransaction, rows: Rows<'_>) -> Result<u64, DbErr> {
+    let dialect = Dialect::of(txn);
+    let push_rows = |sql: &mut Sql| match rows {
+        Rows::Ids(ids) => {
+            sql.push(" AND id IN ")
+                .bind_list(ids.iter().map(|id| Value::from(*id)));
+        }
+        Rows::Sent(filter) => push_sent_filter(sql, filter),
+        Rows::Filter(_) => {
+            sql.push(" AND 1 = 0");
+        }
+    };
+    let columns = super::outbox::INSERT_COLUMNS.join(", ");
+    let mut copy = Sql::new(dialect);
+    copy.push(&format!(
+        "INSERT INTO {OUTBOX_TABLE} (id, {columns}, status, attempts, created_at) \
+         SELECT id, {columns}, {}, 0, created_at FROM {SENT_TABLE} WHERE 1 = 1",
+        OutboxStatus::Pending.literal()
+    ));
+    push_rows(&mut copy);
+    copy.push(" ").push(dialect.outbox_insert_select_conflict());
+    let moved = txn.execute_raw(copy.build()).await?.rows_affected();
+    if moved > 0 {
+        let mut delete = Sql::new(dialect);
+        delete.push(&format!("DELETE FROM {SENT_TABLE} WHERE 1 = 1"));
+        push_rows(&mut delete);
+        delete.push(&format!(
+            " AND id IN (SELECT e.id FROM {OUTBOX_TABLE} e WHERE e.status = {})",
+            OutboxStatus::Pending.literal()
+        ));
+        txn.execute_raw(delete.build()).await?;
+    }
+    Ok(moved)
 }
 
 /// `(id, status)` of the outbox rows with these event ids, locked like [`lock_statuses`].
@@ -537,6 +663,28 @@ pub(crate) async fn lock_by_event_ids(
             found.insert(
                 dialect.get_uuid(&row, "event_id")?,
                 (row.try_get("", "id")?, row.try_get("", "status")?),
+            );
+        }
+    }
+    // Sent events that moved to `outbox_sent`.
+    let missing: Vec<uuid::Uuid> = event_ids
+        .iter()
+        .filter(|id| !found.contains_key(id))
+        .copied()
+        .collect();
+    for chunk in missing.chunks(500) {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!(
+            "SELECT id, event_id FROM {SENT_TABLE} WHERE event_id IN "
+        ))
+        .bind_list(chunk.iter().map(|id| dialect.uuid(*id)));
+        for row in txn.query_all_raw(sql.build()).await? {
+            found.insert(
+                dialect.get_uuid(&row, "event_id")?,
+                (
+                    row.try_get("", "id")?,
+                    OutboxStatus::Sent.as_str().to_owned(),
+                ),
             );
         }
     }

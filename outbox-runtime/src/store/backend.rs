@@ -90,6 +90,12 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         any_dedup_key.then_some("ON CONFLICT (event_type, dedup_key) DO NOTHING")
     }
 
+    /// [`Backend::outbox_insert_conflict`] for an `INSERT INTO outbox_event … SELECT` from
+    /// another table with the same columns.
+    fn outbox_insert_select_conflict(&self) -> &'static str {
+        "ON CONFLICT (event_type, dedup_key) DO NOTHING"
+    }
+
     /// An INSERT that skips rows conflicting on the unique key `key` (its columns,
     /// comma-separated): the statement's head and, where the backend needs one, its tail.
     fn insert_skipping(&self, key: &str) -> (&'static str, Option<String>) {
@@ -152,6 +158,39 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         format!("{prefix}status <> {}", super::OutboxStatus::Sent.literal())
     }
 
+    /// The number of the period of `seconds` (an SQL expression) the database's clock is in:
+    /// whole seconds since the epoch divided by it (see `rotation.rs`).
+    fn bucket_expression(&self, seconds: &str) -> String;
+
+    /// The conflict clause of an `INSERT` into `outbox_key`: a key already held for the same
+    /// period stays as it is; a row left from a period before the previous one (a slot that
+    /// retention has not emptied yet) is overwritten as if absent.
+    fn key_upsert(&self) -> &'static str {
+        "ON CONFLICT (slot, event_type, dedup_key) DO UPDATE SET bucket = excluded.bucket, \
+         event_id = excluded.event_id WHERE outbox_key.bucket < excluded.bucket - 1"
+    }
+
+    /// Whether a sent event moves to `outbox_sent` in one statement (`DELETE … RETURNING`
+    /// feeding an `INSERT`) rather than a copy and a delete.
+    fn moves_in_one_statement(&self) -> bool {
+        false
+    }
+
+    /// A query returning, as `slot`, each of `slots` of the rotating `table` that holds rows.
+    fn slots_with_rows(&self, table: &str, slots: &[i32]) -> String {
+        let list = slots
+            .iter()
+            .map(i32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("SELECT DISTINCT slot FROM {table} WHERE slot IN ({list})")
+    }
+
+    /// The statements that empty slot `slot` of the rotating `table`.
+    fn empty_slot(&self, table: &str, slot: i32) -> Vec<String> {
+        vec![format!("DELETE FROM {table} WHERE slot = {slot}")]
+    }
+
     /// Whether other processes can be woken by a notification sent after a commit
     /// (`LISTEN`/`NOTIFY`).
     fn notifications(&self) -> bool {
@@ -194,16 +233,11 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// (`claim.rs`).
     fn queue_scan(&self) -> QueueScan;
 
-    /// One statement, sent as a simple query, that marks `ids` SENT at `at` where `fence` (a
-    /// condition with its values written as literals: the write-back's fencing rule) holds, when
-    /// the backend can run a claim's usual write-back that way in one round trip.
-    fn sent_in_one_round_trip(
-        &self,
-        _table: &str,
-        _fence: &str,
-        _ids: &[i64],
-        _at: super::DbTime,
-    ) -> Option<String> {
+    /// One statement, sent as a simple query, that marks `ids` SENT now (moves them to
+    /// `outbox_sent`) where `fence` (a condition with its values written as literals: the
+    /// write-back's fencing rule) holds, when the backend can run a claim's usual write-back
+    /// that way in one round trip.
+    fn sent_in_one_round_trip(&self, _fence: &str, _ids: &[i64]) -> Option<String> {
         None
     }
 

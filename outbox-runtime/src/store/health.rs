@@ -16,12 +16,15 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult};
 use super::{Dialect, sql::Sql};
 
 /// The SDK's tables whose health is reported: the ones every event and message passes through,
-/// and the error history.
-pub const QUEUE_TABLES: [&str; 4] = [
+/// and the error history. A partitioned table (`outbox_sent`, `outbox_key`) is reported as the
+/// sum of its partitions.
+pub const QUEUE_TABLES: [&str; 6] = [
     "outbox_event",
     "inbox_event",
     "outbox_failure",
     "outbox_scheduled",
+    "outbox_sent",
+    "outbox_key",
 ];
 
 /// One table as the server's statistics show it. `None` where the backend does not say.
@@ -122,20 +125,25 @@ pub async fn tables<C: ConnectionTrait>(db: &C) -> Result<Vec<TableHealth>, DbEr
     let mut sql = Sql::new(dialect);
     match db.get_database_backend() {
         DbBackend::Postgres => {
+            // Each table's leaves: itself, or its partitions.
             sql.push(
-                "SELECT c.relname::text AS table_name, s.n_live_tup::bigint AS live_rows, \
-                 s.n_dead_tup::bigint AS dead_rows, pg_table_size(c.oid)::bigint AS table_bytes, \
-                 pg_indexes_size(c.oid)::bigint AS index_bytes, NULL::bigint AS free_bytes, \
-                 EXTRACT(EPOCH FROM now() - GREATEST(s.last_vacuum, s.last_autovacuum))::float8 \
+                "SELECT c.relname::text AS table_name, SUM(s.n_live_tup)::bigint AS live_rows, \
+                 SUM(s.n_dead_tup)::bigint AS dead_rows, \
+                 SUM(pg_table_size(l.oid))::bigint AS table_bytes, \
+                 SUM(pg_indexes_size(l.oid))::bigint AS index_bytes, NULL::bigint AS free_bytes, \
+                 EXTRACT(EPOCH FROM now() - MAX(GREATEST(s.last_vacuum, s.last_autovacuum)))::float8 \
                  AS vacuumed_s, \
-                 EXTRACT(EPOCH FROM now() - GREATEST(s.last_analyze, s.last_autoanalyze))::float8 \
+                 EXTRACT(EPOCH FROM now() - MAX(GREATEST(s.last_analyze, s.last_autoanalyze)))::float8 \
                  AS analyzed_s, \
-                 NOT EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option) \
+                 bool_and(NOT EXISTS (SELECT 1 FROM unnest(l.reloptions) AS o(option) \
                  WHERE lower(o.option) IN ('autovacuum_enabled=false', 'autovacuum_enabled=off', \
                  'autovacuum_enabled=0', 'autovacuum_enabled=no', 'autovacuum_enabled=f', \
-                 'autovacuum_enabled=n')) AS autovacuum_enabled \
-                 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid \
-                 WHERE s.schemaname = current_schema() AND c.relname IN (",
+                 'autovacuum_enabled=n'))) AS autovacuum_enabled \
+                 FROM pg_class c LEFT JOIN LATERAL pg_partition_tree(c.oid) t ON true \
+                 JOIN pg_class l ON l.oid = COALESCE(t.relid, c.oid) \
+                 JOIN pg_stat_user_tables s ON s.relid = l.oid \
+                 WHERE COALESCE(t.isleaf, true) AND NOT c.relispartition \
+                 AND c.relnamespace = to_regnamespace(current_schema()) AND c.relname IN (",
             );
         }
         DbBackend::MySql => {
@@ -158,6 +166,9 @@ pub async fn tables<C: ConnectionTrait>(db: &C) -> Result<Vec<TableHealth>, DbEr
         sql.bind((*table).to_owned().into());
     }
     sql.push(")");
+    if db.get_database_backend() == DbBackend::Postgres {
+        sql.push(" GROUP BY c.relname");
+    }
     let mut found: Vec<TableHealth> = db
         .query_all_raw(sql.build())
         .await?

@@ -2,19 +2,16 @@
 //! outbox events, insert each as a PENDING inbox row of every consumer that handles its type,
 //! and mark it SENT. No broker, exactly once: the inbox rows and the SENT mark commit together.
 
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, QueryResult, Value,
-};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, QueryResult};
 
 use crate::envelope::Envelope;
 
 use super::{
-    DbTime, Dialect, OUTBOX_TABLE,
+    Dialect,
     claim::{ClaimParams, select_claimable},
     inbox::{InboxState, NewInboxRow},
     relay::{ClaimedEvent, aggregate_of, decode, mark_dead, outbox_queue},
     sql::Sql,
-    status::OutboxStatus,
     tx::begin_work,
 };
 
@@ -124,20 +121,26 @@ async fn insert_pending(
     Ok(())
 }
 
-/// Mark the moved events SENT, by `owner`.
+/// The rows this transaction claimed (unfinished, and locked by it), moved by `owner`.
+struct Claimed<'a> {
+    owner: &'a str,
+}
+
+impl super::sent::MoveRule for Claimed<'_> {
+    fn push_where(&self, sql: &mut Sql) {
+        let unsent = sql.dialect().unsent("");
+        sql.push(" WHERE ").push(&unsent);
+    }
+
+    fn sent_by(&self) -> Option<&str> {
+        Some(self.owner)
+    }
+}
+
+/// Mark the moved events SENT, by `owner`: move them to `outbox_sent`.
 async fn mark_sent(txn: &DatabaseTransaction, sent: &[i64], owner: &str) -> Result<(), DbErr> {
     for chunk in sent.chunks(1000) {
-        let mut sql = Sql::new(Dialect::of(txn));
-        sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
-            OutboxStatus::Sent.literal()
-        ))
-        .time(DbTime::NOW)
-        .push(", locked_by = ")
-        .bind(owner.to_owned().into())
-        .push(", locked_until = NULL, failure_class = NULL, last_error = NULL WHERE id IN ")
-        .bind_list(chunk.iter().map(|id| Value::from(*id)));
-        txn.execute_raw(sql.build()).await?;
+        super::sent::move_sent(txn, &Claimed { owner }, chunk).await?;
     }
     Ok(())
 }

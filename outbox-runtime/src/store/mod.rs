@@ -16,6 +16,8 @@
 //!   finished rows, `lease`: named leases, `schema`: introspection for `doctor`,
 //!   `stats`: backlog counts for the metrics, `broker_state`: each relay's view of its broker,
 //!   `failures`: the error history of failed attempts;
+//! - `sent`: sent events moved out of the work queue, `rotation`: the tables that rotate
+//!   through slots and are emptied a slot at a time;
 //! - `wal`: the WAL relay's publication, slot and batch check (PostgreSQL).
 
 pub mod admin;
@@ -29,6 +31,7 @@ pub mod failures;
 pub mod floor;
 pub mod health;
 pub mod inbox;
+pub mod keys;
 pub mod lease;
 pub mod local;
 pub mod mysql;
@@ -37,8 +40,10 @@ pub(crate) mod outbox;
 pub mod postgres;
 pub mod relay;
 pub mod retention;
+pub mod rotation;
 pub mod scheduled;
 pub mod schema;
+pub mod sent;
 pub mod sql;
 pub mod sqlite;
 pub mod stats;

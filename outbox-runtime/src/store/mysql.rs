@@ -37,6 +37,11 @@ impl Backend for MySql {
         Some("ON DUPLICATE KEY UPDATE id = id")
     }
 
+    /// The column named with its table: the selected table has an `id` too.
+    fn outbox_insert_select_conflict(&self) -> &'static str {
+        "ON DUPLICATE KEY UPDATE outbox_event.id = outbox_event.id"
+    }
+
     /// Values are validated before they get here, so `IGNORE` only skips the duplicate key.
     fn insert_skipping(&self, _key: &str) -> (&'static str, Option<String>) {
         ("INSERT IGNORE INTO ", None)
@@ -53,6 +58,36 @@ impl Backend for MySql {
     /// InnoDB reads an `INSERT`'s subquery on its own table with shared next-key locks.
     fn insert_check_locks_gaps(&self) -> bool {
         true
+    }
+
+    /// Whole seconds since the epoch (`UNIX_TIMESTAMP()`), divided as integers.
+    fn bucket_expression(&self, seconds: &str) -> String {
+        format!("(UNIX_TIMESTAMP() DIV {seconds})")
+    }
+
+    /// The assignments run in order: `event_id` first, while `bucket` is still the old one.
+    fn key_upsert(&self) -> &'static str {
+        "ON DUPLICATE KEY UPDATE \
+         event_id = IF(bucket < VALUES(bucket) - 1, VALUES(event_id), event_id), \
+         bucket = IF(bucket < VALUES(bucket) - 1, VALUES(bucket), bucket)"
+    }
+
+    /// Each slot is a partition of its own, `s<slot>`: one probe of each, in one query.
+    fn slots_with_rows(&self, table: &str, slots: &[i32]) -> String {
+        slots
+            .iter()
+            .map(|slot| {
+                format!(
+                    "SELECT {slot} AS slot FROM DUAL WHERE EXISTS \
+                     (SELECT 1 FROM {table} PARTITION (s{slot}))"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ")
+    }
+
+    fn empty_slot(&self, table: &str, slot: i32) -> Vec<String> {
+        vec![format!("ALTER TABLE {table} TRUNCATE PARTITION s{slot}")]
     }
 
     /// Status ranges of `(aggregate_type, aggregate_id, status, id)`.
@@ -82,6 +117,7 @@ impl Backend for MySql {
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
             "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
+            "outbox_sent" => &super::schema::SENT_INDEXES,
             _ => &[],
         }
     }

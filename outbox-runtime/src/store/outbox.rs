@@ -91,7 +91,7 @@ pub(super) fn push_event_values(sql: &mut Sql, event: &PendingEvent) {
 
 /// Columns bound per row by the commit-time INSERT, in order (and by the INSERT of delayed
 /// events, which stores the same).
-pub(super) const INSERT_COLUMNS: [&str; 10] = [
+pub(crate) const INSERT_COLUMNS: [&str; 10] = [
     "event_id",
     "source",
     "event_type",
@@ -184,7 +184,23 @@ pub(crate) async fn insert_events<C: ConnectionTrait>(
     fast: Option<FastClaim<'_>>,
 ) -> Result<InsertOutcome, DbErr> {
     let dialect = Dialect::of(conn);
-    let (to_write, skipped) = first_of_each_key(events, |event| event);
+    let (mut to_write, mut skipped) = first_of_each_key(events, |event| event);
+    // Keys whose events left the table (sent) are kept apart, for the rotation's period.
+    let keyed: Vec<&PendingEvent> = to_write
+        .iter()
+        .map(|(_, event)| *event)
+        .filter(|event| event.dedup_key.is_some())
+        .collect();
+    let taken = super::keys::take(conn, &keyed).await?;
+    if !taken.is_empty() {
+        to_write.retain(|(_, event)| {
+            let keep = !taken.contains(&event.event_id);
+            if !keep {
+                skipped.push(event.skipped());
+            }
+            keep
+        });
+    }
     let mut outcome = InsertOutcome {
         skipped,
         ..InsertOutcome::default()

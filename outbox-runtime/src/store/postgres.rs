@@ -6,10 +6,7 @@
 use sea_orm::{DbBackend, DbErr, QueryResult, Value};
 use uuid::Uuid;
 
-use super::{
-    DbTime,
-    backend::{Backend, NextAggregate, QueueScan, sealed::Sealed},
-};
+use super::backend::{Backend, NextAggregate, QueueScan, sealed::Sealed};
 
 /// The PostgreSQL dialect.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +107,7 @@ impl Backend for Postgres {
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES_POSTGRES,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
             "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
+            "outbox_sent" => &super::schema::SENT_INDEXES,
             _ => &[],
         }
     }
@@ -124,32 +122,45 @@ impl Backend for Postgres {
     /// The statements go as one simple query, which PostgreSQL runs as one implicit
     /// transaction (rolled back whole on error), so `SET LOCAL` applies to its commit. Its values
     /// are ids, a UUID and a time offset this process made, written as literals.
-    fn sent_in_one_round_trip(
-        &self,
-        table: &str,
-        fence: &str,
-        ids: &[i64],
-        at: DbTime,
-    ) -> Option<String> {
-        let mut sql = format!(
-            "SET LOCAL synchronous_commit = off; UPDATE {table} SET status = {sent}, \
-             sent_at = {}, locked_until = NULL, failure_class = NULL, last_error = NULL \
-             WHERE {} AND id IN (",
-            self.time_literal(at),
+    fn sent_in_one_round_trip(&self, fence: &str, ids: &[i64]) -> Option<String> {
+        let moved = super::sent::move_sent_literal(
+            super::Dialect::from_backend(DbBackend::Postgres),
             fence,
-            sent = super::OutboxStatus::Sent.literal(),
-        );
-        for (i, id) in ids.iter().enumerate() {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&id.to_string());
-        }
-        sql.push(')');
-        Some(sql)
+            ids,
+        )?;
+        Some(format!("SET LOCAL synchronous_commit = off; {moved}"))
     }
 
     fn records_ordered_batch_in_one_statement(&self) -> bool {
         true
+    }
+
+    /// Whole seconds of the statement's start since the epoch.
+    fn bucket_expression(&self, seconds: &str) -> String {
+        format!("(CAST(floor(extract(epoch FROM statement_timestamp())) AS BIGINT) / {seconds})")
+    }
+
+    fn moves_in_one_statement(&self) -> bool {
+        true
+    }
+
+    /// Each slot is a partition of its own, `<table>_s<slot>`: one probe of each, in one query.
+    fn slots_with_rows(&self, table: &str, slots: &[i32]) -> String {
+        slots
+            .iter()
+            .map(|slot| {
+                format!("SELECT {slot} AS slot WHERE EXISTS (SELECT 1 FROM {table}_s{slot})")
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ")
+    }
+
+    /// `TRUNCATE` of the slot's partition, waiting at most two seconds for its lock (a long
+    /// reader of the table; the next pass tries again).
+    fn empty_slot(&self, table: &str, slot: i32) -> Vec<String> {
+        vec![
+            "SET LOCAL lock_timeout = '2s'".to_owned(),
+            format!("TRUNCATE {table}_s{slot}"),
+        ]
     }
 }

@@ -413,6 +413,12 @@ pub enum Fence {
     Pending,
 }
 
+impl super::sent::MoveRule for Fence {
+    fn push_where(&self, sql: &mut Sql) {
+        Fence::push_where(*self, sql);
+    }
+}
+
 impl Fence {
     /// ` WHERE <the rule>`, with the token bound.
     fn push_where(self, sql: &mut Sql) {
@@ -490,9 +496,7 @@ async fn settle_all_sent_at_once(
         return Ok(Some(Settled::default()));
     }
     let rule = fence.literal();
-    let Some(sql) =
-        Dialect::of(db).sent_in_one_round_trip(OUTBOX_TABLE, &rule, &settlement.sent, DbTime::NOW)
-    else {
+    let Some(sql) = Dialect::of(db).sent_in_one_round_trip(&rule, &settlement.sent) else {
         return Ok(None);
     };
     let result = db.execute_unprepared(&sql).await?;
@@ -502,21 +506,11 @@ async fn settle_all_sent_at_once(
     }))
 }
 
-/// Mark `ids` SENT now, under `fence`; returns the rows marked.
+/// Mark `ids` SENT now, under `fence`: move them to `outbox_sent`; returns the rows marked.
 async fn mark_sent(txn: &DatabaseTransaction, fence: Fence, ids: &[i64]) -> Result<u64, DbErr> {
     let mut marked = 0;
     for chunk in ids.chunks(SETTLE_CHUNK) {
-        let mut sql = Sql::new(Dialect::of(txn));
-        sql.push(&format!(
-            "UPDATE {OUTBOX_TABLE} SET status = {}, sent_at = ",
-            OutboxStatus::Sent.literal()
-        ))
-        .time(DbTime::NOW)
-        .push(", locked_until = NULL, failure_class = NULL, last_error = NULL");
-        fence.push_where(&mut sql);
-        sql.push(" AND id IN ")
-            .bind_list(chunk.iter().map(|id| Value::from(*id)));
-        marked += txn.execute_raw(sql.build()).await?.rows_affected();
+        marked += super::sent::move_sent(txn, &fence, chunk).await?;
     }
     Ok(marked)
 }
@@ -664,22 +658,41 @@ pub async fn retries_due_now(
     Ok(db.execute_raw(sql.build()).await?.rows_affected())
 }
 
-/// Whether an unsent event follows one of `ids` in its aggregate. After the fast path marked
-/// `ids` SENT: such an event was written PENDING behind them, and the relay can claim it now.
-pub async fn followed(db: &DatabaseConnection, ids: &[i64]) -> Result<bool, DbErr> {
+/// An event's place in its aggregate.
+#[derive(Debug, Clone)]
+pub struct Place {
+    /// The event's row id.
+    pub id: i64,
+    /// Its aggregate's type.
+    pub aggregate_type: String,
+    /// Its aggregate's id.
+    pub aggregate_id: String,
+}
+
+/// Whether an unsent event follows one of `places` in its aggregate. After the fast path marked
+/// them SENT (and moved them out of `outbox_event`): such an event was written PENDING behind
+/// them, and the relay can claim it now. Each place is one range of the aggregate index.
+pub async fn followed(db: &DatabaseConnection, places: &[Place]) -> Result<bool, DbErr> {
     let dialect = Dialect::of(db);
-    for chunk in ids.chunks(SETTLE_CHUNK) {
+    for chunk in places.chunks(200) {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "SELECT 1 AS f FROM {OUTBOX_TABLE} o WHERE o.id IN "
-        ))
-        .bind_list(chunk.iter().map(|id| Value::from(*id)))
-        .push(&format!(
-            " AND EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e WHERE e.aggregate_type = \
-                 o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id > o.id AND {}) \
-                 LIMIT 1",
+            "SELECT 1 AS f FROM {OUTBOX_TABLE} e WHERE {} AND (",
             dialect.unsent("e.")
         ));
+        for (i, place) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(" OR ");
+            }
+            sql.push("(e.aggregate_type = ")
+                .bind(place.aggregate_type.clone().into())
+                .push(" AND e.aggregate_id = ")
+                .bind(place.aggregate_id.clone().into())
+                .push(" AND e.id > ")
+                .bind(place.id.into())
+                .push(")");
+        }
+        sql.push(") LIMIT 1");
         if db.query_one_raw(sql.build()).await?.is_some() {
             return Ok(true);
         }

@@ -80,6 +80,9 @@ pub(crate) const FAILURE_INDEXES: [&str; 2] = ["outbox_failure_row", "outbox_fai
 pub(crate) const SCHEDULED_INDEXES: [&str; 2] =
     ["outbox_scheduled_dedup_key_idx", "outbox_scheduled_due_idx"];
 
+/// The named indexes of `outbox_sent` (`outbox_0013`), the same on every backend.
+pub(crate) const SENT_INDEXES: [&str; 2] = ["outbox_sent_id_idx", "outbox_sent_event_id_idx"];
+
 /// The indexes the SDK's migrations create on `table` on this connection's backend.
 pub fn expected_indexes(db: &DatabaseConnection, table: &str) -> &'static [&'static str] {
     Dialect::of(db).expected_indexes(table)

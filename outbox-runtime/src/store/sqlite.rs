@@ -125,8 +125,14 @@ impl Backend for Sqlite {
             "inbox_event" => &super::schema::INBOX_EVENT_INDEXES_SQLITE,
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
             "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
+            "outbox_sent" => &super::schema::SENT_INDEXES,
             _ => &[],
         }
+    }
+
+    /// Whole seconds since the epoch by the clock of the host holding the file.
+    fn bucket_expression(&self, seconds: &str) -> String {
+        format!("(CAST(strftime('%s', 'now') AS INTEGER) / {seconds})")
     }
 
     /// Partial indexes; sQLite sorts NULLs first: two seeks per step of the loose index scan.

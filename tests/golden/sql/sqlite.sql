@@ -6,6 +6,8 @@
 INSERT INTO outbox_event (event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'))
 
 -- enqueue + commit: an event with a dedup key
+SELECT (CAST(strftime('%s', 'now') AS INTEGER) / r.slot_seconds) AS bucket, r.slot_seconds, r.slots FROM outbox_rotation r WHERE r.table_name = ?
+INSERT INTO outbox_key (slot, bucket, event_type, dedup_key, event_id) VALUES (…), … ON CONFLICT (slot, event_type, dedup_key) DO UPDATE SET bucket = excluded.bucket, event_id = excluded.event_id WHERE outbox_key.bucket < excluded.bucket - 1 RETURNING event_id, bucket
 INSERT INTO outbox_event (event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')) ON CONFLICT (event_type, dedup_key) DO NOTHING RETURNING id, event_id, status, created_at
 
 -- enqueue + commit: an event with an aggregate version
@@ -19,7 +21,8 @@ SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggrega
 WITH w AS (SELECT id FROM outbox_event WHERE status IN ('PENDING', 'PROCESSING', 'RETRY') AND status <> 'PROCESSING' ORDER BY id LIMIT 1 OFFSET 1023) SELECT o.id, o.event_id, o.source, o.event_type, o.schema_version, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.payload, o.headers, o.status, o.attempts, o.locked_until, o.created_at, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') AS db_now, CASE WHEN EXISTS (SELECT 1 FROM outbox_event e WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id > o.id AND e.status <> 'SENT') THEN 1 ELSE 0 END AS has_next, (SELECT id FROM w) AS window_bound FROM outbox_event o WHERE o.status IN ('PENDING', 'PROCESSING', 'RETRY') AND o.id <= COALESCE((SELECT id FROM w), 9223372036854775807) AND o.id >= (SELECT MIN(x.id) FROM outbox_event x WHERE x.status IN ('PENDING', 'PROCESSING', 'RETRY')) AND ((o.status = 'PENDING') OR (o.status = 'RETRY' AND o.next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')) OR (o.status = 'PROCESSING' AND o.locked_until < strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'))) AND NOT EXISTS (SELECT 1 FROM outbox_event e WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id < o.id AND e.status <> 'SENT') ORDER BY o.id LIMIT 10
 SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, payload, headers, status, attempts, locked_until, created_at FROM outbox_event WHERE status <> 'SENT' AND id > 1 AND ((aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?) OR (aggregate_type = ? AND aggregate_id = ?)) ORDER BY id LIMIT 10
 UPDATE outbox_event SET attempts = CASE WHEN status = 'PROCESSING' THEN attempts + 1 ELSE attempts END, status = 'PROCESSING', locked_by = ?, locked_until = strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', printf('%+.6f seconds', ? / 1000000.0)), claim_token = ? WHERE id IN (…)
-UPDATE outbox_event SET status = 'SENT', sent_at = strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'), locked_until = NULL, failure_class = NULL, last_error = NULL WHERE status = 'PROCESSING' AND claim_token = ? AND id IN (…)
+INSERT INTO outbox_sent (slot, id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, attempts, locked_by, claim_token, created_at, sent_at) SELECT (SELECT (CAST(strftime('%s', 'now') AS INTEGER) / r.slot_seconds) % r.slots FROM outbox_rotation r WHERE r.table_name = 'outbox_sent'), id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, attempts, locked_by, claim_token, created_at, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') FROM outbox_event WHERE status = 'PROCESSING' AND claim_token = ? AND id IN (…)
+DELETE FROM outbox_event WHERE status = 'PROCESSING' AND claim_token = ? AND id IN (…)
 
 -- relay: a failed publish goes RETRY with its class, a permanent rejection DEAD
 SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers FROM outbox_scheduled WHERE due_at <= strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') ORDER BY due_at, id LIMIT 10
@@ -43,7 +46,8 @@ INSERT INTO outbox_event (event_id, source, event_type, schema_version, aggregat
 DELETE FROM outbox_scheduled WHERE id IN (…)
 WITH w AS (SELECT id FROM outbox_event WHERE status IN ('PENDING', 'PROCESSING', 'RETRY') AND status <> 'PROCESSING' ORDER BY id LIMIT 1 OFFSET 1023) SELECT o.id, o.event_id, o.source, o.event_type, o.schema_version, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.payload, o.headers, o.status, o.attempts, o.locked_until, o.created_at, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') AS db_now, CASE WHEN EXISTS (SELECT 1 FROM outbox_event e WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id > o.id AND e.status <> 'SENT') THEN 1 ELSE 0 END AS has_next, (SELECT id FROM w) AS window_bound FROM outbox_event o WHERE o.status IN ('PENDING', 'PROCESSING', 'RETRY') AND o.id <= COALESCE((SELECT id FROM w), 9223372036854775807) AND o.id >= (SELECT MIN(x.id) FROM outbox_event x WHERE x.status IN ('PENDING', 'PROCESSING', 'RETRY')) AND ((o.status = 'PENDING') OR (o.status = 'RETRY' AND o.next_attempt_at <= strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')) OR (o.status = 'PROCESSING' AND o.locked_until < strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'))) AND NOT EXISTS (SELECT 1 FROM outbox_event e WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id AND e.id < o.id AND e.status <> 'SENT') ORDER BY o.id LIMIT 10
 UPDATE outbox_event SET attempts = CASE WHEN status = 'PROCESSING' THEN attempts + 1 ELSE attempts END, status = 'PROCESSING', locked_by = ?, locked_until = strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', printf('%+.6f seconds', ? / 1000000.0)), claim_token = ? WHERE id IN (…)
-UPDATE outbox_event SET status = 'SENT', sent_at = strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'), locked_until = NULL, failure_class = NULL, last_error = NULL WHERE status = 'PROCESSING' AND claim_token = ? AND id IN (…)
+INSERT INTO outbox_sent (slot, id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, attempts, locked_by, claim_token, created_at, sent_at) SELECT (SELECT (CAST(strftime('%s', 'now') AS INTEGER) / r.slot_seconds) % r.slots FROM outbox_rotation r WHERE r.table_name = 'outbox_sent'), id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, attempts, locked_by, claim_token, created_at, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') FROM outbox_event WHERE status = 'PROCESSING' AND claim_token = ? AND id IN (…)
+DELETE FROM outbox_event WHERE status = 'PROCESSING' AND claim_token = ? AND id IN (…)
 
 -- inbox: receive external messages
 INSERT INTO inbox_event (consumer, message_id, origin, biz_key, headers, event_type, source, aggregate_type, aggregate_id, aggregate_version, schema_version, payload, status, attempts, next_attempt_at, last_error, received_at, processed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'), ?) ON CONFLICT DO NOTHING
@@ -67,6 +71,7 @@ INSERT INTO outbox_failure (queue, row_id, attempt, status, error, failed_at) SE
 -- admin: status
 SELECT strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') AS now
 SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM outbox_event GROUP BY status
+SELECT COUNT(*) AS n, MIN(created_at) AS oldest FROM outbox_sent
 SELECT COUNT(*) AS n, MIN(due_at) AS next_due FROM outbox_scheduled
 SELECT COUNT(*) AS n, MIN(locked_until) AS since FROM outbox_event WHERE status = 'PROCESSING' AND locked_until < strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')
 SELECT consumer, status, COUNT(*) AS n, MIN(received_at) AS oldest FROM inbox_event GROUP BY consumer, status ORDER BY consumer
@@ -94,7 +99,10 @@ INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, a
 
 -- admin: resend a sent event
 SELECT id, event_id, status FROM outbox_event WHERE event_id IN (…)
+SELECT id, event_id FROM outbox_sent WHERE event_id IN (…)
 UPDATE outbox_event SET status = 'PENDING', sent_at = NULL, attempts = 0, next_attempt_at = NULL, locked_by = NULL, locked_until = NULL, claim_token = NULL, failure_class = NULL, last_error = NULL WHERE status = 'SENT' AND id IN (…)
+INSERT INTO outbox_event (id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, status, attempts, created_at) SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, 'PENDING', 0, created_at FROM outbox_sent WHERE 1 = 1 AND id IN (…) ON CONFLICT (event_type, dedup_key) DO NOTHING
+DELETE FROM outbox_sent WHERE 1 = 1 AND id IN (…) AND id IN (SELECT e.id FROM outbox_event e WHERE e.status = 'PENDING')
 UPDATE outbox_rescan SET generation = generation + 1 WHERE id = 1
 INSERT INTO outbox_admin_action (action, target, rows_affected, actor, reason, at) VALUES (?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')) RETURNING id
 
@@ -107,6 +115,9 @@ DELETE FROM outbox_event WHERE id IN (SELECT id FROM outbox_event WHERE status =
 DELETE FROM inbox_event WHERE id IN (SELECT id FROM inbox_event WHERE status IN ('DONE', 'IGNORED') AND processed_at < ? LIMIT 5000)
 DELETE FROM outbox_failure WHERE id IN (SELECT id FROM (SELECT f.id FROM outbox_failure f WHERE f.queue = 'outbox' AND f.failed_at < ? AND NOT EXISTS (SELECT 1 FROM outbox_event t WHERE t.id = f.row_id AND t.status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')) ORDER BY f.id LIMIT 5000) doomed)
 DELETE FROM outbox_failure WHERE id IN (SELECT id FROM (SELECT f.id FROM outbox_failure f WHERE f.queue = 'inbox' AND f.failed_at < ? AND NOT EXISTS (SELECT 1 FROM inbox_event t WHERE t.id = f.row_id AND t.status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')) ORDER BY f.id LIMIT 5000) doomed)
+SELECT (CAST(strftime('%s', 'now') AS INTEGER) / r.slot_seconds) AS bucket, r.slot_seconds, r.slots FROM outbox_rotation r WHERE r.table_name = ?
+SELECT DISTINCT slot FROM outbox_sent WHERE slot IN (…)
+SELECT DISTINCT slot FROM outbox_key WHERE slot IN (…)
 
 -- retention: lease acquired, purge as leader
 UPDATE outbox_lease SET acquired_at = CASE WHEN holder = ? THEN acquired_at ELSE strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') END, holder = ?, locked_until = strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', printf('%+.6f seconds', ? / 1000000.0)) WHERE name = ? AND (holder = ? OR locked_until < strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'))
@@ -116,6 +127,9 @@ DELETE FROM outbox_event WHERE id IN (SELECT id FROM outbox_event WHERE status =
 DELETE FROM inbox_event WHERE id IN (SELECT id FROM inbox_event WHERE status IN ('DONE', 'IGNORED') AND processed_at < ? LIMIT 5000)
 DELETE FROM outbox_failure WHERE id IN (SELECT id FROM (SELECT f.id FROM outbox_failure f WHERE f.queue = 'outbox' AND f.failed_at < ? AND NOT EXISTS (SELECT 1 FROM outbox_event t WHERE t.id = f.row_id AND t.status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')) ORDER BY f.id LIMIT 5000) doomed)
 DELETE FROM outbox_failure WHERE id IN (SELECT id FROM (SELECT f.id FROM outbox_failure f WHERE f.queue = 'inbox' AND f.failed_at < ? AND NOT EXISTS (SELECT 1 FROM inbox_event t WHERE t.id = f.row_id AND t.status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')) ORDER BY f.id LIMIT 5000) doomed)
+SELECT (CAST(strftime('%s', 'now') AS INTEGER) / r.slot_seconds) AS bucket, r.slot_seconds, r.slots FROM outbox_rotation r WHERE r.table_name = ?
+SELECT DISTINCT slot FROM outbox_sent WHERE slot IN (…)
+SELECT DISTINCT slot FROM outbox_key WHERE slot IN (…)
 
 -- retention: lease renewed, purge as leader
 UPDATE outbox_lease SET acquired_at = CASE WHEN holder = ? THEN acquired_at ELSE strftime('%Y-%m-%dT%H:%M:%f000Z', 'now') END, holder = ?, locked_until = strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', printf('%+.6f seconds', ? / 1000000.0)) WHERE name = ? AND (holder = ? OR locked_until < strftime('%Y-%m-%dT%H:%M:%f000Z', 'now'))
@@ -124,6 +138,9 @@ DELETE FROM outbox_event WHERE id IN (SELECT id FROM outbox_event WHERE status =
 DELETE FROM inbox_event WHERE id IN (SELECT id FROM inbox_event WHERE status IN ('DONE', 'IGNORED') AND processed_at < ? LIMIT 5000)
 DELETE FROM outbox_failure WHERE id IN (SELECT id FROM (SELECT f.id FROM outbox_failure f WHERE f.queue = 'outbox' AND f.failed_at < ? AND NOT EXISTS (SELECT 1 FROM outbox_event t WHERE t.id = f.row_id AND t.status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')) ORDER BY f.id LIMIT 5000) doomed)
 DELETE FROM outbox_failure WHERE id IN (SELECT id FROM (SELECT f.id FROM outbox_failure f WHERE f.queue = 'inbox' AND f.failed_at < ? AND NOT EXISTS (SELECT 1 FROM inbox_event t WHERE t.id = f.row_id AND t.status IN ('PENDING', 'PROCESSING', 'RETRY', 'DEAD')) ORDER BY f.id LIMIT 5000) doomed)
+SELECT (CAST(strftime('%s', 'now') AS INTEGER) / r.slot_seconds) AS bucket, r.slot_seconds, r.slots FROM outbox_rotation r WHERE r.table_name = ?
+SELECT DISTINCT slot FROM outbox_sent WHERE slot IN (…)
+SELECT DISTINCT slot FROM outbox_key WHERE slot IN (…)
 
 -- retention: lease released
 UPDATE outbox_lease SET locked_until = strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', printf('%+.6f seconds', ? / 1000000.0)) WHERE name = ? AND holder = ?

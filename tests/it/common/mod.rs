@@ -427,8 +427,40 @@ pub async fn count_orders<C: ConnectionTrait>(db: &C) -> u64 {
     order::Entity::find().count(db).await.unwrap()
 }
 
+/// Events in the outbox: unfinished in `outbox_event`, sent in `outbox_sent`.
 pub async fn count_events<C: ConnectionTrait>(db: &C) -> i64 {
-    scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_event").await
+    scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_event").await + sent_count(db).await
+}
+
+/// Put the sent events matching `condition` (SQL on `outbox_sent`) in a slot whose rows are
+/// all older than `window` by the rotation's reckoning: the next retention pass empties it.
+pub async fn age_sent<C: ConnectionTrait>(db: &C, condition: &str, window: Duration) {
+    let (current, rotation) = outbox::store::rotation::now(db, "outbox_sent")
+        .await
+        .unwrap()
+        .unwrap();
+    let slot = rotation.expired(current, window)[0];
+    db.execute_unprepared(&format!(
+        "UPDATE outbox_sent SET slot = {slot} WHERE {condition}"
+    ))
+    .await
+    .unwrap();
+}
+
+/// Move sent event `id` back into `outbox_event` as PENDING, created at `created_at` (a SQL
+/// literal), as if it had never been sent.
+pub async fn unsend<C: ConnectionTrait>(db: &C, id: i64, created_at: &str) {
+    let columns = "id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, \
+                   aggregate_version, dedup_key, payload, headers";
+    db.execute_unprepared(&format!(
+        "INSERT INTO outbox_event ({columns}, status, attempts, created_at) \
+         SELECT {columns}, 'PENDING', 0, {created_at} FROM outbox_sent WHERE id = {id}"
+    ))
+    .await
+    .unwrap();
+    db.execute_unprepared(&format!("DELETE FROM outbox_sent WHERE id = {id}"))
+        .await
+        .unwrap();
 }
 
 pub async fn scalar_i64<C: ConnectionTrait>(db: &C, sql: &str) -> i64 {
@@ -505,7 +537,54 @@ pub async fn outbox_rows<C: ConnectionTrait>(db: &C) -> Vec<OutboxRow> {
         .query_all_raw(Statement::from_string(d.backend(), sql))
         .await
         .unwrap();
-    rows.iter().map(|r| decode_row(&d, r)).collect()
+    let mut all: Vec<OutboxRow> = rows.iter().map(|r| decode_row(&d, r)).collect();
+    all.extend(sent_rows(db).await);
+    all.sort_by_key(|r| r.id);
+    all
+}
+
+/// The events moved to `outbox_sent`, as [`OutboxRow`]s (SENT, with what a sent row keeps).
+pub async fn sent_rows<C: ConnectionTrait>(db: &C) -> Vec<OutboxRow> {
+    let d = Dialect::of(db);
+    let int = if d.backend() == DbBackend::MySql {
+        "SIGNED"
+    } else {
+        "BIGINT"
+    };
+    let sql = format!(
+        "SELECT id, event_id, source, event_type, CAST(schema_version AS {int}) AS schema_version, \
+         aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers, \
+         CAST(attempts AS {int}) AS attempts, locked_by, claim_token, created_at, sent_at \
+         FROM outbox_sent ORDER BY id"
+    );
+    let rows = db
+        .query_all_raw(Statement::from_string(d.backend(), sql))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| OutboxRow {
+            id: r.try_get("", "id").unwrap(),
+            event_id: d.get_uuid(r, "event_id").unwrap(),
+            source: r.try_get("", "source").unwrap(),
+            event_type: r.try_get("", "event_type").unwrap(),
+            schema_version: r.try_get("", "schema_version").unwrap(),
+            aggregate_type: r.try_get("", "aggregate_type").unwrap(),
+            aggregate_id: r.try_get("", "aggregate_id").unwrap(),
+            aggregate_version: r.try_get("", "aggregate_version").unwrap(),
+            dedup_key: r.try_get("", "dedup_key").unwrap(),
+            payload: serde_json::from_str(&d.get_json_text(r, "payload").unwrap()).unwrap(),
+            headers: serde_json::from_str(&d.get_json_text(r, "headers").unwrap()).unwrap(),
+            status: "SENT".to_owned(),
+            attempts: r.try_get("", "attempts").unwrap(),
+            next_attempt_at: None,
+            locked_by: r.try_get("", "locked_by").unwrap(),
+            claim_token: d.get_opt_uuid(r, "claim_token").unwrap(),
+            created_at: d.get_timestamp(r, "created_at").unwrap(),
+            sent_at: d.get_opt_timestamp(r, "sent_at").unwrap(),
+            last_error: None,
+            failure_class: None,
+        })
+        .collect()
 }
 
 fn decode_row(d: &Dialect, r: &QueryResult) -> OutboxRow {
@@ -578,9 +657,28 @@ macro_rules! backend_tests {
     )+};
 }
 
-/// Status counts of the outbox, e.g. `[("PENDING", 3), ("SENT", 7)]`.
+/// Status counts of the outbox, e.g. `[("PENDING", 3), ("SENT", 7)]`: the events in
+/// `outbox_event` by status, and those moved to `outbox_sent` as SENT.
 pub async fn status_counts<C: ConnectionTrait>(db: &C) -> std::collections::BTreeMap<String, i64> {
-    table_status_counts(db, "outbox_event").await
+    let mut counts = table_status_counts(db, "outbox_event").await;
+    let sent = sent_count(db).await;
+    if sent > 0 {
+        *counts.entry("SENT".to_owned()).or_default() += sent;
+    }
+    counts
+}
+
+/// How many events `outbox_sent` holds.
+pub async fn sent_count<C: ConnectionTrait>(db: &C) -> i64 {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM outbox_sent".to_owned(),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get::<i64>("", "n").unwrap()
 }
 
 /// Rows per status of `table` (`outbox_event` or `inbox_event`).
