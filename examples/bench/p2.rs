@@ -156,7 +156,11 @@ async fn producers_beside_wal_relay(ctx: &Ctx) -> Result<f64, BoxError> {
     let published = relay.shutdown().await?.sent;
     ctx.drop_stream(&transport).await;
     support::drop_wal_slot(ctx).await?;
-    let committed = support::scalar_i64(&ctx.db, "SELECT count(*) FROM outbox_event").await?;
+    let committed = support::scalar_i64(
+        &ctx.db,
+        "SELECT (SELECT count(*) FROM outbox_event) + (SELECT count(*) FROM outbox_sent)",
+    )
+    .await?;
     if published < committed as u64 {
         return Err(format!("the WAL relay published {published} of {committed} events").into());
     }
@@ -361,7 +365,11 @@ async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     wait_drained(&ctx.db, Instant::now(), Duration::from_secs(120)).await?;
     let published = relay.shutdown().await?.sent;
     ctx.drop_stream(&transport).await;
-    let committed = support::scalar_i64(&ctx.db, "SELECT count(*) FROM outbox_event").await?;
+    let committed = support::scalar_i64(
+        &ctx.db,
+        "SELECT (SELECT count(*) FROM outbox_event) + (SELECT count(*) FROM outbox_sent)",
+    )
+    .await?;
     if published < committed as u64 {
         return Err(format!("the relay published {published} of {committed} events").into());
     }
@@ -387,7 +395,11 @@ async fn producers_beside_relay(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let published = raw.await??;
     let stored = stream_len(ctx, transport.stream_name()).await?;
     ctx.drop_stream(&transport).await;
-    let committed = support::scalar_i64(&ctx.db, "SELECT count(*) FROM outbox_event").await?;
+    let committed = support::scalar_i64(
+        &ctx.db,
+        "SELECT (SELECT count(*) FROM outbox_event) + (SELECT count(*) FROM outbox_sent)",
+    )
+    .await?;
     if published != committed as u64 || stored != published {
         return Err(format!(
             "the hand-written relay published {published} of {committed} events (stream holds {stored})"

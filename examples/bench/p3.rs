@@ -156,7 +156,9 @@ async fn stages(ctx: &Ctx) -> Result<Vec<(&'static str, f64, f64)>, BoxError> {
         .query_one_raw(outbox::sea_orm::Statement::from_string(
             outbox::sea_orm::DbBackend::Postgres,
             format!(
-                "SELECT {sent}, {received} FROM outbox_event o JOIN inbox_event i \
+                "SELECT {sent}, {received} FROM (SELECT event_id, created_at, sent_at \
+                 FROM outbox_event UNION ALL SELECT event_id, created_at, sent_at \
+                 FROM outbox_sent) o JOIN inbox_event i \
                  ON i.consumer = '{CONSUMER}' AND i.message_id = o.event_id::text",
                 sent = quantiles("o.sent_at - o.created_at", "sent"),
                 received = quantiles("i.received_at - o.created_at", "received"),

@@ -221,7 +221,7 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
     }
     let sent = scalar_i64_bound(
         db,
-        "SELECT count(*) FROM outbox_event WHERE id > $1 AND status = 'SENT'",
+        "SELECT count(*) FROM outbox_sent WHERE id > $1",
         [base.into()],
     )
     .await? as u64;
@@ -246,6 +246,7 @@ async fn claim_and_relay(ctx: &Ctx, table: &str, run: usize) -> Result<Vec<Measu
     // Back to the table this measurement is named after.
     let t = Instant::now();
     execute_bound(db, "DELETE FROM outbox_event WHERE id > $1", [base.into()]).await?;
+    execute_bound(db, "DELETE FROM outbox_sent WHERE id > $1", [base.into()]).await?;
     vacuum(db).await?;
     println!(
         "  P5 run {run}, {table} table: events deleted and vacuumed in {:.1} s",
@@ -336,11 +337,7 @@ async fn drain_backlog(
     ctx.drop_stream(&transport).await;
     let (elapsed, stats) = relayed?;
     let stored = stored?;
-    let sent = scalar_i64(
-        db,
-        "SELECT count(*) FROM outbox_event WHERE status = 'SENT'",
-    )
-    .await? as u64;
+    let sent = scalar_i64(db, "SELECT count(*) FROM outbox_sent").await? as u64;
     let left = backlog - sent.min(backlog);
     if left > 0 && ctx.smoke {
         return Err(format!("P5 {key}: {left} of {backlog} events unsent after {window:?}").into());

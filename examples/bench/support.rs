@@ -162,7 +162,8 @@ impl Ctx {
     pub(crate) async fn reset(&self) -> Result<(), BoxError> {
         self.db
             .execute_unprepared(
-                "TRUNCATE outbox_event, inbox_event, inbox_aggregate_version, bench_order, bench_effect",
+                "TRUNCATE outbox_event, outbox_sent, outbox_key, inbox_event, \
+                 inbox_aggregate_version, bench_order, bench_effect",
             )
             .await?;
         self.db

@@ -52,6 +52,7 @@ mod rebalance;
 mod relay;
 #[cfg(feature = "nats")]
 mod relay_nats;
+mod sent_rotation;
 mod state_machine;
 mod transport;
 mod ui;

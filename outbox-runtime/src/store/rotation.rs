@@ -173,7 +173,7 @@ pub async fn rows_per_slot<C: ConnectionTrait>(
     let dialect = Dialect::of(conn);
     let rows = conn
         .query_all_raw(dialect.raw(format!(
-            "SELECT slot, COUNT(*) AS n FROM {table} GROUP BY slot ORDER BY slot"
+            "SELECT slot + 0 AS slot, COUNT(*) AS n FROM {table} GROUP BY slot ORDER BY slot"
         )))
         .await?;
     rows.iter()

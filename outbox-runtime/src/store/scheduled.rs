@@ -111,7 +111,8 @@ pub(crate) async fn insert<C: ConnectionTrait>(
 pub struct Promoted {
     /// Events now in `outbox_event`, PENDING.
     pub moved: usize,
-    /// Events dropped because `outbox_event` already held their `(event_type, dedup_key)`.
+    /// Events dropped because their `(event_type, dedup_key)` was taken: by an unsent event in
+    /// `outbox_event`, or within the key rotation's period (`outbox_key`).
     pub skipped: Vec<SkippedEvent>,
 }
 

@@ -116,6 +116,7 @@ pub(crate) async fn purge(db: &DatabaseConnection, json: bool, args: &PurgeArgs)
         outbox_deleted = report.outbox_deleted,
         inbox_deleted = report.inbox_deleted,
         batches = report.batches,
+        slots_emptied = report.slots_emptied,
         "purge finished"
     );
     emit(json, &report, render::render_purge)

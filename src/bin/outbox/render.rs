@@ -444,12 +444,13 @@ pub(crate) fn pretty(value: &Value) -> String {
 pub(crate) fn render_purge(r: &PurgeReport) -> String {
     format!(
         "purged {} outbox event(s) sent before {} and {} inbox message(s) processed before {} \
-         in {} batch(es), {:.1}s{}\n",
+         in {} batch(es), emptied {} slot(s) of outbox_sent and outbox_key, {:.1}s{}\n",
         r.outbox_deleted,
         r.sent_before.format("%Y-%m-%d %H:%M:%S UTC"),
         r.inbox_deleted,
         r.done_before.format("%Y-%m-%d %H:%M:%S UTC"),
         r.batches,
+        r.slots_emptied,
         r.elapsed.as_secs_f64(),
         r.audit_id
             .map(|id| format!(" (audit #{id})"))
