@@ -420,20 +420,26 @@ impl super::sent::MoveRule for Fence {
 }
 
 impl Fence {
-    /// ` WHERE <the rule>`, with the token bound.
+    /// ` WHERE <the rule>`, with the token bound. The rule is written `(…) IS TRUE`, which no
+    /// planner reads as implying a partial index's predicate: the rows are found by their ids
+    /// (the primary key) whatever the statistics say. `outbox_event` holds few live rows, so
+    /// its partial indexes look empty to PostgreSQL's planner, and one of them, read whole,
+    /// looked as cheap as the ids; while a long transaction holds the horizon, such an index
+    /// holds every row sent since, and reading it whole took tens of milliseconds per mark.
     fn push_where(self, sql: &mut Sql) {
         let dialect = sql.dialect();
         match self {
             Fence::Claim(token) => {
                 sql.push(&format!(
-                    " WHERE status = {} AND claim_token = ",
+                    " WHERE (status = {} AND claim_token = ",
                     OutboxStatus::Processing.literal()
                 ))
-                .bind(dialect.uuid(token));
+                .bind(dialect.uuid(token))
+                .push(") IS TRUE");
             }
             Fence::Pending => {
                 sql.push(&format!(
-                    " WHERE status = {}",
+                    " WHERE (status = {}) IS TRUE",
                     OutboxStatus::Pending.literal()
                 ));
             }
@@ -445,11 +451,11 @@ impl Fence {
     pub(super) fn literal(self) -> String {
         match self {
             Fence::Claim(token) => format!(
-                "status = {} AND claim_token = '{}'",
+                "(status = {} AND claim_token = '{}') IS TRUE",
                 OutboxStatus::Processing.literal(),
                 token.hyphenated()
             ),
-            Fence::Pending => format!("status = {}", OutboxStatus::Pending.literal()),
+            Fence::Pending => format!("(status = {}) IS TRUE", OutboxStatus::Pending.literal()),
         }
     }
 }
