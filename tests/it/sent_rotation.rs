@@ -208,7 +208,7 @@ async fn an_earlier_releases_sent_rows_stay_usable(t: TestDb) {
         seq: 1,
     })
     .unwrap();
-    tx.commit().await.unwrap();
+    assert_eq!(tx.commit().await.unwrap().written, 2);
     let old = match t.db.get_database_backend() {
         sea_orm::DbBackend::Sqlite => "'2020-01-01T00:00:00.000000Z'",
         _ => "'2020-01-01 00:00:00'",

@@ -165,7 +165,8 @@ pub async fn empty_expired(
     Ok(emptied)
 }
 
-/// The rows of `table` per slot, for tests and `doctor`.
+/// The rows of `table` per slot, for tests.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub async fn rows_per_slot<C: ConnectionTrait>(
     conn: &C,
     table: &str,
@@ -188,6 +189,7 @@ pub async fn rows_per_slot<C: ConnectionTrait>(
 
 /// Set `table`'s rotation, for a database whose rotating tables are empty (a new installation,
 /// a test, a benchmark): the number of slots is the migration's, only their length changes.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub async fn set_slot_length<C: ConnectionTrait>(
     conn: &C,
     table: &str,
