@@ -405,7 +405,7 @@ async fn run(
             let emptied = store::rotation::empty_expired(db, table, window)
                 .await
                 .map_err(db_error("emptying the expired slots of a rotating table"))?;
-            report.slots_emptied += emptied.slots.len() as u64;
+            report.slots_emptied += emptied.len() as u64;
         }
     }
     report.elapsed = started.elapsed();

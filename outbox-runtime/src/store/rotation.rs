@@ -106,24 +106,17 @@ pub async fn now<C: ConnectionTrait>(
     )))
 }
 
-/// What one pass of retention did to a rotating table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Emptied {
-    /// The slots emptied, whatever they held (their rows are not counted: a partition is
-    /// truncated whole).
-    pub slots: Vec<i32>,
-}
-
 /// Empty the slots of `table` whose rows are all older than `window` (by default one slot's
 /// length: the keys' window; see [`Rotation::expired`]); slots already empty are left alone. A
 /// window longer than the rotation covers empties nothing (the rows stay longer than asked,
-/// and a warning says which setting to change).
+/// and a warning says which setting to change). Returns the slots emptied, whatever they held
+/// (their rows are not counted: a partition is truncated whole).
 pub async fn empty_expired(
     db: &DatabaseConnection,
     table: &str,
     window: Option<Duration>,
-) -> Result<Emptied, DbErr> {
-    let mut emptied = Emptied::default();
+) -> Result<Vec<i32>, DbErr> {
+    let mut emptied = Vec::new();
     let Some((current, rotation)) = now(db, table).await? else {
         return Ok(emptied);
     };
@@ -160,7 +153,7 @@ pub async fn empty_expired(
             txn.execute_raw(dialect.raw(statement.clone())).await?;
         }
         txn.commit().await?;
-        emptied.slots.push(slot);
+        emptied.push(slot);
     }
     Ok(emptied)
 }
