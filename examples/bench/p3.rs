@@ -158,7 +158,8 @@ async fn stages(ctx: &Ctx) -> Result<Vec<(&'static str, f64, f64)>, BoxError> {
             format!(
                 "SELECT {sent}, {received} FROM (SELECT event_id, created_at, sent_at \
                  FROM outbox_event UNION ALL SELECT event_id, created_at, sent_at \
-                 FROM outbox_sent) o JOIN inbox_event i \
+                 FROM outbox_sent) o JOIN (SELECT consumer, message_id, received_at FROM \
+                 inbox_event UNION ALL SELECT consumer, message_id, received_at FROM inbox_done) i \
                  ON i.consumer = '{CONSUMER}' AND i.message_id = o.event_id::text",
                 sent = quantiles("o.sent_at - o.created_at", "sent"),
                 received = quantiles("i.received_at - o.created_at", "received"),

@@ -62,7 +62,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     ctx.db.execute_unprepared("TRUNCATE bench_effect").await?;
     let raw_batched_rows = raw_batched_inbox(ctx, &transport, n, Rows::Sdk).await?;
     ctx.db
-        .execute_unprepared("TRUNCATE inbox_event, bench_effect")
+        .execute_unprepared("TRUNCATE inbox_event, inbox_done, inbox_key, bench_effect")
         .await?;
 
     let runtime = Runtime::builder(ctx.db.clone())

@@ -59,7 +59,9 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
         .route("/hook", post(bare_inbox_row))
         .with_state(ctx.db.clone());
     let raw_inbox_row = load(bare_inbox, window).await?;
-    ctx.db.execute_unprepared("TRUNCATE inbox_event").await?;
+    ctx.db
+        .execute_unprepared("TRUNCATE inbox_event, inbox_done, inbox_key")
+        .await?;
 
     let inbox = ExternalInbox::new(ctx.db.clone());
     let signed = Webhook::new(

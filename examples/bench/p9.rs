@@ -152,12 +152,20 @@ struct Produced {
 
 /// The length of `outbox_sent`'s slots in this run, in seconds.
 const SENT_SLOT_SECONDS: i64 = 5;
+/// The length of `inbox_done`'s slots: a 240 s window is kept as 24 to 25 slots.
+const DONE_SLOT_SECONDS: i64 = 10;
+/// The length of `inbox_key`'s periods: the dedup window is the retention's (a key is known
+/// for 240 to 480 s; the bench's redelivery windows are 60 s).
+const KEY_PERIOD_SECONDS: i64 = 240;
 
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let shape = Shape::of(ctx)?;
     ctx.reset().await?;
     // Sent events rotate through slots of 5 s: a 60 s window is kept as 12 to 13 slots.
     outbox::store::rotation::set_slot_length(&ctx.db, "outbox_sent", SENT_SLOT_SECONDS).await?;
+    // Handled messages likewise (`inbox_done`, keys in `inbox_key`).
+    outbox::store::rotation::set_slot_length(&ctx.db, "inbox_done", DONE_SLOT_SECONDS).await?;
+    outbox::store::rotation::set_slot_length(&ctx.db, "inbox_key", KEY_PERIOD_SECONDS).await?;
     HANDLED.lock().unwrap_or_else(|p| p.into_inner()).clear();
     let transport = Arc::new(ctx.transport("bench_p9").await?);
     let relay = RelayConfig::default().max_attempts(3).backoff(

@@ -121,6 +121,9 @@ impl Ctx {
             return Err("the bench runs on PostgreSQL: DATABASE_URL must be postgres://".into());
         }
         outbox::migrate(&db).await?;
+        // A bench database whose inbox held rows when `outbox_0014` ran: handled messages go to
+        // `inbox_done` here too (no consumer of an earlier release reads it).
+        outbox::store::inbox_done::switch_on(&db).await?;
         db.execute_unprepared(
             "CREATE TABLE IF NOT EXISTS bench_order (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, \
              total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
@@ -162,8 +165,8 @@ impl Ctx {
     pub(crate) async fn reset(&self) -> Result<(), BoxError> {
         self.db
             .execute_unprepared(
-                "TRUNCATE outbox_event, outbox_sent, outbox_key, inbox_event, \
-                 inbox_aggregate_version, bench_order, bench_effect",
+                "TRUNCATE outbox_event, outbox_sent, outbox_key, inbox_event, inbox_done, \
+                 inbox_key, inbox_aggregate_version, bench_order, bench_effect",
             )
             .await?;
         self.db

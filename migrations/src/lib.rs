@@ -35,6 +35,7 @@ mod m0010_failure_class;
 mod m0011_claim_floor;
 mod m0012_open_idx;
 mod m0013_sent_rotation;
+mod m0014_inbox_rotation;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -52,6 +53,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0011_claim_floor::MIGRATION),
         Box::new(m0012_open_idx::MIGRATION),
         Box::new(m0013_sent_rotation::Migration),
+        Box::new(m0014_inbox_rotation::Migration),
     ]
 }
 

@@ -401,6 +401,8 @@ async fn run(
         for (table, window) in [
             (store::sent::SENT_TABLE, Some(policy.sent_after)),
             (store::keys::KEY_TABLE, None),
+            (store::inbox_done::DONE_TABLE, Some(policy.done_after)),
+            (store::inbox_done::INBOX_KEY_TABLE, None),
         ] {
             let emptied = store::rotation::empty_expired(db, table, window)
                 .await
@@ -417,7 +419,7 @@ async fn run(
         );
         if report.slots_emptied > 0 {
             target.push_str(&format!(
-                "; {} slot(s) of outbox_sent and outbox_key emptied",
+                "; {} slot(s) of outbox_sent, outbox_key, inbox_done and inbox_key emptied",
                 report.slots_emptied
             ));
         }

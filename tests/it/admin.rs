@@ -118,7 +118,10 @@ async fn inbox_id(t: &TestDb, consumer: &str, message_id: &str) -> i64 {
             backend,
             placeholders(
                 backend,
-                "SELECT id FROM inbox_event WHERE consumer = ? AND message_id = ?",
+                &format!(
+                    "SELECT id FROM {} WHERE consumer = ? AND message_id = ?",
+                    inbox_source(backend)
+                ),
             ),
             [consumer.into(), message_id.into()],
         ))
@@ -153,7 +156,8 @@ pub(crate) async fn inbox_state(t: &TestDb, id: i64) -> InboxState {
                 backend,
                 &format!(
                     "SELECT status, CAST(attempts AS {cast}) AS attempts, last_error, \
-                     next_attempt_at, processed_at FROM inbox_event WHERE id = ?"
+                     next_attempt_at, processed_at FROM {} WHERE id = ?",
+                    inbox_source(backend)
                 ),
             ),
             [id.into()],
@@ -1103,17 +1107,18 @@ async fn doctor_and_status_report_the_storage_and_what_holds_vacuum_back(t: Test
         .iter()
         .map(|t| t.table.as_str())
         .collect();
-    assert_eq!(
-        tables,
-        [
-            "outbox_event",
-            "inbox_event",
-            "outbox_failure",
-            "outbox_scheduled",
-            "outbox_sent",
-            "outbox_key"
-        ]
-    );
+    let mut expected = vec![
+        "outbox_event",
+        "inbox_event",
+        "outbox_failure",
+        "outbox_scheduled",
+        "outbox_sent",
+        "outbox_key",
+    ];
+    if backend == DbBackend::Postgres {
+        expected.extend(["inbox_done", "inbox_key"]);
+    }
+    assert_eq!(tables, expected);
     assert!(
         status
             .storage
@@ -1324,6 +1329,9 @@ async fn count(t: &TestDb, sql: &str) -> i64 {
 }
 
 async fn purge_deletes_old_rows_in_batches_and_keeps_the_rest(t: TestDb) {
+    // Rows written by an earlier release (the SENT events in `outbox_event` below, the handled
+    // messages in `inbox_event`): retention deletes them row by row.
+    inbox_rotation_off(&t.db).await;
     let outbox = Outbox::new("retention");
     enqueue_lines(&t, &outbox, "old", 10_000).await;
     assert_eq!(mark_sent(&t, ago(8 * DAY)).await, 10_000);

@@ -149,7 +149,10 @@ async fn fixture(t: &TestDb) -> (OutboxRow, Vec<OutboxRow>, i64, i64) {
     let rows =
         t.db.query_all_raw(Statement::from_string(
             t.db.get_database_backend(),
-            "SELECT id FROM inbox_event ORDER BY id".to_owned(),
+            format!(
+                "SELECT id FROM {} ORDER BY id",
+                inbox_source(t.db.get_database_backend())
+            ),
         ))
         .await
         .unwrap();
@@ -346,10 +349,11 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
         ],
     )
     .await;
-    // The sent event's slot is emptied whole.
+    // The sent event's slot is emptied whole, and on PostgreSQL the handled message's too.
+    let rotating_inbox = t.db.get_database_backend() == sea_orm::DbBackend::Postgres;
     assert_eq!(report["outbox_deleted"], 0);
-    assert_eq!(report["slots_emptied"], 1);
-    assert_eq!(report["inbox_deleted"], 1);
+    assert_eq!(report["slots_emptied"], if rotating_inbox { 2 } else { 1 });
+    assert_eq!(report["inbox_deleted"], if rotating_inbox { 0 } else { 1 });
     assert!(report["batches"].as_u64().unwrap() >= 4);
     assert_eq!(count_events(&t.db).await, 2);
     assert_eq!(inbox_rows(&t.db, "inventory").await.len(), 1);
@@ -372,7 +376,8 @@ async fn cli_operates_the_outbox(backend: Backend, test: &str) {
     assert_eq!(
         actions,
         [
-            ("purge", "tester", 1),
+            // Rows of emptied slots are not counted one by one.
+            ("purge", "tester", if rotating_inbox { 0 } else { 1 }),
             ("resend", "tester", 0),
             ("resend", "tester", 1),
             ("ignore", "tester", 1),

@@ -32,6 +32,7 @@ mod golden_sql;
 mod inbox;
 #[cfg(feature = "nats")]
 mod inbox_nats;
+mod inbox_rotation;
 mod janitor;
 mod metrics;
 mod migrations;

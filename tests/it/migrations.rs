@@ -54,7 +54,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 13);
+    assert_eq!(applied, 14);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -127,7 +127,7 @@ async fn up_down_up(t: TestDb) {
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        13
+        14
     );
 }
 
@@ -205,7 +205,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
             "outbox_0010_failure_class",
             "outbox_0011_claim_floor",
             "outbox_0012_open_idx",
-            "outbox_0013_sent_rotation"
+            "outbox_0013_sent_rotation",
+            "outbox_0014_inbox_rotation"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();
@@ -262,7 +263,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     use outbox::inbox::{ExternalInbox, IncomingMessage, Receipt, ReceiveError};
     let db = &t.db;
     // Back to the schema of the release before `outbox_0006`.
-    Migrator::down(db, Some(8)).await.unwrap();
+    Migrator::down(db, Some(9)).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         5
@@ -315,7 +316,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     Migrator::up(db, None).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        13
+        14
     );
     assert_eq!(
         inbox.receive(&message("psp-b", "evt_1")).await.unwrap(),
@@ -371,7 +372,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     db.execute_unprepared("DELETE FROM inbox_event WHERE origin = 'psp-b'")
         .await
         .unwrap();
-    Migrator::down(db, Some(7)).await.unwrap();
+    Migrator::down(db, Some(8)).await.unwrap();
     assert_eq!(
         old_release_insert(db, "billing", id9, b"{}").await.unwrap(),
         0

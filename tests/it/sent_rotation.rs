@@ -190,7 +190,7 @@ async fn retention_empties_expired_slots_whole(t: TestDb) {
     assert!(
         audit[0]
             .target
-            .contains("2 slot(s) of outbox_sent and outbox_key emptied"),
+            .contains("2 slot(s) of outbox_sent, outbox_key, inbox_done and inbox_key emptied"),
         "{audit:?}"
     );
     // Nothing left to empty: nothing happens, nothing is recorded.

@@ -468,7 +468,10 @@ async fn ordering_key_and_kept_headers(t: TestDb) {
     let headers =
         t.db.query_one_raw(sea_orm::Statement::from_string(
             t.db.get_database_backend(),
-            "SELECT headers FROM inbox_event WHERE message_id = 'evt_o2'",
+            format!(
+                "SELECT headers FROM {} WHERE message_id = 'evt_o2'",
+                inbox_source(t.db.get_database_backend())
+            ),
         ))
         .await
         .unwrap()

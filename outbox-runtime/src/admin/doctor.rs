@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sea_orm::DatabaseConnection;
+use sea_orm::{DatabaseConnection, DbBackend};
 use serde::Serialize;
 
 use super::{AdminError, HumanDuration, Source, db_error};
@@ -185,7 +185,7 @@ struct TableSpec {
     columns: &'static [&'static str],
 }
 
-/// What migrations `outbox_0001` to `outbox_0013` create. Keep in step with `migrations/`.
+/// What migrations `outbox_0001` to `outbox_0014` create on every backend. Keep in step with `migrations/`.
 const TABLES: &[TableSpec] = &[
     TableSpec {
         name: "outbox_event",
@@ -348,6 +348,39 @@ const TABLES: &[TableSpec] = &[
     },
 ];
 
+/// What `outbox_0014` creates on PostgreSQL only.
+const POSTGRES_TABLES: &[TableSpec] = &[
+    TableSpec {
+        name: "inbox_done",
+        columns: &[
+            "slot",
+            "id",
+            "consumer",
+            "message_id",
+            "origin",
+            "biz_key",
+            "headers",
+            "event_type",
+            "source",
+            "aggregate_type",
+            "aggregate_id",
+            "aggregate_version",
+            "schema_version",
+            "payload",
+            "status",
+            "attempts",
+            "locked_by",
+            "claim_token",
+            "received_at",
+            "processed_at",
+        ],
+    },
+    TableSpec {
+        name: "inbox_key",
+        columns: &["slot", "bucket", "consumer", "scope", "name"],
+    },
+];
+
 const MIGRATION_TABLES: [&str; 2] = ["outbox_migrations", "seaql_migrations"];
 
 /// Check that the SDK's tables, columns and indexes exist, that every migration this binary
@@ -377,7 +410,12 @@ pub async fn doctor(
     }
     let mut tables_ok = true;
     let mut core_tables = true;
-    for spec in TABLES {
+    let postgres_only: &[TableSpec] = if db.get_database_backend() == DbBackend::Postgres {
+        POSTGRES_TABLES
+    } else {
+        &[]
+    };
+    for spec in TABLES.iter().chain(postgres_only) {
         let Some(present) = columns.get(spec.name) else {
             tables_ok = false;
             if matches!(spec.name, "outbox_event" | "inbox_event") {
@@ -420,8 +458,13 @@ pub async fn doctor(
             "tables",
             format!(
                 "{} tables with all their columns: {}",
-                TABLES.len(),
-                TABLES.iter().map(|t| t.name).collect::<Vec<_>>().join(", ")
+                TABLES.len() + postgres_only.len(),
+                TABLES
+                    .iter()
+                    .chain(postgres_only)
+                    .map(|t| t.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
     }
@@ -439,7 +482,7 @@ pub async fn doctor(
     }
     let mut indexes_ok = true;
     let mut expected_indexes = 0;
-    for spec in TABLES {
+    for spec in TABLES.iter().chain(postgres_only) {
         if !columns.contains_key(spec.name) {
             continue;
         }

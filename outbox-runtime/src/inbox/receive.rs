@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use super::{deliver::conflict_id, digest::digest};
 use crate::{
     store::{
-        self, Failure,
+        self, Failure, InboxStatus,
         inbox::{InboxState, MAX_KEY_CHARS, MAX_MESSAGE_ID_CHARS, NewInboxRow},
     },
     util::text::truncate,
@@ -201,9 +201,10 @@ pub enum Receipt {
     /// The same business fact (message type and business key) was recorded before under
     /// another message id: not recorded again.
     SameBusinessFact {
-        /// The source of the first message.
+        /// The source of the first message (empty once its row has left with the retention
+        /// window while its key is still kept).
         source: String,
-        /// The message id of the first message.
+        /// The message id of the first message (empty likewise).
         message_id: String,
         /// Its status.
         status: String,
@@ -451,6 +452,29 @@ async fn record<C: ConnectionTrait>(
             source: fact.origin,
             message_id: fact.message_id,
             status: fact.status,
+        });
+    }
+    if let Some(period) = store::inbox_done::rotating(conn).await? {
+        // A key kept in `inbox_key` after its message was handled and its row left
+        // `inbox_done` with its slot: the message id was seen, or else the business fact
+        // (whose first message is no longer known).
+        let done = InboxStatus::Done.as_str().to_owned();
+        let message_key = store::inbox_done::key_live(
+            conn,
+            &period,
+            &message.consumer,
+            &store::inbox_done::message_scope(&truncate(&message.source, MAX_KEY_CHARS)),
+            &truncate(&message.message_id, MAX_MESSAGE_ID_CHARS),
+        )
+        .await?;
+        return Ok(if message_key || message.business_key.is_none() {
+            Receipt::Duplicate { status: done }
+        } else {
+            Receipt::SameBusinessFact {
+                source: String::new(),
+                message_id: String::new(),
+                status: done,
+            }
         });
     }
     Err(RecordError::OldKey)

@@ -89,8 +89,17 @@ pub(crate) async fn outbox_counts(db: &DatabaseConnection) -> Result<Vec<CountRo
 /// `inbox_event` rows per consumer and status, with the oldest `received_at` of each.
 pub(crate) async fn inbox_counts(db: &DatabaseConnection) -> Result<Vec<CountRow>, DbErr> {
     let dialect = Dialect::of(db);
+    let rows = if super::inbox_done::may_hold_done(db) {
+        format!(
+            "(SELECT consumer, status, received_at FROM {INBOX_TABLE} UNION ALL \
+             SELECT consumer, status, received_at FROM {}) x",
+            super::inbox_done::DONE_TABLE
+        )
+    } else {
+        INBOX_TABLE.to_owned()
+    };
     let sql = format!(
-        "SELECT consumer, status, COUNT(*) AS n, MIN(received_at) AS oldest FROM {INBOX_TABLE} \
+        "SELECT consumer, status, COUNT(*) AS n, MIN(received_at) AS oldest FROM {rows} \
          GROUP BY consumer, status ORDER BY consumer"
     );
     let rows = db.query_all_raw(dialect.raw(sql)).await?;
@@ -356,6 +365,17 @@ pub(crate) async fn inbox_detail(
          WHERE id = "
     ))
     .bind(id.into());
+    if super::inbox_done::may_hold_done(db) {
+        // A handled message that moved to `inbox_done`: no due time, lease or error any more.
+        sql.push(&format!(
+            " UNION ALL SELECT id, consumer, message_id, event_type, source, aggregate_type, \
+             aggregate_id, aggregate_version, schema_version, payload, headers, status, attempts, \
+             CAST(NULL AS TIMESTAMPTZ), locked_by, CAST(NULL AS TIMESTAMPTZ), received_at, \
+             processed_at, CAST(NULL AS TEXT) FROM {} WHERE id = ",
+            super::inbox_done::DONE_TABLE
+        ))
+        .bind(id.into());
+    }
     let Some(row) = db.query_one_raw(sql.build()).await? else {
         return Ok(None);
     };
@@ -435,6 +455,25 @@ pub(crate) async fn lock_statuses(
                     row.try_get("", "id")?,
                     OutboxStatus::Sent.as_str().to_owned(),
                 );
+            }
+        }
+    }
+    if source == Source::Inbox && super::inbox_done::may_hold_done(txn) {
+        // Handled messages moved to `inbox_done`.
+        let missing: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !found.contains_key(id))
+            .collect();
+        for chunk in missing.chunks(500) {
+            let mut sql = Sql::new(dialect);
+            sql.push(&format!(
+                "SELECT id, status FROM {} WHERE id IN ",
+                super::inbox_done::DONE_TABLE
+            ))
+            .bind_list(chunk.iter().map(|id| Value::from(*id)));
+            for row in txn.query_all_raw(sql.build()).await? {
+                found.insert(row.try_get("", "id")?, row.try_get("", "status")?);
             }
         }
     }

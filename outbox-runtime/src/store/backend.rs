@@ -170,6 +170,13 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
          event_id = excluded.event_id WHERE outbox_key.bucket < excluded.bucket - 1"
     }
 
+    /// Whether handled inbox messages may live in `inbox_done`, with their keys in `inbox_key`
+    /// (migration `outbox_0014` creates them on PostgreSQL only; `outbox_rotation`'s rows switch
+    /// them on).
+    fn rotates_inbox(&self) -> bool {
+        false
+    }
+
     /// Whether a sent event moves to `outbox_sent` in one statement (`DELETE … RETURNING`
     /// feeding an `INSERT`) rather than a copy and a delete.
     fn moves_in_one_statement(&self) -> bool {

@@ -16,15 +16,18 @@ use sea_orm::{ConnectionTrait, DbBackend, DbErr, QueryResult};
 use super::{Dialect, sql::Sql};
 
 /// The SDK's tables whose health is reported: the ones every event and message passes through,
-/// and the error history. A partitioned table (`outbox_sent`, `outbox_key`) is reported as the
-/// sum of its partitions.
-pub const QUEUE_TABLES: [&str; 6] = [
+/// and the error history. A partitioned table (`outbox_sent`, `outbox_key`, `inbox_done`,
+/// `inbox_key`) is reported as the sum of its partitions; `inbox_done` and `inbox_key` exist on
+/// PostgreSQL only.
+pub const QUEUE_TABLES: [&str; 8] = [
     "outbox_event",
     "inbox_event",
     "outbox_failure",
     "outbox_scheduled",
     "outbox_sent",
     "outbox_key",
+    "inbox_done",
+    "inbox_key",
 ];
 
 /// One table as the server's statistics show it. `None` where the backend does not say.

@@ -8,6 +8,7 @@ use super::{
     AGGREGATE_VERSION_TABLE, DbTime, Dialect, INBOX_TABLE,
     claim::{ClaimParams, Queue, hand_back, select_claimable},
     failures::{self, Failed},
+    inbox_done::{self, KeyPeriod},
     sql::{Arg, Sql},
     status::{Failure, InboxStatus},
     tx::begin_work,
@@ -174,6 +175,179 @@ fn insert_statement(
     sql.build()
 }
 
+/// Where the inbox rotates (see `inbox_done.rs`): one statement that takes the keys of `rows`
+/// and inserts each row whose keys were new, a handled one into `inbox_done`, any other into
+/// `inbox_event`; with `ordered` (the consumer), a row meant to be DONE is recorded PENDING when
+/// an unfinished message of its aggregate was recorded before the statement. Rows must not
+/// share a message key. `RETURNING message_id, status` of the rows inserted.
+fn rotating_statement(
+    dialect: Dialect,
+    period: &KeyPeriod,
+    rows: &[(&NewInboxRow<'_>, &InboxState)],
+    skip: Skip,
+    ordered: Option<&str>,
+) -> sea_orm::Statement {
+    let mut keys = Vec::with_capacity(rows.len());
+    for (row, _) in rows {
+        keys.push((
+            row.consumer.to_owned(),
+            inbox_done::message_scope(&truncate(row.origin, MAX_KEY_CHARS)),
+            truncate(row.message_id, MAX_MESSAGE_ID_CHARS),
+        ));
+        if let (Skip::AnyKey, Some(biz_key)) = (skip, row.biz_key) {
+            keys.push((
+                row.consumer.to_owned(),
+                inbox_done::business_scope(&truncate(row.event_type.unwrap_or(""), MAX_KEY_CHARS)),
+                truncate(biz_key, MAX_KEY_CHARS),
+            ));
+        }
+    }
+    let mut sql = Sql::new(dialect);
+    sql.push("WITH ");
+    if let Some(consumer) = ordered {
+        sql.push("blocked AS (");
+        push_unfinished_aggregates(
+            &mut sql,
+            consumer,
+            rows.iter().filter_map(|(row, _)| {
+                Some((
+                    truncate(row.aggregate_type?, 128),
+                    truncate(row.aggregate_id?, 255),
+                ))
+            }),
+        );
+        sql.push("), ");
+    }
+    period.push_cte(&mut sql, &keys, matches!(skip, Skip::AnyKey));
+    sql.push(&format!(
+        ", v ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, n) AS (VALUES "
+    ));
+    for (n, (row, state)) in rows.iter().enumerate() {
+        let state = state_columns(state);
+        if n > 0 {
+            sql.push(", ");
+        }
+        sql.bind_list(row_values(row).into_iter().map(Arg::from).chain([
+            Value::from(state.status.as_str().to_owned()).into(),
+            Value::from(i64::from(state.attempts)).into(),
+            Arg::time_or_null(dialect, state.next_attempt_at),
+            Value::from(state.error.map(|e| truncate(e, 4000))).into(),
+            Value::from(n as i64).into(),
+        ]));
+    }
+    let done = InboxStatus::Done.literal();
+    let (final_status, join) = if ordered.is_some() {
+        (
+            format!(
+                "CASE WHEN b.aggregate_id IS NULL THEN v.status ELSE {} END",
+                InboxStatus::Pending.literal()
+            ),
+            " LEFT JOIN blocked b ON b.aggregate_type = v.aggregate_type \
+             AND b.aggregate_id = v.aggregate_id",
+        )
+    } else {
+        ("v.status".to_owned(), "")
+    };
+    // Ids in arrival order across both tables (they share `inbox_event`'s sequence), taken once
+    // per new row in the order given.
+    sql.push(&format!(
+        "), f AS (SELECT o.*, nextval(pg_get_serial_sequence('{INBOX_TABLE}', 'id')) AS new_id \
+         FROM (SELECT v.*, {final_status} AS final_status FROM v{join} WHERE {}",
+        inbox_done::fresh("v", "'m:' || v.origin", "v.message_id")
+    ));
+    if matches!(skip, Skip::AnyKey) {
+        sql.push(&format!(
+            " AND (v.biz_key IS NULL OR {})",
+            inbox_done::fresh("v", "'b:' || COALESCE(v.event_type, '')", "v.biz_key")
+        ));
+    }
+    // A message recorded before the rotation was switched on is in `inbox_event`, without keys.
+    sql.push(&format!(
+        " AND NOT EXISTS (SELECT 1 FROM {INBOX_TABLE} x WHERE x.consumer = v.consumer \
+         AND x.origin = v.origin AND x.message_id = v.message_id) ORDER BY v.n) o"
+    ));
+    let selected = ROW_COLUMNS
+        .split(", ")
+        .map(|column| format!("f.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    sql.push("), d AS (")
+        .push(&inbox_done::insert_head(
+            dialect,
+            &format!("id, {ROW_COLUMNS}, status, attempts, received_at, processed_at"),
+        ))
+        .push(&format!("f.new_id, {selected}, f.final_status, f.attempts, "))
+        .time(DbTime::NOW)
+        .push(", ")
+        .time(DbTime::NOW)
+        .push(&format!(
+            " FROM f WHERE f.final_status = {done} ORDER BY f.n RETURNING message_id, status), \
+             e AS (INSERT INTO {INBOX_TABLE} (id, {ROW_COLUMNS}, status, attempts, \
+             next_attempt_at, last_error, received_at) SELECT f.new_id, {selected}, f.final_status, \
+             CASE WHEN f.final_status = f.status THEN f.attempts ELSE 0 END, \
+             CAST(f.next_attempt_at AS TIMESTAMPTZ), f.last_error, "
+        ))
+        .time(DbTime::NOW)
+        .push(&format!(" FROM f WHERE f.final_status <> {done} ORDER BY f.n"));
+    let on_conflict = match skip {
+        Skip::MessageKey => dialect.insert_skipping(MESSAGE_KEY).1,
+        Skip::AnyKey => dialect.insert_skipping_any().1.map(str::to_owned),
+    };
+    if let Some(on_conflict) = on_conflict {
+        sql.push(&on_conflict);
+    }
+    sql.push(
+        " RETURNING message_id, status) SELECT message_id, status FROM d \
+         UNION ALL SELECT message_id, status FROM e",
+    );
+    sql.build()
+}
+
+/// [`rotating_statement`] run over `rows` in chunks: for each row, the status it was recorded
+/// with, or `None` (a duplicate; of two rows with the same message key, the second).
+async fn record_rotating<C: ConnectionTrait>(
+    conn: &C,
+    period: &KeyPeriod,
+    rows: &[(&NewInboxRow<'_>, &InboxState)],
+    skip: Skip,
+    ordered: Option<&str>,
+) -> Result<Vec<Option<InboxStatus>>, DbErr> {
+    let dialect = Dialect::of(conn);
+    let mut recorded = Vec::with_capacity(rows.len());
+    for chunk in rows.chunks(INSERT_CHUNK) {
+        let key = |row: &NewInboxRow<'_>| {
+            (
+                truncate(row.origin, MAX_KEY_CHARS),
+                truncate(row.message_id, MAX_MESSAGE_ID_CHARS),
+            )
+        };
+        let mut seen = std::collections::HashSet::new();
+        let unique: Vec<(&NewInboxRow<'_>, &InboxState)> = chunk
+            .iter()
+            .copied()
+            .filter(|(row, _)| seen.insert(key(row)))
+            .collect();
+        let mut returned = std::collections::HashMap::new();
+        for row in conn
+            .query_all_raw(rotating_statement(dialect, period, &unique, skip, ordered))
+            .await?
+        {
+            let message_id: String = row.try_get("", "message_id")?;
+            let status: String = row.try_get("", "status")?;
+            returned.insert(message_id, InboxStatus::parse(&status));
+        }
+        for (row, _) in chunk {
+            // `remove`: a second row with the same id in the chunk was the one skipped.
+            recorded.push(
+                returned
+                    .remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS))
+                    .flatten(),
+            );
+        }
+    }
+    Ok(recorded)
+}
+
 /// Record a delivery unless `(consumer, origin, message_id)` is already there. Returns whether it was
 /// inserted (`false`: a duplicate).
 pub async fn insert<C: ConnectionTrait>(
@@ -181,8 +355,17 @@ pub async fn insert<C: ConnectionTrait>(
     row: &NewInboxRow<'_>,
     state: &InboxState,
 ) -> Result<bool, DbErr> {
-    let statement = insert_statement(Dialect::of(conn), &[(row, state)], Skip::MessageKey, false);
-    let inserted = conn.execute_raw(statement).await?.rows_affected() == 1;
+    let inserted = match inbox_done::rotating(conn).await? {
+        Some(period) => record_rotating(conn, &period, &[(row, state)], Skip::MessageKey, None)
+            .await?
+            .first()
+            .is_some_and(Option::is_some),
+        None => {
+            let statement =
+                insert_statement(Dialect::of(conn), &[(row, state)], Skip::MessageKey, false);
+            conn.execute_raw(statement).await?.rows_affected() == 1
+        }
+    };
     if inserted && matches!(state, InboxState::Failed(_)) {
         failures::append(conn, Source::Inbox, message(row)).await?;
     }
@@ -209,6 +392,17 @@ pub async fn insert_many<C: ConnectionTrait>(
     rows: &[(NewInboxRow<'_>, InboxState)],
 ) -> Result<Vec<bool>, DbErr> {
     let dialect = Dialect::of(conn);
+    if let Some(period) = inbox_done::rotating(conn).await? {
+        let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
+            rows.iter().map(|(row, state)| (row, state)).collect();
+        let recorded = record_rotating(conn, &period, &pairs, Skip::MessageKey, None).await?;
+        for ((row, state), recorded) in rows.iter().zip(&recorded) {
+            if recorded.is_some() && matches!(state, InboxState::Failed(_)) {
+                failures::append(conn, Source::Inbox, message(row)).await?;
+            }
+        }
+        return Ok(recorded.iter().map(Option::is_some).collect());
+    }
     let mut inserted = Vec::with_capacity(rows.len());
     if !dialect.insert_returning() {
         for (row, state) in rows {
@@ -267,6 +461,23 @@ pub async fn record_batch<C: ConnectionTrait>(
         Some((row.aggregate_type?, row.aggregate_id?))
     }
     let any_aggregate = ordered && rows.iter().any(|row| aggregate_of(row).is_some());
+    if let Some(period) = inbox_done::rotating(conn).await? {
+        let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
+            rows.iter().map(|row| (row, &InboxState::Done)).collect();
+        let consumer = rows.first().map(|row| row.consumer);
+        let ordered = consumer.filter(|_| any_aggregate);
+        return Ok(
+            record_rotating(conn, &period, &pairs, Skip::MessageKey, ordered)
+                .await?
+                .into_iter()
+                .map(|status| match status {
+                    None => Recorded::Duplicate,
+                    Some(InboxStatus::Pending) => Recorded::Pending,
+                    Some(_) => Recorded::Done,
+                })
+                .collect(),
+        );
+    }
     if dialect.records_ordered_batch_in_one_statement() && any_aggregate {
         let mut recorded = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(INSERT_CHUNK) {
@@ -384,6 +595,17 @@ pub async fn insert_external<C: ConnectionTrait>(
     conn: &C,
     row: &NewInboxRow<'_>,
 ) -> Result<bool, DbErr> {
+    if let Some(period) = inbox_done::rotating(conn).await? {
+        let recorded = record_rotating(
+            conn,
+            &period,
+            &[(row, &InboxState::Pending)],
+            Skip::AnyKey,
+            None,
+        )
+        .await?;
+        return Ok(recorded.first().is_some_and(Option::is_some));
+    }
     let statement = insert_statement(
         Dialect::of(conn),
         &[(row, &InboxState::Pending)],
@@ -391,6 +613,16 @@ pub async fn insert_external<C: ConnectionTrait>(
         false,
     );
     Ok(conn.execute_raw(statement).await?.rows_affected() == 1)
+}
+
+/// The tables a recorded message may be in: `inbox_event`, and `inbox_done` where handled
+/// messages may have moved (see `inbox_done.rs`).
+async fn recorded_tables<C: ConnectionTrait>(conn: &C) -> Result<&'static [&'static str], DbErr> {
+    Ok(if inbox_done::rotating(conn).await?.is_some() {
+        &[INBOX_TABLE, inbox_done::DONE_TABLE]
+    } else {
+        &[INBOX_TABLE]
+    })
 }
 
 /// The message recorded first for a business fact: its origin and message id.
@@ -412,14 +644,19 @@ pub async fn recorded_business_fact<C: ConnectionTrait>(
     biz_key: &str,
 ) -> Result<Option<BusinessFact>, DbErr> {
     let mut sql = Sql::new(Dialect::of(conn));
-    sql.push(&format!(
-        "SELECT origin, message_id, status FROM {INBOX_TABLE} WHERE consumer = "
-    ))
-    .bind(consumer.to_owned().into())
-    .push(" AND event_type = ")
-    .bind(truncate(event_type, MAX_KEY_CHARS).into())
-    .push(" AND biz_key = ")
-    .bind(truncate(biz_key, MAX_KEY_CHARS).into());
+    for (i, table) in recorded_tables(conn).await?.iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!(
+            "SELECT origin, message_id, status FROM {table} WHERE consumer = "
+        ))
+        .bind(consumer.to_owned().into())
+        .push(" AND event_type = ")
+        .bind(truncate(event_type, MAX_KEY_CHARS).into())
+        .push(" AND biz_key = ")
+        .bind(truncate(biz_key, MAX_KEY_CHARS).into());
+    }
     match conn.query_one_raw(sql.build()).await? {
         Some(row) => Ok(Some(BusinessFact {
             origin: row.try_get("", "origin")?,
@@ -441,6 +678,20 @@ pub async fn restate<C: ConnectionTrait>(
 ) -> Result<(), DbErr> {
     let dialect = Dialect::of(conn);
     let state = state_columns(state);
+    let message_id_kept = truncate(message_id, MAX_MESSAGE_ID_CHARS);
+    let moved = inbox_done::may_hold_done(conn)
+        && inbox_done::move_back(conn, consumer, &message_id_kept, |sql| {
+            sql.bind(state.status.as_str().to_owned().into())
+                .push(", ")
+                .bind(i64::from(state.attempts).into())
+                .push(", ")
+                .arg(Arg::time_or_null(dialect, state.next_attempt_at))
+                .push(", ")
+                .bind(state.error.map(|e| truncate(e, 4000)).into())
+                .push(", ")
+                .arg(Arg::time_or_null(dialect, state.processed_at));
+        })
+        .await?;
     let mut sql = Sql::new(dialect);
     sql.push(&format!("UPDATE {INBOX_TABLE} SET status = "))
         .bind(state.status.as_str().to_owned().into())
@@ -455,8 +706,10 @@ pub async fn restate<C: ConnectionTrait>(
         .push(" WHERE consumer = ")
         .bind(consumer.to_owned().into())
         .push(" AND origin = '' AND message_id = ")
-        .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
-    conn.execute_raw(sql.build()).await?;
+        .bind(message_id_kept.into());
+    if !moved {
+        conn.execute_raw(sql.build()).await?;
+    }
     if state.error.is_some() {
         let failed = Failed::Message {
             consumer,
@@ -486,14 +739,19 @@ pub async fn recorded<C: ConnectionTrait>(
     message_id: &str,
 ) -> Result<Option<RecordedMessage>, DbErr> {
     let mut sql = Sql::new(Dialect::of(conn));
-    sql.push(&format!(
-        "SELECT status, payload FROM {INBOX_TABLE} WHERE consumer = "
-    ))
-    .bind(consumer.to_owned().into())
-    .push(" AND origin = ")
-    .bind(truncate(origin, MAX_KEY_CHARS).into())
-    .push(" AND message_id = ")
-    .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
+    for (i, table) in recorded_tables(conn).await?.iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!(
+            "SELECT status, payload FROM {table} WHERE consumer = "
+        ))
+        .bind(consumer.to_owned().into())
+        .push(" AND origin = ")
+        .bind(truncate(origin, MAX_KEY_CHARS).into())
+        .push(" AND message_id = ")
+        .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
+    }
     match conn.query_one_raw(sql.build()).await? {
         Some(row) => Ok(Some(RecordedMessage {
             status: row.try_get("", "status")?,
@@ -789,6 +1047,9 @@ async fn mark_lease_expired(
 /// Inside the handler's transaction: mark the claimed message DONE, fenced by the claim token.
 /// `false` means another worker owns it now: roll the handler's work back.
 pub async fn mark_done<C: ConnectionTrait>(conn: &C, id: i64, token: Uuid) -> Result<bool, DbErr> {
+    if inbox_done::rotating(conn).await?.is_some() {
+        return inbox_done::mark_done(conn, id, token).await;
+    }
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
     sql.push(&format!(

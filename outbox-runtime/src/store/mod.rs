@@ -31,6 +31,7 @@ pub mod failures;
 pub mod floor;
 pub mod health;
 pub mod inbox;
+pub mod inbox_done;
 pub mod keys;
 pub mod lease;
 pub mod local;

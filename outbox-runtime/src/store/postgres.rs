@@ -108,6 +108,11 @@ impl Backend for Postgres {
             "outbox_failure" => &super::schema::FAILURE_INDEXES,
             "outbox_scheduled" => &super::schema::SCHEDULED_INDEXES,
             "outbox_sent" => &super::schema::SENT_INDEXES,
+            "inbox_done" => &[
+                "inbox_done_id_idx",
+                "inbox_done_message_idx",
+                "inbox_done_business_idx",
+            ],
             _ => &[],
         }
     }
@@ -138,6 +143,10 @@ impl Backend for Postgres {
     /// Whole seconds of the statement's start since the epoch.
     fn bucket_expression(&self, seconds: &str) -> String {
         format!("(CAST(floor(extract(epoch FROM statement_timestamp())) AS BIGINT) / {seconds})")
+    }
+
+    fn rotates_inbox(&self) -> bool {
+        true
     }
 
     fn moves_in_one_statement(&self) -> bool {

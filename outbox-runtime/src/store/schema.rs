@@ -109,9 +109,18 @@ pub struct ConsumerSeen {
 
 /// Each consumer that has inbox rows, with how many are still to handle.
 pub async fn consumers_seen(db: &DatabaseConnection) -> Result<Vec<ConsumerSeen>, DbErr> {
+    let rows = if super::inbox_done::may_hold_done(db) {
+        format!(
+            "(SELECT consumer, status FROM {INBOX_TABLE} UNION ALL \
+             SELECT consumer, status FROM {}) x",
+            super::inbox_done::DONE_TABLE
+        )
+    } else {
+        INBOX_TABLE.to_owned()
+    };
     let sql = format!(
         "SELECT consumer, COUNT(CASE WHEN {} THEN 1 END) AS n \
-         FROM {INBOX_TABLE} GROUP BY consumer ORDER BY consumer",
+         FROM {rows} GROUP BY consumer ORDER BY consumer",
         InboxStatus::in_list("", &InboxStatus::OPEN)
     );
     let rows = db.query_all_raw(Dialect::of(db).raw(sql)).await?;

@@ -393,16 +393,22 @@ pub async fn inbox_rows<C: ConnectionTrait>(db: &C, consumer: &str) -> Vec<Inbox
     let rows = db
         .query_all_raw(Statement::from_sql_and_values(
             backend,
-            format!(
-                "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, locked_by, last_error, \
+            if backend == DbBackend::Postgres {
+                // Handled messages may have moved to `inbox_done` (ids are shared).
+                "SELECT id, message_id, status, CAST(attempts AS BIGINT) AS attempts, locked_by, \
+                 last_error, event_type, source, aggregate_type, aggregate_id, payload \
+                 FROM inbox_event WHERE consumer = $1 UNION ALL \
+                 SELECT id, message_id, status, CAST(attempts AS BIGINT), locked_by, NULL, \
                  event_type, source, aggregate_type, aggregate_id, payload \
-                 FROM inbox_event WHERE consumer = {} ORDER BY id",
-                if backend == DbBackend::Postgres {
-                    "$1"
-                } else {
-                    "?"
-                }
-            ),
+                 FROM inbox_done WHERE consumer = $1 ORDER BY id"
+                    .to_owned()
+            } else {
+                format!(
+                    "SELECT message_id, status, CAST(attempts AS {cast}) AS attempts, locked_by, \
+                     last_error, event_type, source, aggregate_type, aggregate_id, payload \
+                     FROM inbox_event WHERE consumer = ? ORDER BY id"
+                )
+            },
             [consumer.into()],
         ))
         .await
@@ -689,7 +695,15 @@ pub async fn table_status_counts<C: ConnectionTrait>(
     let rows = db
         .query_all_raw(Statement::from_string(
             db.get_database_backend(),
-            format!("SELECT status, COUNT(*) AS n FROM {table} GROUP BY status"),
+            // The inbox's handled messages may be in `inbox_done` (PostgreSQL).
+            format!(
+                "SELECT status, COUNT(*) AS n FROM {} GROUP BY status",
+                if table == "inbox_event" {
+                    inbox_source(db.get_database_backend())
+                } else {
+                    table
+                }
+            ),
         ))
         .await
         .unwrap();
@@ -776,6 +790,33 @@ pub fn assert_shared_and_fanned_out(
     );
 }
 
+/// Every inbox row as one source to select from (`FROM {inbox_source}`): `inbox_event`, and on
+/// PostgreSQL the handled messages in `inbox_done` too (with no due time, lease or error).
+pub fn inbox_source(backend: DbBackend) -> &'static str {
+    if backend == DbBackend::Postgres {
+        "(SELECT id, consumer, message_id, origin, biz_key, status, attempts, last_error, \
+         next_attempt_at, processed_at, received_at, headers, payload, locked_by, locked_until, \
+         claim_token, event_type, source, aggregate_type, aggregate_id FROM inbox_event \
+         UNION ALL SELECT id, consumer, message_id, origin, biz_key, status, attempts, NULL, \
+         NULL, processed_at, received_at, headers, payload, locked_by, NULL, claim_token, \
+         event_type, source, aggregate_type, aggregate_id FROM inbox_done) inbox"
+    } else {
+        "inbox_event"
+    }
+}
+
+/// Switch the inbox's rotation off (PostgreSQL), as on a database whose inbox held messages
+/// when `outbox_0014` ran: handled messages stay in `inbox_event` and leave row by row.
+pub async fn inbox_rotation_off<C: ConnectionTrait>(db: &C) {
+    if db.get_database_backend() == DbBackend::Postgres {
+        db.execute_unprepared(
+            "DELETE FROM outbox_rotation WHERE table_name IN ('inbox_done', 'inbox_key')",
+        )
+        .await
+        .unwrap();
+    }
+}
+
 /// Move inbox rows of `consumer` (one message, or all) back to `at`: the SDK stamps
 /// `received_at` and `processed_at` with the database's clock, so a test that needs old rows
 /// dates them back afterwards.
@@ -818,6 +859,23 @@ pub async fn backdate_inbox<C: ConnectionTrait>(
     db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
         .await
         .expect("dating inbox rows back");
+    if backend == DbBackend::Postgres {
+        // Handled messages in `inbox_done` go to the slot of their new time too.
+        let mut sql = String::from(
+            "UPDATE inbox_done SET received_at = $1, processed_at = $1, slot = \
+             (SELECT (CAST(floor(extract(epoch FROM CAST($1 AS TIMESTAMPTZ))) AS BIGINT) \
+             / r.slot_seconds) % r.slots FROM outbox_rotation r \
+             WHERE r.table_name = 'inbox_done') WHERE consumer = $2",
+        );
+        let mut values = vec![dialect.timestamp(at), consumer.to_owned().into()];
+        if let Some(id) = message_id {
+            sql.push_str(" AND message_id = $3");
+            values.push(id.to_owned().into());
+        }
+        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await
+            .expect("dating handled inbox rows back");
+    }
 }
 
 /// Where Debian's libfaketime (package `faketime`, which `.ci/run` installs) is, if installed.
