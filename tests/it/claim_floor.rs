@@ -319,8 +319,9 @@ async fn inbox_rows(
             scalar(
                 t,
                 &format!(
-                    "SELECT id AS n FROM inbox_event WHERE consumer = 'inventory' \
-                     AND message_id = '{message_id}'"
+                    "SELECT id AS n FROM {} WHERE consumer = 'inventory' \
+                     AND message_id = '{message_id}'",
+                    inbox_source(t.dialect().backend())
                 ),
             )
             .await,

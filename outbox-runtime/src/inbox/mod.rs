@@ -1,7 +1,8 @@
 //! The inbox: consume each message effectively once per consumer.
 //!
-//! A delivery inserts `(consumer, message_id)` into `inbox_event`; a duplicate is acknowledged
-//! and counted, and nothing else runs. The handler runs in the same transaction as that insert,
+//! A delivery records `(consumer, message_id)` in `inbox_event` (on PostgreSQL: its key in
+//! `inbox_key`, and a message handled at once straight into `inbox_done`); a duplicate is
+//! acknowledged and counted, and nothing else runs. The handler runs in the same transaction as that insert,
 //! so its database effects commit once per `(consumer, message id)`, through redelivery, crashes
 //! and concurrent consumers. Side effects outside the database (an e-mail, an HTTP call) are not
 //! covered: they can happen again if the process dies between them and the commit.

@@ -9,7 +9,9 @@
 //! the same retries, DEAD and admin tooling as every other message. A crash after the commit and
 //! before the answer means the sender tries again, and the unique keys recognise the copy.
 //!
-//! Two dedup layers, both unique constraints of `inbox_event`:
+//! Two dedup layers, both unique constraints of `inbox_event` (on PostgreSQL also kept in
+//! `inbox_key` for two to four weeks, after the message's row has moved on; see
+//! `store::inbox_done`):
 //!
 //! - the physical redelivery key `(consumer, origin, message_id)`, where `origin` is the
 //!   message's `source`: two senders that both use `evt_1` do not collide;
