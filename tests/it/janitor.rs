@@ -78,17 +78,13 @@ async fn janitor_purges_old_rows_only(t: TestDb) {
     .unwrap();
     if t.db.get_database_backend() == sea_orm::DbBackend::Postgres {
         // Handled messages in `inbox_done`: the first 30 go to a slot retention may empty.
-        let (current, rotation) = outbox::store::rotation::now(&t.db, "inbox_done")
-            .await
-            .unwrap()
-            .unwrap();
-        let slot = rotation.expired(current, Duration::from_secs(3600))[0];
-        t.db.execute_unprepared(&format!(
-            "UPDATE inbox_done SET processed_at = {old}, slot = {slot} \
-             WHERE id <= (SELECT MIN(id) + 29 FROM inbox_done)"
-        ))
-        .await
-        .unwrap();
+        age_done(
+            &t.db,
+            "id <= (SELECT MIN(id) + 29 FROM inbox_done)",
+            Duration::from_secs(2 * 3600),
+            old,
+        )
+        .await;
     }
 
     let second = Runtime::builder(t.db.clone())

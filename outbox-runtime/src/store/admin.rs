@@ -439,27 +439,19 @@ pub(crate) async fn lock_statuses(
             found.insert(row.try_get("", "id")?, row.try_get("", "status")?);
         }
     }
-    if source == Source::Outbox {
-        // Sent events moved to `outbox_sent`.
-        let missing: Vec<i64> = ids
-            .iter()
-            .copied()
-            .filter(|id| !found.contains_key(id))
-            .collect();
-        for chunk in missing.chunks(500) {
-            let mut sql = Sql::new(dialect);
-            sql.push(&format!("SELECT id FROM {SENT_TABLE} WHERE id IN "))
-                .bind_list(chunk.iter().map(|id| Value::from(*id)));
-            for row in txn.query_all_raw(sql.build()).await? {
-                found.insert(
-                    row.try_get("", "id")?,
-                    OutboxStatus::Sent.as_str().to_owned(),
-                );
-            }
+    // Rows that moved out of the work queue: sent events to `outbox_sent` (always SENT),
+    // handled messages to `inbox_done` (DONE or IGNORED, as stored).
+    let moved = match source {
+        Source::Outbox => Some((
+            SENT_TABLE,
+            format!("'{}' AS status", OutboxStatus::Sent.as_str()),
+        )),
+        Source::Inbox if super::inbox_done::may_hold_done(txn) => {
+            Some((super::inbox_done::DONE_TABLE, "status".to_owned()))
         }
-    }
-    if source == Source::Inbox && super::inbox_done::may_hold_done(txn) {
-        // Handled messages moved to `inbox_done`.
+        Source::Inbox => None,
+    };
+    if let Some((table, status)) = moved {
         let missing: Vec<i64> = ids
             .iter()
             .copied()
@@ -467,11 +459,8 @@ pub(crate) async fn lock_statuses(
             .collect();
         for chunk in missing.chunks(500) {
             let mut sql = Sql::new(dialect);
-            sql.push(&format!(
-                "SELECT id, status FROM {} WHERE id IN ",
-                super::inbox_done::DONE_TABLE
-            ))
-            .bind_list(chunk.iter().map(|id| Value::from(*id)));
+            sql.push(&format!("SELECT id, {status} FROM {table} WHERE id IN "))
+                .bind_list(chunk.iter().map(|id| Value::from(*id)));
             for row in txn.query_all_raw(sql.build()).await? {
                 found.insert(row.try_get("", "id")?, row.try_get("", "status")?);
             }

@@ -805,6 +805,27 @@ pub fn inbox_source(backend: DbBackend) -> &'static str {
     }
 }
 
+/// Move the handled messages `condition` selects in `inbox_done` (PostgreSQL) into a slot that
+/// retention may empty with a window of `window`, processed at `processed_at` (a SQL
+/// expression).
+pub async fn age_done<C: ConnectionTrait>(
+    db: &C,
+    condition: &str,
+    window: Duration,
+    processed_at: &str,
+) {
+    let (current, rotation) = outbox::store::rotation::now(db, "inbox_done")
+        .await
+        .unwrap()
+        .unwrap();
+    let slot = rotation.expired(current, window)[0];
+    db.execute_unprepared(&format!(
+        "UPDATE inbox_done SET slot = {slot}, processed_at = {processed_at} WHERE {condition}"
+    ))
+    .await
+    .unwrap();
+}
+
 /// Switch the inbox's rotation off (PostgreSQL), as on a database whose inbox held messages
 /// when `outbox_0014` ran: handled messages stay in `inbox_event` and leave row by row.
 pub async fn inbox_rotation_off<C: ConnectionTrait>(db: &C) {
