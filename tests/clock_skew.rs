@@ -648,9 +648,12 @@ async fn a_janitor_ahead_keeps_the_window_and_the_lease(backend: Backend) {
         !report.leader,
         "{name}: the janitor 2 days ahead took the lease instance A holds"
     );
+    // On PostgreSQL the old handled message leaves with its slot of `inbox_done`, not as a
+    // row deleted one by one (the rows left are checked below).
+    let inbox_rows_deleted = if backend == Backend::Postgres { 0 } else { 1 };
     assert_eq!(
         (report.outbox_deleted, report.inbox_deleted),
-        (1, 1),
+        (1, inbox_rows_deleted),
         "{name}: only the rows older than the window go"
     );
     let left: Vec<String> = common::inbox_rows(db, WORKER)

@@ -170,6 +170,12 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
          event_id = excluded.event_id WHERE outbox_key.bucket < excluded.bucket - 1"
     }
 
+    /// Whether a list of rows can be joined as `(VALUES …) AS p (columns)`, which the planner
+    /// reads as a list of known length (probes of an index per row).
+    fn joins_values(&self) -> bool {
+        false
+    }
+
     /// Whether handled inbox messages may live in `inbox_done`, with their keys in `inbox_key`
     /// (migration `outbox_0014` creates them on PostgreSQL only; `outbox_rotation`'s rows switch
     /// them on).

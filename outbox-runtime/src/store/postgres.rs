@@ -149,6 +149,10 @@ impl Backend for Postgres {
         true
     }
 
+    fn joins_values(&self) -> bool {
+        true
+    }
+
     fn moves_in_one_statement(&self) -> bool {
         true
     }

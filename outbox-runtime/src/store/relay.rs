@@ -680,6 +680,9 @@ pub struct Place {
 /// them, and the relay can claim it now. Each place is one range of the aggregate index.
 pub async fn followed(db: &DatabaseConnection, places: &[Place]) -> Result<bool, DbErr> {
     let dialect = Dialect::of(db);
+    if dialect.joins_values() {
+        return followed_by_probes(db, places).await;
+    }
     for chunk in places.chunks(200) {
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
@@ -699,6 +702,39 @@ pub async fn followed(db: &DatabaseConnection, places: &[Place]) -> Result<bool,
                 .push(")");
         }
         sql.push(") LIMIT 1");
+        if db.query_one_raw(sql.build()).await?.is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// [`followed`] as one probe of the aggregate index per place: the places as a `VALUES` list,
+/// each looked up by an `EXISTS` on its aggregate past its id. Under a held xmin horizon the
+/// table is full of dead versions its statistics do not show, and an `OR` of the places was
+/// planned as a read of a whole index (tens of thousands of buffers per call); a join on a
+/// list of known length is planned as index probes.
+async fn followed_by_probes(db: &DatabaseConnection, places: &[Place]) -> Result<bool, DbErr> {
+    let dialect = Dialect::of(db);
+    for chunk in places.chunks(200) {
+        let mut sql = Sql::new(dialect);
+        sql.push("SELECT 1 AS f FROM (VALUES ");
+        for (i, place) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.bind_list([
+                Value::from(place.aggregate_type.clone()),
+                Value::from(place.aggregate_id.clone()),
+                Value::from(place.id),
+            ]);
+        }
+        sql.push(&format!(
+            ") AS p (aggregate_type, aggregate_id, id) WHERE EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e \
+             WHERE e.aggregate_type = p.aggregate_type AND e.aggregate_id = p.aggregate_id \
+             AND e.id > p.id AND {}) LIMIT 1",
+            dialect.unsent("e.")
+        ));
         if db.query_one_raw(sql.build()).await?.is_some() {
             return Ok(true);
         }
