@@ -187,12 +187,14 @@ pub(crate) async fn mark_done<C: ConnectionTrait>(
 ) -> Result<bool, DbErr> {
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
+    // The fence is written `(…) IS TRUE` (no partial index can serve it, see `relay.rs`); the
+    // row is found by its id.
     sql.push(&format!(
-        "WITH moved AS (DELETE FROM {INBOX_TABLE} WHERE (id = "
+        "WITH moved AS (DELETE FROM {INBOX_TABLE} WHERE id = "
     ))
     .bind(id.into())
     .push(&format!(
-        " AND status = {} AND claim_token = ",
+        " AND (status = {} AND claim_token = ",
         InboxStatus::Processing.literal()
     ))
     .bind(dialect.uuid(token))
