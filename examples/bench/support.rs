@@ -123,7 +123,7 @@ impl Ctx {
         outbox::migrate(&db).await?;
         // A bench database whose inbox held rows when `outbox_0014` ran: handled messages go to
         // `inbox_done` here too (no consumer of an earlier release reads it).
-        outbox::store::inbox_done::switch_on(&db).await?;
+        outbox::admin::rotate_inbox(&db).await?;
         db.execute_unprepared(
             "CREATE TABLE IF NOT EXISTS bench_order (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, \
              total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now());

@@ -11,7 +11,6 @@ use outbox::inbox::{ExternalInbox, IncomingMessage, Receipt};
 use outbox::retention::{self as janitor, RetentionPolicy};
 use outbox::store::claim::ClaimParams;
 use outbox::store::inbox::{self as inbox_store, InboxState, NewInboxRow, Recorded};
-use outbox::store::inbox_done;
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use sea_orm_migration::MigratorTrait;
 
@@ -333,8 +332,11 @@ async fn a_populated_inbox_rotates_once_switched_on() {
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_event").await, 2);
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_done").await, 0);
 
-    assert!(inbox_done::switch_on(&t.db).await.unwrap());
-    assert!(!inbox_done::switch_on(&t.db).await.unwrap(), "on already");
+    assert!(outbox::admin::rotate_inbox(&t.db).await.unwrap());
+    assert!(
+        !outbox::admin::rotate_inbox(&t.db).await.unwrap(),
+        "on already"
+    );
     assert!(
         inbox_store::insert(&t.db, &row("billing", "after"), &InboxState::Done)
             .await

@@ -66,7 +66,9 @@ pub use duration::{HumanBytes, HumanDuration};
 pub use status::{
     ConsumerStatus, OutboxStatus, RelayStatus, Status, StatusCounts, WalSlotStatus, status,
 };
-pub use storage::{HorizonStatus, MIN_DEAD_ROWS, StorageStatus, TableStatus, storage_status};
+pub use storage::{
+    HorizonStatus, MIN_DEAD_ROWS, StorageStatus, TableStatus, rotate_inbox, storage_status,
+};
 
 /// Map a database error, recognising a missing table (the migrations were not applied).
 pub(crate) fn db_error(doing: &'static str) -> impl FnOnce(DbErr) -> AdminError {

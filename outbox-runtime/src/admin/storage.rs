@@ -78,6 +78,18 @@ pub struct StorageStatus {
     pub oldest_holder: Option<HorizonStatus>,
 }
 
+/// Switch the inbox's rotation on (PostgreSQL, migration `outbox_0014`): from now on handled
+/// messages go to `inbox_done` and the keys redeliveries are recognised by to `inbox_key`. The
+/// migration switches it on by itself where `inbox_event` was empty; elsewhere call this once
+/// no consumer of a release before `outbox_0014` runs against the database (that release
+/// recognises redeliveries by `inbox_event` alone). Returns whether it was off; `false` also on
+/// MySQL/MariaDB and SQLite, which keep handled messages in `inbox_event`.
+pub async fn rotate_inbox(db: &DatabaseConnection) -> Result<bool, AdminError> {
+    crate::store::inbox_done::switch_on(db)
+        .await
+        .map_err(db_error("switching the inbox's rotation on"))
+}
+
 /// Read the storage's state. A server that refuses the horizon's view (MySQL without the
 /// `PROCESS` privilege) reports no holder rather than failing.
 pub async fn storage_status(db: &DatabaseConnection) -> Result<StorageStatus, AdminError> {
