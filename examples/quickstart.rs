@@ -253,13 +253,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // An operator resends order 1's event (what `outbox resend` does): delivered again, and
-    // suppressed by both inboxes as a duplicate.
-    db.execute_raw(Statement::from_sql_and_values(
-        db.get_database_backend(),
-        "UPDATE outbox_event SET status = 'PENDING', sent_at = NULL WHERE aggregate_id = ?",
-        ["1".into()],
-    ))
+    // An operator resends order 1's event (`outbox resend <event id>`): delivered again, and
+    // suppressed by both inboxes as a duplicate. Sent events are kept in `outbox_sent`.
+    let sent = db
+        .query_one_raw(Statement::from_sql_and_values(
+            db.get_database_backend(),
+            "SELECT event_id FROM outbox_sent WHERE aggregate_id = ?",
+            ["1".into()],
+        ))
+        .await?
+        .ok_or("order 1's event is not among the sent events")?;
+    let event_id = uuid::Uuid::parse_str(&sent.try_get::<String>("", "event_id")?)?;
+    outbox::admin::resend(
+        &db,
+        &outbox::admin::Resend::Events(vec![event_id]),
+        &outbox::admin::Actor::new("quickstart").reason("show a resend"),
+    )
     .await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while runtime.relay_stats().map_or(0, |s| s.duplicates) < 2 {
@@ -273,7 +282,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!(
         "events placed: {}, delivered to consumers: {}, suppressed as duplicate on resend: {}",
-        count(&db, "SELECT COUNT(*) FROM outbox_event").await?,
+        count(
+            &db,
+            "SELECT (SELECT COUNT(*) FROM outbox_event) + (SELECT COUNT(*) FROM outbox_sent)"
+        )
+        .await?,
         count(&db, "SELECT COUNT(*) FROM inbox_event").await?,
         relay.duplicates,
     );
