@@ -27,6 +27,13 @@ fn row<'a>(consumer: &'a str, message_id: &'a str) -> NewInboxRow<'a> {
     }
 }
 
+/// Record `billing`'s message `id` as handled at once; whether it was new.
+async fn record_done(t: &TestDb, id: &str) -> bool {
+    inbox_store::insert(&t.db, &row("billing", id), &InboxState::Done)
+        .await
+        .unwrap()
+}
+
 async fn count(t: &TestDb, sql: &str) -> i64 {
     scalar_i64(&t.db, sql).await
 }
@@ -170,11 +177,7 @@ async fn a_redelivery_is_recognised_after_its_row_is_gone() {
     let Some(t) = test_db(Backend::Postgres, "inbox_rotation_keys").await else {
         return;
     };
-    assert!(
-        inbox_store::insert(&t.db, &row("billing", "m-1"), &InboxState::Done)
-            .await
-            .unwrap()
-    );
+    assert!(record_done(&t, "m-1").await);
     let inbox = ExternalInbox::new(t.db.clone());
     let payment = |id: &str| {
         IncomingMessage::new("payments", "psp", id, "payment.succeeded", b"{}".to_vec())
@@ -199,9 +202,7 @@ async fn a_redelivery_is_recognised_after_its_row_is_gone() {
     assert!(report.slots_emptied >= 1, "{report:?}");
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_done").await, 0);
     assert!(
-        !inbox_store::insert(&t.db, &row("billing", "m-1"), &InboxState::Done)
-            .await
-            .unwrap(),
+        !record_done(&t, "m-1").await,
         "the key still refuses a redelivery"
     );
     assert_eq!(
@@ -222,11 +223,7 @@ async fn a_redelivery_is_recognised_after_its_row_is_gone() {
     t.db.execute_unprepared("UPDATE inbox_key SET bucket = bucket - 10")
         .await
         .unwrap();
-    assert!(
-        inbox_store::insert(&t.db, &row("billing", "m-1"), &InboxState::Done)
-            .await
-            .unwrap()
-    );
+    assert!(record_done(&t, "m-1").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,11 +233,7 @@ async fn retention_empties_the_inbox_slots_whole() {
     };
     for n in 0..20 {
         let id = format!("old-{n}");
-        assert!(
-            inbox_store::insert(&t.db, &row("billing", &id), &InboxState::Done)
-                .await
-                .unwrap()
-        );
+        assert!(record_done(&t, &id).await);
     }
     age_done(
         &t.db,
@@ -251,11 +244,7 @@ async fn retention_empties_the_inbox_slots_whole() {
     .await;
     for n in 0..5 {
         let id = format!("new-{n}");
-        assert!(
-            inbox_store::insert(&t.db, &row("billing", &id), &InboxState::Done)
-                .await
-                .unwrap()
-        );
+        assert!(record_done(&t, &id).await);
     }
     let report = janitor::purge(&t.db, &policy()).await.unwrap();
     assert_eq!(report.slots_emptied, 1, "{report:?}");
@@ -309,11 +298,7 @@ async fn a_populated_inbox_rotates_once_switched_on() {
         return;
     };
     outbox::Migrator::down(&t.db, Some(1)).await.unwrap();
-    assert!(
-        inbox_store::insert(&t.db, &row("billing", "before"), &InboxState::Done)
-            .await
-            .unwrap()
-    );
+    assert!(record_done(&t, "before").await);
     outbox::Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         count(
@@ -324,11 +309,7 @@ async fn a_populated_inbox_rotates_once_switched_on() {
         0,
         "the migration leaves the rotation off"
     );
-    assert!(
-        inbox_store::insert(&t.db, &row("billing", "during"), &InboxState::Done)
-            .await
-            .unwrap()
-    );
+    assert!(record_done(&t, "during").await);
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_event").await, 2);
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_done").await, 0);
 
@@ -337,17 +318,11 @@ async fn a_populated_inbox_rotates_once_switched_on() {
         !outbox::admin::rotate_inbox(&t.db).await.unwrap(),
         "on already"
     );
-    assert!(
-        inbox_store::insert(&t.db, &row("billing", "after"), &InboxState::Done)
-            .await
-            .unwrap()
-    );
+    assert!(record_done(&t, "after").await);
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_done").await, 1);
     for earlier in ["before", "during"] {
         assert!(
-            !inbox_store::insert(&t.db, &row("billing", earlier), &InboxState::Done)
-                .await
-                .unwrap(),
+            !record_done(&t, earlier).await,
             "{earlier}: recorded in inbox_event before the switch, still a duplicate"
         );
     }
