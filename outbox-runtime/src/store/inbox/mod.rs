@@ -1,17 +1,22 @@
 //! The inbox's SQL: record a delivery once per `(consumer, origin, message_id)` (and an external
-//! message once per business key), and the worker's claims and fenced write-backs.
+//! message once per business key); the statement that does it where handled messages rotate
+//! (`rotating.rs`); the worker's claims and fenced write-backs (`worker.rs`).
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Value};
-use uuid::Uuid;
+mod rotating;
+mod worker;
+
+pub use worker::{
+    ClaimedMessage, InboxClaim, claim, claim_from, mark_done, mark_failed, release, sample_floor,
+};
+
+use sea_orm::{ConnectionTrait, DbErr, Value};
 
 use super::{
     AGGREGATE_VERSION_TABLE, DbTime, Dialect, INBOX_TABLE,
-    claim::{ClaimParams, Queue, hand_back, select_claimable},
     failures::{self, Failed},
-    inbox_done::{self, KeyPeriod},
+    inbox_done,
     sql::{Arg, Sql},
     status::{Failure, InboxStatus},
-    tx::begin_work,
 };
 use crate::operations::Source;
 use crate::util::text::truncate;
@@ -175,179 +180,6 @@ fn insert_statement(
     sql.build()
 }
 
-/// Where the inbox rotates (see `inbox_done.rs`): one statement that takes the keys of `rows`
-/// and inserts each row whose keys were new, a handled one into `inbox_done`, any other into
-/// `inbox_event`; with `ordered` (the consumer), a row meant to be DONE is recorded PENDING when
-/// an unfinished message of its aggregate was recorded before the statement. Rows must not
-/// share a message key. `RETURNING message_id, status` of the rows inserted.
-fn rotating_statement(
-    dialect: Dialect,
-    period: &KeyPeriod,
-    rows: &[(&NewInboxRow<'_>, &InboxState)],
-    skip: Skip,
-    ordered: Option<&str>,
-) -> sea_orm::Statement {
-    let mut keys = Vec::with_capacity(rows.len());
-    for (row, _) in rows {
-        keys.push((
-            row.consumer.to_owned(),
-            inbox_done::message_scope(&truncate(row.origin, MAX_KEY_CHARS)),
-            truncate(row.message_id, MAX_MESSAGE_ID_CHARS),
-        ));
-        if let (Skip::AnyKey, Some(biz_key)) = (skip, row.biz_key) {
-            keys.push((
-                row.consumer.to_owned(),
-                inbox_done::business_scope(&truncate(row.event_type.unwrap_or(""), MAX_KEY_CHARS)),
-                truncate(biz_key, MAX_KEY_CHARS),
-            ));
-        }
-    }
-    let mut sql = Sql::new(dialect);
-    sql.push("WITH ");
-    if let Some(consumer) = ordered {
-        sql.push("blocked AS (");
-        push_unfinished_aggregates(
-            &mut sql,
-            consumer,
-            rows.iter().filter_map(|(row, _)| {
-                Some((
-                    truncate(row.aggregate_type?, 128),
-                    truncate(row.aggregate_id?, 255),
-                ))
-            }),
-        );
-        sql.push("), ");
-    }
-    period.push_cte(&mut sql, &keys, matches!(skip, Skip::AnyKey));
-    sql.push(&format!(
-        ", v ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, n) AS (VALUES "
-    ));
-    for (n, (row, state)) in rows.iter().enumerate() {
-        let state = state_columns(state);
-        if n > 0 {
-            sql.push(", ");
-        }
-        sql.bind_list(row_values(row).into_iter().map(Arg::from).chain([
-            Value::from(state.status.as_str().to_owned()).into(),
-            Value::from(i64::from(state.attempts)).into(),
-            Arg::time_or_null(dialect, state.next_attempt_at),
-            Value::from(state.error.map(|e| truncate(e, 4000))).into(),
-            Value::from(n as i64).into(),
-        ]));
-    }
-    let done = InboxStatus::Done.literal();
-    let (final_status, join) = if ordered.is_some() {
-        (
-            format!(
-                "CASE WHEN b.aggregate_id IS NULL THEN v.status ELSE {} END",
-                InboxStatus::Pending.literal()
-            ),
-            " LEFT JOIN blocked b ON b.aggregate_type = v.aggregate_type \
-             AND b.aggregate_id = v.aggregate_id",
-        )
-    } else {
-        ("v.status".to_owned(), "")
-    };
-    // Ids in arrival order across both tables (they share `inbox_event`'s sequence), taken once
-    // per new row in the order given.
-    sql.push(&format!(
-        "), f AS (SELECT o.*, nextval(pg_get_serial_sequence('{INBOX_TABLE}', 'id')) AS new_id \
-         FROM (SELECT v.*, {final_status} AS final_status FROM v{join} WHERE {}",
-        inbox_done::fresh("v", "'m:' || v.origin", "v.message_id")
-    ));
-    if matches!(skip, Skip::AnyKey) {
-        sql.push(&format!(
-            " AND (v.biz_key IS NULL OR {})",
-            inbox_done::fresh("v", "'b:' || COALESCE(v.event_type, '')", "v.biz_key")
-        ));
-    }
-    // A message recorded before the rotation was switched on is in `inbox_event`, without keys.
-    sql.push(&format!(
-        " AND NOT EXISTS (SELECT 1 FROM {INBOX_TABLE} x WHERE x.consumer = v.consumer \
-         AND x.origin = v.origin AND x.message_id = v.message_id) ORDER BY v.n) o"
-    ));
-    let selected = ROW_COLUMNS
-        .split(", ")
-        .map(|column| format!("f.{column}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    sql.push("), d AS (")
-        .push(&inbox_done::insert_head(
-            dialect,
-            &format!("id, {ROW_COLUMNS}, status, attempts, received_at, processed_at"),
-        ))
-        .push(&format!("f.new_id, {selected}, f.final_status, f.attempts, "))
-        .time(DbTime::NOW)
-        .push(", ")
-        .time(DbTime::NOW)
-        .push(&format!(
-            " FROM f WHERE f.final_status = {done} ORDER BY f.n RETURNING message_id, status), \
-             e AS (INSERT INTO {INBOX_TABLE} (id, {ROW_COLUMNS}, status, attempts, \
-             next_attempt_at, last_error, received_at) SELECT f.new_id, {selected}, f.final_status, \
-             CASE WHEN f.final_status = f.status THEN f.attempts ELSE 0 END, \
-             CAST(f.next_attempt_at AS TIMESTAMPTZ), f.last_error, "
-        ))
-        .time(DbTime::NOW)
-        .push(&format!(" FROM f WHERE f.final_status <> {done} ORDER BY f.n"));
-    let on_conflict = match skip {
-        Skip::MessageKey => dialect.insert_skipping(MESSAGE_KEY).1,
-        Skip::AnyKey => dialect.insert_skipping_any().1.map(str::to_owned),
-    };
-    if let Some(on_conflict) = on_conflict {
-        sql.push(&on_conflict);
-    }
-    sql.push(
-        " RETURNING message_id, status) SELECT message_id, status FROM d \
-         UNION ALL SELECT message_id, status FROM e",
-    );
-    sql.build()
-}
-
-/// [`rotating_statement`] run over `rows` in chunks: for each row, the status it was recorded
-/// with, or `None` (a duplicate; of two rows with the same message key, the second).
-async fn record_rotating<C: ConnectionTrait>(
-    conn: &C,
-    period: &KeyPeriod,
-    rows: &[(&NewInboxRow<'_>, &InboxState)],
-    skip: Skip,
-    ordered: Option<&str>,
-) -> Result<Vec<Option<InboxStatus>>, DbErr> {
-    let dialect = Dialect::of(conn);
-    let mut recorded = Vec::with_capacity(rows.len());
-    for chunk in rows.chunks(INSERT_CHUNK) {
-        let key = |row: &NewInboxRow<'_>| {
-            (
-                truncate(row.origin, MAX_KEY_CHARS),
-                truncate(row.message_id, MAX_MESSAGE_ID_CHARS),
-            )
-        };
-        let mut seen = std::collections::HashSet::new();
-        let unique: Vec<(&NewInboxRow<'_>, &InboxState)> = chunk
-            .iter()
-            .copied()
-            .filter(|(row, _)| seen.insert(key(row)))
-            .collect();
-        let mut returned = std::collections::HashMap::new();
-        for row in conn
-            .query_all_raw(rotating_statement(dialect, period, &unique, skip, ordered))
-            .await?
-        {
-            let message_id: String = row.try_get("", "message_id")?;
-            let status: String = row.try_get("", "status")?;
-            returned.insert(message_id, InboxStatus::parse(&status));
-        }
-        for (row, _) in chunk {
-            // `remove`: a second row with the same id in the chunk was the one skipped.
-            recorded.push(
-                returned
-                    .remove(&truncate(row.message_id, MAX_MESSAGE_ID_CHARS))
-                    .flatten(),
-            );
-        }
-    }
-    Ok(recorded)
-}
-
 /// Record a delivery unless `(consumer, origin, message_id)` is already there. Returns whether it was
 /// inserted (`false`: a duplicate).
 pub async fn insert<C: ConnectionTrait>(
@@ -356,7 +188,7 @@ pub async fn insert<C: ConnectionTrait>(
     state: &InboxState,
 ) -> Result<bool, DbErr> {
     let inserted = match inbox_done::rotating(conn).await? {
-        Some(period) => record_rotating(conn, &period, &[(row, state)], Skip::MessageKey, None)
+        Some(period) => rotating::record(conn, &period, &[(row, state)], Skip::MessageKey, None)
             .await?
             .first()
             .is_some_and(Option::is_some),
@@ -395,7 +227,7 @@ pub async fn insert_many<C: ConnectionTrait>(
     if let Some(period) = inbox_done::rotating(conn).await? {
         let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
             rows.iter().map(|(row, state)| (row, state)).collect();
-        let recorded = record_rotating(conn, &period, &pairs, Skip::MessageKey, None).await?;
+        let recorded = rotating::record(conn, &period, &pairs, Skip::MessageKey, None).await?;
         for ((row, state), recorded) in rows.iter().zip(&recorded) {
             if recorded.is_some() && matches!(state, InboxState::Failed(_)) {
                 failures::append(conn, Source::Inbox, message(row)).await?;
@@ -467,7 +299,7 @@ pub async fn record_batch<C: ConnectionTrait>(
         let consumer = rows.first().map(|row| row.consumer);
         let ordered = consumer.filter(|_| any_aggregate);
         return Ok(
-            record_rotating(conn, &period, &pairs, Skip::MessageKey, ordered)
+            rotating::record(conn, &period, &pairs, Skip::MessageKey, ordered)
                 .await?
                 .into_iter()
                 .map(|status| match status {
@@ -596,7 +428,7 @@ pub async fn insert_external<C: ConnectionTrait>(
     row: &NewInboxRow<'_>,
 ) -> Result<bool, DbErr> {
     if let Some(period) = inbox_done::rotating(conn).await? {
-        let recorded = record_rotating(
+        let recorded = rotating::record(
             conn,
             &period,
             &[(row, &InboxState::Pending)],
@@ -822,315 +654,6 @@ fn push_unfinished_aggregates(
 /// "This message holds its aggregate back": the partial indexes' predicate.
 fn unfinished(_dialect: &Dialect, prefix: &str) -> String {
     InboxStatus::in_list(prefix, &InboxStatus::UNFINISHED)
-}
-
-/// A message claimed by a consumer's worker.
-#[derive(Debug, Clone)]
-pub struct ClaimedMessage {
-    /// Row id (arrival order).
-    pub id: i64,
-    /// Message id.
-    pub message_id: String,
-    /// Who assigned the message id: empty for messages of this SDK's producers, the sender's
-    /// source for an external message.
-    pub origin: String,
-    /// Event (or external message) type, when known.
-    pub event_type: Option<String>,
-    /// Source, when known.
-    pub source: Option<String>,
-    /// Business key of an external message.
-    pub biz_key: Option<String>,
-    /// Headers kept with an external message (a JSON object).
-    pub headers: Option<String>,
-    /// Aggregate type, when known.
-    pub aggregate_type: Option<String>,
-    /// Aggregate id, when known.
-    pub aggregate_id: Option<String>,
-    /// The message as received.
-    pub payload: Vec<u8>,
-    /// Failed attempts so far (counting this claim if it took over an expired lease).
-    pub attempts: u32,
-    /// Whether this claim took over an expired lease.
-    pub reclaimed: bool,
-}
-
-/// Messages claimed under one token.
-#[derive(Debug, Clone)]
-pub struct InboxClaim {
-    /// The fencing token written into each claimed row.
-    pub token: Uuid,
-    /// Messages to handle, in arrival order.
-    pub messages: Vec<ClaimedMessage>,
-    /// Messages whose lease expired once too often: marked DEAD by this claim.
-    pub dead: usize,
-}
-
-/// Claim due messages of `consumer`: PENDING, RETRY that are due, PROCESSING whose lease
-/// expired. With ordering, only the first unfinished message of each aggregate and the PENDING
-/// run behind it.
-///
-/// `params.owner` names the worker in `locked_by`.
-#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
-pub async fn claim(
-    db: &DatabaseConnection,
-    consumer: &str,
-    params: &ClaimParams<'_>,
-) -> Result<InboxClaim, DbErr> {
-    claim_from(db, consumer, params, None).await
-}
-
-/// A consumer's unfinished messages as a work queue.
-fn inbox_queue(dialect: Dialect, consumer: &str) -> Queue<'_> {
-    Queue {
-        dialect,
-        table: INBOX_TABLE,
-        columns: COLUMNS,
-        scope: Some(("consumer", consumer)),
-        predicate: unfinished,
-        pending_age: None,
-        floor: None,
-    }
-}
-
-/// Sample `consumer`'s floor from `from` up (see `floor.rs`): `None` where the dialect keeps
-/// none.
-pub async fn sample_floor(
-    db: &DatabaseConnection,
-    consumer: &str,
-    from: i64,
-) -> Result<Option<super::floor::Sample>, DbErr> {
-    super::floor::sample(db, &inbox_queue(Dialect::of(db), consumer), from).await
-}
-
-/// [`claim`], its scans starting at `floor` (see `floor.rs`).
-pub async fn claim_from(
-    db: &DatabaseConnection,
-    consumer: &str,
-    params: &ClaimParams<'_>,
-    floor: Option<super::floor::Bound>,
-) -> Result<InboxClaim, DbErr> {
-    let ClaimParams {
-        owner: worker_id,
-        batch_size,
-        lease,
-        ordering,
-        max_attempts,
-    } = *params;
-    let txn = begin_work(db).await?;
-    let dialect = Dialect::of(&txn);
-    let queue = Queue {
-        floor,
-        ..inbox_queue(dialect, consumer)
-    };
-    let mut messages = Vec::new();
-    let mut expired_dead = Vec::new();
-    let mut blocked = std::collections::HashSet::new();
-    // Expired claims behind a message this claim makes DEAD: handed back (see `hand_back`).
-    let mut stranded = Vec::new();
-    for candidate in select_claimable(&txn, &queue, batch_size, ordering)
-        .await?
-        .rows
-    {
-        let reclaim =
-            candidate.row.try_get::<String>("", "status")? == InboxStatus::Processing.as_str();
-        let mut message = read_message(dialect, candidate.id, &candidate.row)?;
-        let key = (message.aggregate_type.clone(), message.aggregate_id.clone());
-        if ordering && key.0.is_some() && blocked.contains(&key) {
-            if reclaim {
-                stranded.push(message.id);
-            }
-            continue;
-        }
-        if reclaim {
-            message.attempts += 1;
-            message.reclaimed = true;
-            if message.attempts >= max_attempts {
-                blocked.insert(key);
-                expired_dead.push(message);
-                continue;
-            }
-        }
-        messages.push(message);
-    }
-    let token = Uuid::new_v4();
-    mark_claimed(&txn, &messages, worker_id, lease, token).await?;
-    mark_lease_expired(&txn, &expired_dead).await?;
-    let dead_ids: Vec<i64> = expired_dead.iter().map(|message| message.id).collect();
-    failures::append(&txn, Source::Inbox, Failed::Ids(&dead_ids)).await?;
-    hand_back(&txn, INBOX_TABLE, stranded).await?;
-    txn.commit().await?;
-    Ok(InboxClaim {
-        token,
-        messages,
-        dead: expired_dead.len(),
-    })
-}
-
-/// A claimable row as the worker handles it.
-fn read_message(
-    dialect: Dialect,
-    id: i64,
-    row: &sea_orm::QueryResult,
-) -> Result<ClaimedMessage, DbErr> {
-    let attempts = dialect.get_int(row, "attempts")?;
-    Ok(ClaimedMessage {
-        id,
-        message_id: row.try_get("", "message_id")?,
-        origin: row.try_get("", "origin")?,
-        event_type: row.try_get("", "event_type")?,
-        source: row.try_get("", "source")?,
-        biz_key: row.try_get("", "biz_key")?,
-        headers: row.try_get("", "headers")?,
-        aggregate_type: row.try_get("", "aggregate_type")?,
-        aggregate_id: row.try_get("", "aggregate_id")?,
-        payload: row.try_get("", "payload")?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        reclaimed: false,
-    })
-}
-
-/// Claim `messages` for `worker_id` under `token` for `lease`; a reclaim counts an attempt.
-async fn mark_claimed(
-    txn: &sea_orm::DatabaseTransaction,
-    messages: &[ClaimedMessage],
-    worker_id: &str,
-    lease: std::time::Duration,
-    token: Uuid,
-) -> Result<(), DbErr> {
-    if messages.is_empty() {
-        return Ok(());
-    }
-    let dialect = Dialect::of(txn);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!(
-        "UPDATE {INBOX_TABLE} SET attempts = CASE WHEN status = {processing} THEN attempts + 1 \
-         ELSE attempts END, status = {processing}, locked_by = ",
-        processing = InboxStatus::Processing.literal(),
-    ))
-    .bind(worker_id.to_owned().into())
-    .push(", locked_until = ")
-    .time(DbTime::after(lease))
-    .push(", claim_token = ")
-    .bind(dialect.uuid(token))
-    .push(" WHERE id IN ")
-    .bind_list(messages.iter().map(|m| Value::from(m.id)));
-    txn.execute_raw(sql.build()).await?;
-    Ok(())
-}
-
-/// Mark DEAD the messages whose lease expired once too often: a worker crashed or hung on each.
-async fn mark_lease_expired(
-    txn: &sea_orm::DatabaseTransaction,
-    expired: &[ClaimedMessage],
-) -> Result<(), DbErr> {
-    for message in expired {
-        let mut sql = Sql::new(Dialect::of(txn));
-        sql.push(&format!(
-            "UPDATE {INBOX_TABLE} SET attempts = attempts + 1, status = {}, locked_until = NULL, \
-             last_error = ",
-            InboxStatus::Dead.literal()
-        ))
-        .bind(
-            format!(
-                "lease expired {} times: a worker crashed or hung while handling this message",
-                message.attempts
-            )
-            .into(),
-        )
-        .push(" WHERE id = ")
-        .bind(message.id.into());
-        txn.execute_raw(sql.build()).await?;
-    }
-    Ok(())
-}
-
-/// Inside the handler's transaction: mark the claimed message DONE, fenced by the claim token.
-/// `false` means another worker owns it now: roll the handler's work back.
-pub async fn mark_done<C: ConnectionTrait>(conn: &C, id: i64, token: Uuid) -> Result<bool, DbErr> {
-    if inbox_done::rotating(conn).await?.is_some() {
-        return inbox_done::mark_done(conn, id, token).await;
-    }
-    let dialect = Dialect::of(conn);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!(
-        "UPDATE {INBOX_TABLE} SET status = {}, processed_at = ",
-        InboxStatus::Done.literal()
-    ))
-    .time(DbTime::NOW)
-    .push(", attempts = attempts + 1, locked_until = NULL, last_error = NULL WHERE id = ")
-    .bind(id.into())
-    .push(&format!(
-        " AND status = {} AND claim_token = ",
-        InboxStatus::Processing.literal()
-    ))
-    .bind(dialect.uuid(token));
-    Ok(conn.execute_raw(sql.build()).await?.rows_affected() == 1)
-}
-
-/// After a failed attempt: RETRY at its due time, or DEAD, fenced by the claim token, with the
-/// failure appended to the history. `false` means another worker owns the message now.
-pub async fn mark_failed(
-    db: &DatabaseConnection,
-    id: i64,
-    token: Uuid,
-    failure: &Failure,
-) -> Result<bool, DbErr> {
-    let txn = begin_work(db).await?;
-    let dialect = Dialect::of(db);
-    let mut sql = Sql::new(dialect);
-    sql.push(&format!(
-        "UPDATE {INBOX_TABLE} SET status = {}, attempts = ",
-        failure.inbox_status().literal()
-    ))
-    .bind(i64::from(failure.attempts()).into())
-    .push(", next_attempt_at = ")
-    .arg(Arg::time_or_null(dialect, failure.due()))
-    .push(", last_error = ")
-    .bind(truncate(failure.error(), 4000).into())
-    .push(", locked_until = NULL WHERE id = ")
-    .bind(id.into())
-    .push(&format!(
-        " AND status = {} AND claim_token = ",
-        InboxStatus::Processing.literal()
-    ))
-    .bind(dialect.uuid(token));
-    let marked = txn.execute_raw(sql.build()).await?.rows_affected() == 1;
-    if marked {
-        failures::append(&txn, Source::Inbox, Failed::Ids(&[id])).await?;
-    }
-    txn.commit().await?;
-    Ok(marked)
-}
-
-/// Hand claimed messages back unhandled (behind a failure of their aggregate, or at shutdown),
-/// giving back the attempt a reclaim counted.
-pub async fn release(
-    db: &DatabaseConnection,
-    token: Uuid,
-    ids: &[i64],
-    reclaimed: &[i64],
-) -> Result<u64, DbErr> {
-    let dialect = Dialect::of(db);
-    let mut released = 0;
-    let (given_back, plain): (Vec<i64>, Vec<i64>) =
-        ids.iter().copied().partition(|id| reclaimed.contains(id));
-    for (ids, refund) in [(plain, 0), (given_back, 1)] {
-        if ids.is_empty() {
-            continue;
-        }
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!(
-            "UPDATE {INBOX_TABLE} SET attempts = attempts - {refund}, status = {}, \
-             locked_until = NULL WHERE status = {} AND claim_token = ",
-            InboxStatus::Pending.literal(),
-            InboxStatus::Processing.literal()
-        ))
-        .bind(dialect.uuid(token))
-        .push(" AND id IN ")
-        .bind_list(ids.iter().map(|id| Value::from(*id)));
-        released += db.execute_raw(sql.build()).await?.rows_affected();
-    }
-    Ok(released)
 }
 
 /// The aggregate-version guard: record `version` as the newest this consumer accepted for the
