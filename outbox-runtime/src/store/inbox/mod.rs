@@ -5,9 +5,9 @@
 mod rotating;
 mod worker;
 
-pub use worker::{
-    ClaimedMessage, InboxClaim, claim, claim_from, mark_done, mark_failed, release, sample_floor,
-};
+pub use worker::{ClaimedMessage, claim_from, mark_done, mark_failed, release, sample_floor};
+#[cfg(feature = "test-util")]
+pub use worker::{InboxClaim, claim};
 
 use sea_orm::{ConnectionTrait, DbErr, Value};
 
