@@ -474,8 +474,18 @@ fn push_fast_claim(
     .push(" AND ")
     .push(&dialect.unsent("e."));
     if let Some(bound) = floor {
-        sql.push(" AND e.id >= ");
+        // The floor as a row comparison on the aggregate index's columns: an index condition
+        // of that index only. Written `e.id >= <floor>`, it also fits the primary key, and
+        // under a held horizon (the table's statistics counting a few live rows among many
+        // dead versions) the planner took a scan of the primary key from the floor, reading
+        // every dead version above it, for each probe of each row.
+        sql.push(" AND (e.aggregate_type, e.aggregate_id, e.id) >= (")
+            .bind(event.aggregate_type.to_string().into())
+            .push(", ")
+            .bind(event.aggregate_id.clone().into())
+            .push(", ");
         super::floor::push_low(sql, bound);
+        sql.push(")");
     }
     if !earlier.is_empty() {
         sql.push(" AND e.event_id NOT IN ")

@@ -710,10 +710,12 @@ pub async fn followed(db: &DatabaseConnection, places: &[Place]) -> Result<bool,
 }
 
 /// [`followed`] as one probe of the aggregate index per place: the places as a `VALUES` list,
-/// each looked up by an `EXISTS` on its aggregate past its id. Under a held xmin horizon the
-/// table is full of dead versions its statistics do not show, and an `OR` of the places was
-/// planned as a read of a whole index (tens of thousands of buffers per call); a join on a
-/// list of known length is planned as index probes.
+/// each joined (`LATERAL`, so always a nested loop) to a look-up of its aggregate past its id.
+/// The look-up's bound is a row comparison on the aggregate index's columns, which no other
+/// index can serve. Under a held xmin horizon the table is full of dead versions its
+/// statistics do not show: an `OR` of the places was planned as a read of a whole index, a
+/// plain join as a hash join over one, and `e.id > p.id` as a scan of the primary key; each
+/// read every dead version (tens of thousands of buffers per call).
 async fn followed_by_probes(db: &DatabaseConnection, places: &[Place]) -> Result<bool, DbErr> {
     let dialect = Dialect::of(db);
     for chunk in places.chunks(200) {
@@ -730,9 +732,11 @@ async fn followed_by_probes(db: &DatabaseConnection, places: &[Place]) -> Result
             ]);
         }
         sql.push(&format!(
-            ") AS p (aggregate_type, aggregate_id, id) WHERE EXISTS (SELECT 1 FROM {OUTBOX_TABLE} e \
-             WHERE e.aggregate_type = p.aggregate_type AND e.aggregate_id = p.aggregate_id \
-             AND e.id > p.id AND {}) LIMIT 1",
+            ") AS p (aggregate_type, aggregate_id, id) CROSS JOIN LATERAL (SELECT 1 AS n \
+             FROM {OUTBOX_TABLE} e WHERE e.aggregate_type = p.aggregate_type \
+             AND e.aggregate_id = p.aggregate_id \
+             AND (e.aggregate_type, e.aggregate_id, e.id) > (p.aggregate_type, p.aggregate_id, p.id) \
+             AND {} LIMIT 1) AS n LIMIT 1",
             dialect.unsent("e.")
         ));
         if db.query_one_raw(sql.build()).await?.is_some() {
