@@ -31,6 +31,10 @@
 //! - P9 sustained load with a held xmin horizon: 30 minutes steady, 10 with a transaction holding
 //!   the horizon, 5 after its release; the tables' bytes and dead rows, the backlog, commit and
 //!   commit → handled latencies every 10 s. Only with `--only p9` (and in `--smoke`).
+//! - P10 cost per event: statements (`pg_stat_statements`) and CPU seconds per 1,000 events of
+//!   the server and the bench process, for the hand-written pipeline and the SDK's fast path,
+//!   WAL relay and claim loop, at 200/s and 1k/s. Only with `--only p10` (it needs a server that
+//!   loads `pg_stat_statements`; `--smoke` runs it without the counts).
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
 //! narrow P3 down to some modes and offered loads.
@@ -42,6 +46,7 @@
 #[cfg(feature = "kafka")]
 mod kafka;
 mod p1;
+mod p10;
 mod p2;
 mod p3;
 mod p4;
@@ -58,9 +63,11 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 9] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"];
-/// What runs without `--only`: every scenario but P9, which takes 45 minutes (the smoke run
-/// takes it too, in seconds).
+const SCENARIOS: [&str; 10] = [
+    "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10",
+];
+/// What runs without `--only`: every scenario but P9, which takes 45 minutes, and P10, which
+/// needs `pg_stat_statements` (the smoke run takes both, in seconds).
 const DEFAULT: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
 
 #[derive(Debug)]
@@ -146,6 +153,7 @@ async fn main() -> Result<(), BoxError> {
                 // Long enough once: its phases are its repetitions.
                 "p9" if run == 1 => p9::run(&ctx).await,
                 "p9" => continue,
+                "p10" => p10::run(&ctx).await,
                 _ => unreachable!("checked when parsing"),
             };
             let got = got.map_err(|e| format!("{scenario} failed: {e}"))?;

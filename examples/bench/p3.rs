@@ -47,7 +47,7 @@ async fn record_effect(
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     /// The SDK, the relay woken by the producers' coalesced `NOTIFY`.
     Wake,
     /// The SDK, the relay polling every `POLL`.
@@ -116,7 +116,8 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     };
     for rate in rates {
         for &mode in &modes {
-            let (latencies, stages) = measure(ctx, mode, rate).await?;
+            let (latencies, stages) =
+                measure(ctx, mode, rate, &mut crate::p10::Meter::off()).await?;
             let key = format!("p3.{}.r{rate}", mode.key());
             for (stage, p50, p99) in stages {
                 out.push(m(format!("{key}.{stage}.p50"), p50, "ms"));
@@ -194,11 +195,13 @@ fn quantiles(interval: &str, name: &str) -> String {
 
 /// Offer `rate` orders per second for the warm-up and the window; the sorted latencies, in
 /// microseconds, of the orders committed after the warm-up, and for the whole SDK pipeline its
-/// stages.
-async fn measure(
+/// stages. `meter` reads its snapshots right before the orders are offered and right after the
+/// last one was handled (P10).
+pub(crate) async fn measure(
     ctx: &Ctx,
     mode: Mode,
     rate: u64,
+    meter: &mut crate::p10::Meter,
 ) -> Result<(Vec<u64>, Vec<(&'static str, f64, f64)>), BoxError> {
     ctx.reset().await?;
     // A running service's table holds the SENT rows retention keeps, and its statistics say so;
@@ -227,8 +230,10 @@ async fn measure(
                 .expect_consumers([CONSUMER])
                 .start()
                 .await?;
+            meter.start(ctx).await?;
             committed = offer_published(ctx, &transport, rate, warm_up, true).await?;
             handled = wait_seen(committed.len(), &HANDLED).await?;
+            meter.stop(ctx).await?;
             runtime.shutdown().await;
         }
         Mode::RelayOnly => {
@@ -241,8 +246,10 @@ async fn measure(
                 .start()
                 .await?;
             let producer = Outbox::new("bench-p3");
+            meter.start(ctx).await?;
             committed = offer_orders(ctx, &producer, rate, warm_up).await?;
             handled = wait_seen(committed.len(), &seen).await?;
+            meter.stop(ctx).await?;
             consumer.abort();
             runtime.shutdown().await;
         }
@@ -258,8 +265,10 @@ async fn measure(
             ));
             // No wake-up: the hand-written relay polls.
             let producer = Outbox::builder("bench-p3").notify_channel(None).build();
+            meter.start(ctx).await?;
             committed = offer_orders(ctx, &producer, rate, warm_up).await?;
             handled = wait_seen(committed.len(), &seen).await?;
+            meter.stop(ctx).await?;
             stop.store(true, Ordering::Relaxed);
             relay.await??;
             consumer.abort();
@@ -302,8 +311,10 @@ async fn measure(
                 Mode::Wake | Mode::Wal => Outbox::new("bench-p3"),
                 _ => Outbox::builder("bench-p3").notify_channel(None).build(),
             };
+            meter.start(ctx).await?;
             committed = offer_orders(ctx, &producer, rate, warm_up).await?;
             handled = wait_seen(committed.len(), &HANDLED).await?;
+            meter.stop(ctx).await?;
             let report = runtime.shutdown().await;
             let stats = report.consumer(CONSUMER);
             if stats.dead > 0 || stats.handled as usize != committed.len() {
@@ -318,8 +329,10 @@ async fn measure(
         Mode::Raw => {
             let seen: Arc<Mutex<Vec<(i64, Instant)>>> = Arc::default();
             let consumer = raw_consumer(ctx, &transport, seen.clone()).await?;
+            meter.start(ctx).await?;
             committed = offer_published(ctx, &transport, rate, warm_up, false).await?;
             handled = wait_seen(committed.len(), &seen).await?;
+            meter.stop(ctx).await?;
             consumer.abort();
         }
     }

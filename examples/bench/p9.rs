@@ -3,7 +3,9 @@
 //! phase, then a REPEATABLE READ transaction that holds the horizon (a report query left open),
 //! then its release. Every sample interval: the SDK's tables (bytes with indexes, live and dead
 //! rows), the backlog and its age, the producers' commit p50/p99, commit → handled p50/p99,
-//! insert → SENT p99 (the relay's share) and events handled per second.
+//! insert → SENT p99 (the relay's share), the relay's claim time p50/p99 (the SDK's
+//! `outbox_relay_claim_duration_seconds`, caught by a `metrics` recorder) and events handled per
+//! second.
 //!
 //! Run it on a cluster with stock settings (autovacuum on), such as the one `scripts/pg-logical`
 //! starts: `DATABASE_URL=postgres://postgres@127.0.0.1:5433/outbox_bench scripts/bench --only p9
@@ -125,6 +127,8 @@ struct Sample {
     commits: Vec<u64>,
     /// This interval's commit → handled latencies, sorted, in microseconds.
     handled: Vec<u64>,
+    /// How long each of the relay's claims took in this interval, sorted, in microseconds.
+    claims: Vec<u64>,
 }
 
 impl Sample {
@@ -136,6 +140,46 @@ impl Sample {
     /// Quantile `q` of this interval's commit → handled latencies, in milliseconds.
     fn handled_ms(&self, q: f64) -> f64 {
         quantile(&self.handled, q) as f64 / 1000.0
+    }
+
+    /// Quantile `q` of this interval's claim times, in milliseconds.
+    fn claim_ms(&self, q: f64) -> f64 {
+        quantile(&self.claims, q) as f64 / 1000.0
+    }
+}
+
+/// How long each claim of the relay took, in microseconds, since the sampler last took them:
+/// what the SDK records as `outbox_relay_claim_duration_seconds`.
+static CLAIMS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// A `metrics` recorder that keeps the relay's claim times in [`CLAIMS`] and drops the rest.
+struct ClaimTimes;
+
+impl metrics::HistogramFn for ClaimTimes {
+    fn record(&self, seconds: f64) {
+        CLAIMS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((seconds * 1e6) as u64);
+    }
+}
+
+impl metrics::Recorder for ClaimTimes {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        if key.name() == outbox::metrics::RELAY_CLAIM_DURATION {
+            metrics::Histogram::from_arc(Arc::new(ClaimTimes))
+        } else {
+            metrics::Histogram::noop()
+        }
     }
 }
 
@@ -160,6 +204,8 @@ const KEY_PERIOD_SECONDS: i64 = 240;
 
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let shape = Shape::of(ctx)?;
+    // The process's one recorder: installed by the first run, kept by the next ones.
+    let _ = metrics::set_global_recorder(ClaimTimes);
     ctx.reset().await?;
     // Sent events rotate through slots of 5 s: a 60 s window is kept as 12 to 13 slots.
     outbox::store::rotation::set_slot_length(&ctx.db, "outbox_sent", SENT_SLOT_SECONDS).await?;
@@ -330,7 +376,7 @@ async fn phases(ctx: &Ctx, shape: &Shape, produced: &Produced) -> Result<Vec<Sam
             println!(
                 "  P9 {:>6.0} s {:<7} tables {:>6.1} MB (outbox {:>5.1}) dead {:>7} live {:>7} \
                  backlog {:>5} ({:>4.1} s) commit p50 {:>6.1} p99 {:>6.1} ms, handled p50 {:>6.1} \
-                 p99 {:>7.1} ms, sent p99 {:>6.1} ms, {:>5.0}/s, refused {}",
+                 p99 {:>7.1} ms, sent p99 {:>6.1} ms, claim p99 {:>6.1} ms, {:>5.0}/s, refused {}",
                 sample.at.as_secs_f64(),
                 phase.name(),
                 sample.bytes as f64 / 1e6,
@@ -344,6 +390,7 @@ async fn phases(ctx: &Ctx, shape: &Shape, produced: &Produced) -> Result<Vec<Sam
                 sample.handled_ms(0.5),
                 sample.handled_ms(0.99),
                 sample.sent_p99_ms,
+                sample.claim_ms(0.99),
                 sample.handled_per_s,
                 sample.refused
             );
@@ -364,6 +411,8 @@ async fn sample(
         std::mem::take(&mut *produced.commits.lock().unwrap_or_else(|p| p.into_inner()));
     commits.sort_unstable();
     let handled = drain_handled(produced);
+    let mut claims = std::mem::take(&mut *CLAIMS.lock().unwrap_or_else(|p| p.into_inner()));
+    claims.sort_unstable();
     let tables = outbox::store::health::tables(&ctx.db).await?;
     let sum =
         |f: fn(&outbox::store::health::TableHealth) -> i64| -> i64 { tables.iter().map(f).sum() };
@@ -399,6 +448,7 @@ async fn sample(
         refused: produced.refused.swap(0, Ordering::Relaxed),
         commits,
         handled,
+        claims,
     })
 }
 
@@ -450,12 +500,21 @@ fn measures(shape: &Shape, samples: &[Sample], placed: u64) -> Vec<Measure> {
     ] {
         let settled = part(samples, phase, from);
         let (commits, handled) = latencies(&settled);
+        let mut claims: Vec<u64> = settled
+            .iter()
+            .flat_map(|s| s.claims.iter().copied())
+            .collect();
+        claims.sort_unstable();
         out.push(m(
             format!("p9.{name}.rate"),
             handled.len() as f64 / (settled.len().max(1) as f64 * shape.every.as_secs_f64()),
             "ev/s",
         ));
-        for (what, sorted) in [("commit", &commits), ("handled", &handled)] {
+        for (what, sorted) in [
+            ("commit", &commits),
+            ("handled", &handled),
+            ("claim", &claims),
+        ] {
             for (q, label) in [(0.5, "p50"), (0.99, "p99")] {
                 out.push(m(
                     format!("p9.{name}.{what}_{label}"),
@@ -544,13 +603,13 @@ fn measures(shape: &Shape, samples: &[Sample], placed: u64) -> Vec<Measure> {
 fn write_csv(samples: &[Sample]) -> Result<(), BoxError> {
     let mut csv = String::from(
         "seconds,phase,bytes,outbox_bytes,dead_rows,live_rows,backlog,backlog_age_s,\
-         commit_p50_ms,commit_p99_ms,handled_p50_ms,handled_p99_ms,sent_p99_ms,handled_per_s,\
-         refused\n",
+         commit_p50_ms,commit_p99_ms,handled_p50_ms,handled_p99_ms,sent_p99_ms,claim_p50_ms,\
+         claim_p99_ms,claims,handled_per_s,refused\n",
     );
     for s in samples {
         let _ = writeln!(
             csv,
-            "{:.0},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.2},{:.1},{}",
+            "{:.0},{},{},{},{},{},{},{:.1},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{},{:.1},{}",
             s.at.as_secs_f64(),
             s.phase.name(),
             s.bytes,
@@ -564,6 +623,9 @@ fn write_csv(samples: &[Sample]) -> Result<(), BoxError> {
             s.handled_ms(0.5),
             s.handled_ms(0.99),
             s.sent_p99_ms,
+            s.claim_ms(0.5),
+            s.claim_ms(0.99),
+            s.claims.len(),
             s.handled_per_s,
             s.refused
         );
@@ -611,6 +673,8 @@ pub(crate) fn specs() -> Vec<Spec> {
         .target(Target::RatioAtMost(2.0)),
         spec("P9", "insert → SENT p99, horizon held", "p9.hold.sent_p99")
             .against("insert → SENT p99 before", "p9.before.sent_p99"),
+        spec("P9", "relay claim p99, horizon held", "p9.hold.claim_p99")
+            .against("relay claim p99 before", "p9.before.claim_p99"),
         spec("P9", "handled per second, horizon held", "p9.hold.rate")
             .against("handled per second before", "p9.before.rate")
             .target(Target::RatioAtLeast(0.8)),

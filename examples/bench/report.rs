@@ -178,6 +178,7 @@ pub(crate) fn build(
             "p7" => crate::p7::specs(),
             "p8" => crate::p8::specs(),
             "p9" => crate::p9::specs(),
+            "p10" => crate::p10::specs(ctx),
             _ => Vec::new(),
         });
     }

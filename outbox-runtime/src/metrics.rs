@@ -16,6 +16,7 @@
 //! | `outbox_broker_last_seen_seconds` | gauge | `transport` | time since the broker last confirmed a publish or answered a health check, as of the relay's last heartbeat (`RelayConfig::heartbeat`) or breaker change |
 //! | `outbox_events_held_back_total` | counter | `transport` | claimed events handed back without an attempt because the broker was unavailable |
 //! | `outbox_publish_lag_seconds` | histogram | `transport` | enqueue (commit) to broker confirmation |
+//! | `outbox_relay_claim_duration_seconds` | histogram | `transport` | one claim of the claim loop (its statement, with the retries of a deadlock), whether it found events or not |
 //! | `outbox_wal_left_to_table_total` | counter | `transport` | events the WAL relay left to the claim loop (behind an unsent earlier event of their aggregate) |
 //! | `outbox_wal_fallbacks_total` | counter | `slot` | times a WAL relay could not stream (slot dropped or invalidated, `wal_level` not `logical`) and fell back to polling |
 //! | `outbox_wal_slot_lag_bytes` | gauge | `slot` | WAL written after the position a WAL relay's slot confirmed: how far the relay is behind (grows while it is stopped) |
@@ -60,6 +61,8 @@ pub const BROKER_LAST_SEEN: &str = "outbox_broker_last_seen_seconds";
 pub const EVENTS_HELD_BACK: &str = "outbox_events_held_back_total";
 /// Commit to confirmation.
 pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
+/// One claim of the claim loop.
+pub const RELAY_CLAIM_DURATION: &str = "outbox_relay_claim_duration_seconds";
 /// Events the WAL relay left to the claim loop.
 pub const WAL_LEFT_TO_TABLE: &str = "outbox_wal_left_to_table_total";
 /// Times a WAL relay fell back to polling.
@@ -145,6 +148,11 @@ pub fn describe() {
         PUBLISH_LAG,
         Unit::Seconds,
         "Time from enqueue to broker confirmation"
+    );
+    describe_histogram!(
+        RELAY_CLAIM_DURATION,
+        Unit::Seconds,
+        "Time one claim of the claim loop took, found events or not"
     );
     describe_counter!(
         WAL_LEFT_TO_TABLE,
@@ -264,6 +272,10 @@ pub(crate) fn wal_fallback(slot: &str) {
 
 pub(crate) fn publish_lag(transport: &'static str, lag: Duration) {
     histogram!(PUBLISH_LAG, "transport" => transport).record(lag.as_secs_f64());
+}
+
+pub(crate) fn claim_duration(transport: &'static str, took: Duration) {
+    histogram!(RELAY_CLAIM_DURATION, "transport" => transport).record(took.as_secs_f64());
 }
 
 pub(crate) fn relay_error() {

@@ -87,11 +87,13 @@ impl Relay {
             store::relay::sample_floor(&self.db, from)
         })
         .await;
+        let started = Instant::now();
         let claim = with_transient_retries(|| {
             store::relay::claim_from(&self.db, &params, pending_age, floor)
         })
         .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
         .await?;
+        crate::metrics::claim_duration(transport.name(), started.elapsed());
         let report = RoundReport {
             claimed: claim.events.len(),
             dead: claim.dead.len() + claim.unreadable,
