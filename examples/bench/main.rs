@@ -63,9 +63,7 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 10] = [
-    "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10",
-];
+const SCENARIOS: [&str; 10] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10"];
 /// What runs without `--only`: every scenario but P9, which takes 45 minutes, and P10, which
 /// needs `pg_stat_statements` (the smoke run takes both, in seconds).
 const DEFAULT: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];

@@ -105,8 +105,8 @@ impl Meter {
                 .into());
             }
         };
-        let backend = crate::support::scalar_i64(&ctx.db, "SELECT pg_backend_pid()::bigint")
-            .await? as u32;
+        let backend =
+            crate::support::scalar_i64(&ctx.db, "SELECT pg_backend_pid()::bigint").await? as u32;
         Ok(Meter {
             on: true,
             counts,
@@ -156,8 +156,8 @@ impl Meter {
         } else {
             ctx.db
                 .query_all_raw(Statement::from_string(
-                DbBackend::Postgres,
-                "SELECT queryid, SUM(calls)::bigint AS calls, MIN(query) AS query \
+                    DbBackend::Postgres,
+                    "SELECT queryid, SUM(calls)::bigint AS calls, MIN(query) AS query \
                  FROM pg_stat_statements WHERE toplevel AND dbid = (SELECT oid FROM pg_database \
                  WHERE datname = current_database()) AND query NOT LIKE '%pg_stat_statements%' \
                  GROUP BY queryid",
@@ -192,7 +192,7 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces: the fields follow its last one.
     let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = |i: usize| -> Option<f64> { Some(fields.get(i)?.parse::<f64>().ok()?) };
+    let ticks = |i: usize| -> Option<f64> { fields.get(i)?.parse::<f64>().ok() };
     // Fields 4 (ppid) and 14–17 (utime, stime, cutime, cstime) of proc(5), counted from the
     // state (field 3) here.
     Some(ProcStat {
@@ -208,7 +208,11 @@ fn server_cpu(postmaster: u32) -> Option<f64> {
     let main = proc_stat(postmaster)?;
     let mut total = main.cpu + main.children_cpu;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         if let Some(stat) = proc_stat(pid).filter(|s| s.ppid == postmaster) {
@@ -297,13 +301,13 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
         let base = format!("p10.raw.r{rate}");
         specs.push(spec(
             "P10",
-            &format!("hand-written, {rate}/s: statements per event"),
-            &format!("{base}.statements"),
+            format!("hand-written, {rate}/s: statements per event"),
+            format!("{base}.statements"),
         ));
         specs.push(spec(
             "P10",
-            &format!("hand-written, {rate}/s: CPU per 1,000 events"),
-            &format!("{base}.cpu"),
+            format!("hand-written, {rate}/s: CPU per 1,000 events"),
+            format!("{base}.cpu"),
         ));
         for (key, what) in [
             ("fast", "fast path"),
@@ -323,26 +327,26 @@ pub(crate) fn specs(ctx: &Ctx) -> Vec<Spec> {
             specs.push(target(
                 spec(
                     "P10",
-                    &format!("{what}, {rate}/s: statements per event"),
-                    &format!("{figure}.statements"),
+                    format!("{what}, {rate}/s: statements per event"),
+                    format!("{figure}.statements"),
                 )
-                .against("hand-written", &format!("{base}.statements")),
+                .against("hand-written", format!("{base}.statements")),
             ));
             specs.push(target(
                 spec(
                     "P10",
-                    &format!("{what}, {rate}/s: CPU per 1,000 events"),
-                    &format!("{figure}.cpu"),
+                    format!("{what}, {rate}/s: CPU per 1,000 events"),
+                    format!("{figure}.cpu"),
                 )
-                .against("hand-written", &format!("{base}.cpu")),
+                .against("hand-written", format!("{base}.cpu")),
             ));
             specs.push(
                 spec(
                     "P10",
-                    &format!("{what}, {rate}/s: server CPU per 1,000 events"),
-                    &format!("{figure}.server_cpu"),
+                    format!("{what}, {rate}/s: server CPU per 1,000 events"),
+                    format!("{figure}.server_cpu"),
                 )
-                .against("hand-written", &format!("{base}.server_cpu")),
+                .against("hand-written", format!("{base}.server_cpu")),
             );
         }
     }

@@ -208,3 +208,44 @@ fn storage_gauges_show_the_tables_and_the_held_horizon() {
         },
     );
 }
+
+/// Each claim of the claim loop is timed (`outbox_relay_claim_duration_seconds`), whether it
+/// found events or not: the figure that grows first when the queue's scans slow down.
+#[test]
+fn the_claim_loop_reports_its_claim_time() {
+    let recorder: &'static metrics_exporter_prometheus::PrometheusRecorder = Box::leak(Box::new(
+        metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+    ));
+    let handle = recorder.handle();
+    on_own_runtime(
+        move || std::mem::forget(metrics::set_default_local_recorder(recorder)),
+        async move {
+            let Some(t) = test_db(Backend::SqliteFile, "metrics_claim_time").await else {
+                return;
+            };
+            let transport = outbox::transport::memory::MemoryTransport::new();
+            let relay = outbox::relay::Relay::new(t.db.clone(), std::sync::Arc::new(transport));
+            let outbox = Outbox::new("carts");
+            let tx = outbox.begin(&t.db).await.unwrap();
+            for seq in 0..3 {
+                tx.enqueue(&LineAdded {
+                    cart: "c-claim".into(),
+                    seq,
+                })
+                .unwrap();
+            }
+            let _ = tx.commit().await.unwrap();
+            let first = relay.run_once().await.unwrap();
+            let second = relay.run_once().await.unwrap();
+            assert_eq!((first.sent, second.claimed), (3, 0), "{first:?} {second:?}");
+            let body = handle.render();
+            let count = "outbox_relay_claim_duration_seconds_count{transport=\"memory\"}";
+            assert_eq!(value(&body, count), Some(2.0), "{body}");
+            let sum = value(
+                &body,
+                "outbox_relay_claim_duration_seconds_sum{transport=\"memory\"}",
+            );
+            assert!(sum.is_some_and(|s| s > 0.0), "{body}");
+        },
+    );
+}
