@@ -224,14 +224,7 @@ fn server_cpu(postmaster: u32) -> Option<f64> {
 
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let wal = crate::support::wal_available(ctx).await?;
-    let rates: Vec<u64> = match std::env::var("BENCH_P10_RATES") {
-        Ok(list) => list
-            .split(',')
-            .map(|r| r.trim().parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("BENCH_P10_RATES: {e}"))?,
-        Err(_) => ctx.sizes.p3_rates[..2].to_vec(),
-    };
+    let rates = crate::support::env_list("BENCH_P10_RATES", &ctx.sizes.p3_rates[..2])?;
     let mut out = Vec::new();
     let mut listing = String::new();
     for rate in rates {

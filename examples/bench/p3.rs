@@ -106,14 +106,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
             .map_or(true, |list| list.split(',').any(|m| m.trim() == mode.key()))
     })
     .collect();
-    let rates: Vec<u64> = match std::env::var("BENCH_P3_RATES") {
-        Ok(list) => list
-            .split(',')
-            .map(|r| r.trim().parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("BENCH_P3_RATES: {e}"))?,
-        Err(_) => ctx.sizes.p3_rates.to_vec(),
-    };
+    let rates = crate::support::env_list("BENCH_P3_RATES", &ctx.sizes.p3_rates)?;
     for rate in rates {
         for &mode in &modes {
             let (latencies, stages) =

@@ -615,3 +615,16 @@ pub(crate) async fn relay_until(
     let elapsed = t.elapsed();
     Ok((elapsed, relay.shutdown().await?))
 }
+
+/// The numbers listed (comma-separated) in the environment variable `name`, or `default` when it
+/// is not set: the rates a run narrows a scenario down to.
+pub(crate) fn env_list(name: &str, default: &[u64]) -> Result<Vec<u64>, BoxError> {
+    match std::env::var(name) {
+        Ok(list) => Ok(list
+            .split(',')
+            .map(|r| r.trim().parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{name}: {e}"))?),
+        Err(_) => Ok(default.to_vec()),
+    }
+}

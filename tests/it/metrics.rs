@@ -166,86 +166,87 @@ async fn scrape_while_running(port: u16) {
     );
 }
 
-/// The storage gauges, sampled on PostgreSQL: the queue tables' bytes and rows, and how long the
-/// oldest snapshot has been held (a report's transaction left open).
-#[test]
-fn storage_gauges_show_the_tables_and_the_held_horizon() {
+/// Run `body` on a tokio runtime of its own whose threads record into a fresh Prometheus recorder;
+/// `body` gets the handle that renders what was recorded.
+fn recorded<F: std::future::Future<Output = ()>>(
+    body: impl FnOnce(metrics_exporter_prometheus::PrometheusHandle) -> F,
+) {
     let recorder: &'static metrics_exporter_prometheus::PrometheusRecorder = Box::leak(Box::new(
         metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
     ));
     let handle = recorder.handle();
     on_own_runtime(
         move || std::mem::forget(metrics::set_default_local_recorder(recorder)),
-        async move {
-            let Some(t) = test_db(Backend::Postgres, "metrics_storage").await else {
-                return;
-            };
-            let report_query = t.connect_again().await;
-            let held = report_query
-                .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
-                .await
-                .unwrap();
-            held.execute_unprepared("SELECT COUNT(*) FROM outbox_event")
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(1_200)).await;
-            outbox::metrics::sample(&t.db).await.unwrap();
-            let body = handle.render();
-            let bytes = value(&body, "outbox_table_bytes{table=\"outbox_event\"}");
-            assert!(bytes.is_some_and(|b| b > 0.0), "{body}");
-            assert!(
-                value(&body, "outbox_table_dead_rows{table=\"inbox_event\"}").is_some(),
-                "{body}"
-            );
-            let held_for = value(&body, "outbox_xmin_horizon_age_seconds").unwrap_or(0.0);
-            assert!(held_for >= 1.0, "{body}");
-
-            held.commit().await.unwrap();
-            outbox::metrics::sample(&t.db).await.unwrap();
-            let body = handle.render();
-            let held_for = value(&body, "outbox_xmin_horizon_age_seconds").unwrap_or(f64::MAX);
-            assert!(held_for < 1.0, "{body}");
-        },
+        body(handle),
     );
+}
+
+/// The storage gauges, sampled on PostgreSQL: the queue tables' bytes and rows, and how long the
+/// oldest snapshot has been held (a report's transaction left open).
+#[test]
+fn storage_gauges_show_the_tables_and_the_held_horizon() {
+    recorded(|handle| async move {
+        let Some(t) = test_db(Backend::Postgres, "metrics_storage").await else {
+            return;
+        };
+        let report_query = t.connect_again().await;
+        let held = report_query
+            .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+            .await
+            .unwrap();
+        held.execute_unprepared("SELECT COUNT(*) FROM outbox_event")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        outbox::metrics::sample(&t.db).await.unwrap();
+        let body = handle.render();
+        let bytes = value(&body, "outbox_table_bytes{table=\"outbox_event\"}");
+        assert!(bytes.is_some_and(|b| b > 0.0), "{body}");
+        assert!(
+            value(&body, "outbox_table_dead_rows{table=\"inbox_event\"}").is_some(),
+            "{body}"
+        );
+        let held_for = value(&body, "outbox_xmin_horizon_age_seconds").unwrap_or(0.0);
+        assert!(held_for >= 1.0, "{body}");
+
+        held.commit().await.unwrap();
+        outbox::metrics::sample(&t.db).await.unwrap();
+        let body = handle.render();
+        let held_for = value(&body, "outbox_xmin_horizon_age_seconds").unwrap_or(f64::MAX);
+        assert!(held_for < 1.0, "{body}");
+    });
 }
 
 /// Each claim of the claim loop is timed (`outbox_relay_claim_duration_seconds`), whether it
 /// found events or not: the figure that grows first when the queue's scans slow down.
 #[test]
 fn the_claim_loop_reports_its_claim_time() {
-    let recorder: &'static metrics_exporter_prometheus::PrometheusRecorder = Box::leak(Box::new(
-        metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
-    ));
-    let handle = recorder.handle();
-    on_own_runtime(
-        move || std::mem::forget(metrics::set_default_local_recorder(recorder)),
-        async move {
-            let Some(t) = test_db(Backend::SqliteFile, "metrics_claim_time").await else {
-                return;
-            };
-            let transport = outbox::transport::memory::MemoryTransport::new();
-            let relay = outbox::relay::Relay::new(t.db.clone(), std::sync::Arc::new(transport));
-            let outbox = Outbox::new("carts");
-            let tx = outbox.begin(&t.db).await.unwrap();
-            for seq in 0..3 {
-                tx.enqueue(&LineAdded {
-                    cart: "c-claim".into(),
-                    seq,
-                })
-                .unwrap();
-            }
-            let _ = tx.commit().await.unwrap();
-            let first = relay.run_once().await.unwrap();
-            let second = relay.run_once().await.unwrap();
-            assert_eq!((first.sent, second.claimed), (3, 0), "{first:?} {second:?}");
-            let body = handle.render();
-            let count = "outbox_relay_claim_duration_seconds_count{transport=\"memory\"}";
-            assert_eq!(value(&body, count), Some(2.0), "{body}");
-            let sum = value(
-                &body,
-                "outbox_relay_claim_duration_seconds_sum{transport=\"memory\"}",
-            );
-            assert!(sum.is_some_and(|s| s > 0.0), "{body}");
-        },
-    );
+    recorded(|handle| async move {
+        let Some(t) = test_db(Backend::SqliteFile, "metrics_claim_time").await else {
+            return;
+        };
+        let transport = outbox::transport::memory::MemoryTransport::new();
+        let relay = outbox::relay::Relay::new(t.db.clone(), std::sync::Arc::new(transport));
+        let outbox = Outbox::new("carts");
+        let tx = outbox.begin(&t.db).await.unwrap();
+        for seq in 0..3 {
+            tx.enqueue(&LineAdded {
+                cart: "c-claim".into(),
+                seq,
+            })
+            .unwrap();
+        }
+        let _ = tx.commit().await.unwrap();
+        let first = relay.run_once().await.unwrap();
+        let second = relay.run_once().await.unwrap();
+        assert_eq!((first.sent, second.claimed), (3, 0), "{first:?} {second:?}");
+        let body = handle.render();
+        let count = "outbox_relay_claim_duration_seconds_count{transport=\"memory\"}";
+        assert_eq!(value(&body, count), Some(2.0), "{body}");
+        let sum = value(
+            &body,
+            "outbox_relay_claim_duration_seconds_sum{transport=\"memory\"}",
+        );
+        assert!(sum.is_some_and(|s| s > 0.0), "{body}");
+    });
 }
