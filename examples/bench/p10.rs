@@ -267,10 +267,14 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
             ));
             let _ = writeln!(
                 listing,
-                "== {key} at {rate}/s: {events:.0} events in {:.1} s, {:.2} statements per event, \
+                "== {key} at {rate}/s: {events:.0} events in {:.1} s, {} statements per event, \
                  CPU per 1,000 events: server {:.3} s, bench {:.3} s",
                 cost.seconds,
-                calls as f64 / events,
+                if cost.counted {
+                    format!("{:.2}", calls as f64 / events)
+                } else {
+                    "uncounted".to_owned()
+                },
                 server / events * 1000.0,
                 cost.bench_cpu / events * 1000.0,
             );
