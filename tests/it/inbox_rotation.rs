@@ -191,13 +191,7 @@ async fn a_redelivery_is_recognised_after_its_row_is_gone() {
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_done").await, 2);
 
     // Retention empties the slot the rows are in; their keys stay for their period.
-    age_done(
-        &t.db,
-        "1 = 1",
-        Duration::from_secs(3600),
-        "now() - interval '30 days'",
-    )
-    .await;
+    age_all_done(&t).await;
     let report = janitor::purge(&t.db, &policy()).await.unwrap();
     assert!(report.slots_emptied >= 1, "{report:?}");
     assert_eq!(count(&t, "SELECT COUNT(*) FROM inbox_done").await, 0);
@@ -235,13 +229,7 @@ async fn retention_empties_the_inbox_slots_whole() {
         let id = format!("old-{n}");
         assert!(record_done(&t, &id).await);
     }
-    age_done(
-        &t.db,
-        "1 = 1",
-        Duration::from_secs(3600),
-        "now() - interval '30 days'",
-    )
-    .await;
+    age_all_done(&t).await;
     for n in 0..5 {
         let id = format!("new-{n}");
         assert!(record_done(&t, &id).await);
@@ -332,4 +320,15 @@ async fn a_populated_inbox_rotates_once_switched_on() {
         .map(|r| r.message_id)
         .collect();
     assert_eq!(ids, ["before", "during", "after"]);
+}
+
+/// Every handled message of `t` made 30 days old, in a slot a one-hour window empties.
+async fn age_all_done(t: &TestDb) {
+    age_done(
+        &t.db,
+        "1 = 1",
+        Duration::from_secs(3600),
+        "now() - interval '30 days'",
+    )
+    .await;
 }

@@ -457,6 +457,29 @@ async fn recorded_tables<C: ConnectionTrait>(conn: &C) -> Result<&'static [&'sta
     })
 }
 
+/// `columns` of the first row of `consumer` whose two key columns hold the values given, in
+/// every table that may record it ([`recorded_tables`]).
+async fn first_recorded<C: ConnectionTrait>(
+    conn: &C,
+    columns: &str,
+    consumer: &str,
+    keys: [(&str, String); 2],
+) -> Result<Option<sea_orm::QueryResult>, DbErr> {
+    let mut sql = Sql::new(Dialect::of(conn));
+    for (i, table) in recorded_tables(conn).await?.iter().enumerate() {
+        if i > 0 {
+            sql.push(" UNION ALL ");
+        }
+        sql.push(&format!("SELECT {columns} FROM {table} WHERE consumer = "))
+            .bind(consumer.to_owned().into());
+        for (column, value) in &keys {
+            sql.push(&format!(" AND {column} = "))
+                .bind(value.clone().into());
+        }
+    }
+    conn.query_one_raw(sql.build()).await
+}
+
 /// The message recorded first for a business fact: its origin and message id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BusinessFact {
@@ -475,21 +498,17 @@ pub async fn recorded_business_fact<C: ConnectionTrait>(
     event_type: &str,
     biz_key: &str,
 ) -> Result<Option<BusinessFact>, DbErr> {
-    let mut sql = Sql::new(Dialect::of(conn));
-    for (i, table) in recorded_tables(conn).await?.iter().enumerate() {
-        if i > 0 {
-            sql.push(" UNION ALL ");
-        }
-        sql.push(&format!(
-            "SELECT origin, message_id, status FROM {table} WHERE consumer = "
-        ))
-        .bind(consumer.to_owned().into())
-        .push(" AND event_type = ")
-        .bind(truncate(event_type, MAX_KEY_CHARS).into())
-        .push(" AND biz_key = ")
-        .bind(truncate(biz_key, MAX_KEY_CHARS).into());
-    }
-    match conn.query_one_raw(sql.build()).await? {
+    let found = first_recorded(
+        conn,
+        "origin, message_id, status",
+        consumer,
+        [
+            ("event_type", truncate(event_type, MAX_KEY_CHARS)),
+            ("biz_key", truncate(biz_key, MAX_KEY_CHARS)),
+        ],
+    )
+    .await?;
+    match found {
         Some(row) => Ok(Some(BusinessFact {
             origin: row.try_get("", "origin")?,
             message_id: row.try_get("", "message_id")?,
@@ -570,21 +589,17 @@ pub async fn recorded<C: ConnectionTrait>(
     origin: &str,
     message_id: &str,
 ) -> Result<Option<RecordedMessage>, DbErr> {
-    let mut sql = Sql::new(Dialect::of(conn));
-    for (i, table) in recorded_tables(conn).await?.iter().enumerate() {
-        if i > 0 {
-            sql.push(" UNION ALL ");
-        }
-        sql.push(&format!(
-            "SELECT status, payload FROM {table} WHERE consumer = "
-        ))
-        .bind(consumer.to_owned().into())
-        .push(" AND origin = ")
-        .bind(truncate(origin, MAX_KEY_CHARS).into())
-        .push(" AND message_id = ")
-        .bind(truncate(message_id, MAX_MESSAGE_ID_CHARS).into());
-    }
-    match conn.query_one_raw(sql.build()).await? {
+    let found = first_recorded(
+        conn,
+        "status, payload",
+        consumer,
+        [
+            ("origin", truncate(origin, MAX_KEY_CHARS)),
+            ("message_id", truncate(message_id, MAX_MESSAGE_ID_CHARS)),
+        ],
+    )
+    .await?;
+    match found {
         Some(row) => Ok(Some(RecordedMessage {
             status: row.try_get("", "status")?,
             payload: row.try_get("", "payload")?,
