@@ -13,7 +13,7 @@ use std::{
 
 use sea_orm::{
     AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, IsolationLevel,
-    TransactionOptions, TransactionSession, TransactionTrait,
+    Statement, TransactionOptions, TransactionSession, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -71,6 +71,10 @@ struct Buffer {
     after_commit: Vec<AfterCommit>,
     /// Committed or rolled back: a savepoint releasing into it now has nowhere to go.
     closed: bool,
+    /// A statement of this level (or of a savepoint released into it) failed, or was abandoned
+    /// before its answer came, or its rows were streamed: the transaction may be aborted (see
+    /// `OutboxTransaction::surface_an_abort`).
+    may_be_aborted: bool,
 }
 
 impl fmt::Debug for Buffer {
@@ -80,6 +84,7 @@ impl fmt::Debug for Buffer {
             .field("scheduled", &self.scheduled)
             .field("after_commit", &self.after_commit.len())
             .field("closed", &self.closed)
+            .field("may_be_aborted", &self.may_be_aborted)
             .finish()
     }
 }
@@ -576,9 +581,15 @@ impl OutboxTransaction {
                     .into(),
             )));
         }
-        self.txn.commit().await?;
+        let aborted = lock(&self.buffer).may_be_aborted;
+        if let Err(e) = self.txn.commit().await {
+            // The release failed: the enclosing transaction is aborted until it rolls back.
+            lock(parent).may_be_aborted = true;
+            return Err(e.into());
+        }
         let carried = events.len() + scheduled.len();
         let mut parent = lock(parent);
+        parent.may_be_aborted |= aborted;
         parent.events.extend(events);
         parent.scheduled.extend(scheduled);
         parent.after_commit.extend(after_commit);
@@ -594,12 +605,40 @@ impl OutboxTransaction {
 
     /// PostgreSQL answers COMMIT of a transaction aborted by a failed statement with a
     /// rollback, not an error; callbacks must not run for it, so a transaction without events
-    /// (whose INSERT would surface the abort) asks once before committing.
+    /// (whose INSERT would surface the abort) asks once before committing, unless every
+    /// statement it ran through this handle answered without an error (only an error aborts a
+    /// transaction).
     async fn surface_an_abort(&self) -> Result<(), OutboxError> {
-        if store::Dialect::of(&self.txn).commit_hides_abort() {
-            self.txn.execute_unprepared("SELECT 1").await?;
+        if store::Dialect::of(&self.txn).commit_hides_abort() && lock(&self.buffer).may_be_aborted {
+            let backend = self.txn.get_database_backend();
+            self.txn
+                .execute_raw(Statement::from_string(backend, "SELECT 1"))
+                .await?;
         }
         Ok(())
+    }
+
+    /// Run one statement of the caller's, noting in the buffer when it fails or is abandoned
+    /// (its future dropped before the answer came: the server may have failed it all the same).
+    async fn watched<T>(
+        &self,
+        statement: impl Future<Output = Result<T, DbErr>>,
+    ) -> Result<T, DbErr> {
+        struct Abandoned<'a>(Option<&'a Mutex<Buffer>>);
+        impl Drop for Abandoned<'_> {
+            fn drop(&mut self) {
+                if let Some(buffer) = self.0 {
+                    lock(buffer).may_be_aborted = true;
+                }
+            }
+        }
+        let mut abandoned = Abandoned(Some(&self.buffer));
+        let result = statement.await;
+        abandoned.0 = None;
+        if result.is_err() {
+            lock(&self.buffer).may_be_aborted = true;
+        }
+        result
     }
 
     /// Roll back rows and events.
@@ -662,9 +701,17 @@ fn has_escaped_nul(json: &str) -> bool {
     false
 }
 
-/// Implements SeaORM's `ConnectionTrait` for a wrapper by forwarding every call to one field.
+/// Implements SeaORM's `ConnectionTrait` for a wrapper by forwarding every call to one field;
+/// with `watched`, each statement runs through the wrapper's `watched`.
 macro_rules! forward_connection_trait {
     ($ty:ty, $field:ident) => {
+        $crate::transaction::forward_connection_trait!($ty, $field, |_this, statement| statement);
+    };
+    ($ty:ty, $field:ident, watched) => {
+        $crate::transaction::forward_connection_trait!($ty, $field, |this, statement| this
+            .watched(statement));
+    };
+    ($ty:ty, $field:ident, |$this:ident, $statement:ident| $wrap:expr) => {
         #[async_trait::async_trait]
         impl sea_orm::ConnectionTrait for $ty {
             fn get_database_backend(&self) -> sea_orm::DbBackend {
@@ -675,28 +722,36 @@ macro_rules! forward_connection_trait {
                 &self,
                 stmt: sea_orm::Statement,
             ) -> Result<sea_orm::ExecResult, sea_orm::DbErr> {
-                sea_orm::ConnectionTrait::execute_raw(&self.$field, stmt).await
+                let $this = self;
+                let $statement = sea_orm::ConnectionTrait::execute_raw(&$this.$field, stmt);
+                $wrap.await
             }
 
             async fn execute_unprepared(
                 &self,
                 sql: &str,
             ) -> Result<sea_orm::ExecResult, sea_orm::DbErr> {
-                sea_orm::ConnectionTrait::execute_unprepared(&self.$field, sql).await
+                let $this = self;
+                let $statement = sea_orm::ConnectionTrait::execute_unprepared(&$this.$field, sql);
+                $wrap.await
             }
 
             async fn query_one_raw(
                 &self,
                 stmt: sea_orm::Statement,
             ) -> Result<Option<sea_orm::QueryResult>, sea_orm::DbErr> {
-                sea_orm::ConnectionTrait::query_one_raw(&self.$field, stmt).await
+                let $this = self;
+                let $statement = sea_orm::ConnectionTrait::query_one_raw(&$this.$field, stmt);
+                $wrap.await
             }
 
             async fn query_all_raw(
                 &self,
                 stmt: sea_orm::Statement,
             ) -> Result<Vec<sea_orm::QueryResult>, sea_orm::DbErr> {
-                sea_orm::ConnectionTrait::query_all_raw(&self.$field, stmt).await
+                let $this = self;
+                let $statement = sea_orm::ConnectionTrait::query_all_raw(&$this.$field, stmt);
+                $wrap.await
             }
 
             fn support_returning(&self) -> bool {
@@ -707,7 +762,7 @@ macro_rules! forward_connection_trait {
 }
 pub(crate) use forward_connection_trait;
 
-forward_connection_trait!(OutboxTransaction, txn);
+forward_connection_trait!(OutboxTransaction, txn, watched);
 
 #[cfg(feature = "stream")]
 impl sea_orm::StreamTrait for OutboxTransaction {
@@ -721,6 +776,8 @@ impl sea_orm::StreamTrait for OutboxTransaction {
         &'a self,
         stmt: sea_orm::Statement,
     ) -> Pin<Box<dyn Future<Output = Result<Self::Stream<'a>, DbErr>> + 'a + Send>> {
+        // A row of the stream may fail where this handle does not see it.
+        lock(&self.buffer).may_be_aborted = true;
         self.txn.stream_raw(stmt)
     }
 }

@@ -135,15 +135,7 @@ async fn open_late_event(t: &TestDb) -> (DatabaseTransaction, i64) {
 }
 
 async fn scalar(t: &TestDb, sql: &str) -> i64 {
-    let row =
-        t.db.query_one_raw(Statement::from_string(
-            t.dialect().backend(),
-            sql.to_owned(),
-        ))
-        .await
-        .unwrap()
-        .unwrap();
-    row.try_get::<i64>("", "n").unwrap()
+    scalar_i64(&t.db, sql).await
 }
 
 /// A transaction inserts an event and stays open while the relay claims for three seconds:
@@ -236,6 +228,58 @@ async fn a_late_commit_stays_above_the_fast_paths_floor() {
     assert_eq!(published(&transport, "late"), [0, 1]);
     let sent = scalar(&t, "SELECT COUNT(*) AS n FROM outbox_sent").await;
     assert_eq!(sent, i64::from(seq) + 2, "every event was sent");
+}
+
+/// With the fast path sending every event as its commit returns, the claim loop's samples
+/// almost never see an unsent event, and once the commits stop none does: the floor still
+/// moves past the newest event while a report query holds the horizon, so the loop's scans
+/// skip the hold's sent events instead of reading every one left in the index (the highest
+/// *visible* id would be no help: every row has moved to `outbox_sent`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_follows_the_newest_id_when_every_event_is_sent() {
+    let Some(t) = test_db(Backend::Postgres, "claim_floor_all_sent").await else {
+        return;
+    };
+    let outbox = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(quick_relay().batch_size(50).listen(false))
+        .with_outbox(&outbox);
+    let floor = relay.clone();
+    let handle = relay.spawn();
+    // A report query left open: its snapshot keeps every sent row's index entries.
+    let report =
+        t.db.begin_with_config(Some(outbox::sea_orm::IsolationLevel::RepeatableRead), None)
+            .await
+            .unwrap();
+    let _ = scalar_i64(&report, "SELECT COUNT(*) AS n FROM outbox_sent").await;
+
+    let seq = busy(&t, &outbox, &floor, Duration::from_secs(1), 0, |_| false).await;
+    // No commit from here on: no sample can see an unsent event.
+    let end = Instant::now() + CONFIRMED;
+    while scalar(&t, "SELECT COUNT(*) AS n FROM outbox_event").await > 0 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let newest = scalar(&t, "SELECT MAX(id) AS n FROM outbox_sent").await;
+    while floor.claim_floor().is_none_or(|f| f <= newest) && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reached = floor.claim_floor();
+    report.rollback().await.unwrap();
+    handle.shutdown().await.unwrap();
+    assert!(
+        reached.is_some_and(|f| f > newest),
+        "the floor ({reached:?}) stayed at or below the last event sent, {newest}"
+    );
+    assert_eq!(
+        scalar(&t, "SELECT COUNT(*) AS n FROM outbox_event").await,
+        0,
+        "every event was sent"
+    );
+    assert_eq!(
+        scalar(&t, "SELECT COUNT(*) AS n FROM outbox_sent").await,
+        i64::from(seq)
+    );
 }
 
 /// An event goes DEAD, the next of its cart waits behind it, and the relay's floor moves past

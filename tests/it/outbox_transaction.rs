@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use crate::common::*;
 use chrono::Utc;
 use outbox::prelude::*;
-use sea_orm::{ActiveModelTrait, Set, TransactionTrait};
+use sea_orm::{ActiveModelTrait, ConnectionTrait, Set, TransactionTrait};
 use serde::{Deserialize, Serialize, Serializer};
 
 #[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
@@ -534,6 +534,94 @@ async fn after_commit_runs_only_once_committed(t: TestDb) {
     assert_eq!(*ran.lock().unwrap(), expected);
     assert_eq!(committed, t.backend != Backend::Postgres);
     assert_eq!(count_orders(&t.db).await, 1);
+    let mut expected = expected.to_vec();
+
+    // The same failure inside a savepoint: PostgreSQL refuses its release, and the savepoint is
+    // rolled back instead, which leaves the enclosing transaction whole: it commits for real.
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.after_commit(note("after a failed savepoint"));
+    let inner = tx.savepoint().await.unwrap();
+    order(1).insert(&inner).await.unwrap_err();
+    let released = inner.commit().await.is_ok();
+    assert_eq!(released, t.backend != Backend::Postgres);
+    let _ = tx.commit().await.unwrap();
+    expected.push("after a failed savepoint");
+    assert_eq!(*ran.lock().unwrap(), expected);
+
+    // A failure rolled back with its savepoint leaves the transaction whole.
+    let tx = outbox.begin(&t.db).await.unwrap();
+    tx.after_commit(note("after a rolled-back failure"));
+    let inner = tx.savepoint().await.unwrap();
+    order(1).insert(&inner).await.unwrap_err();
+    inner.rollback().await.unwrap();
+    order(2).insert(&tx).await.unwrap();
+    let _ = tx.commit().await.unwrap();
+    expected.push("after a rolled-back failure");
+    assert_eq!(*ran.lock().unwrap(), expected);
+    assert_eq!(count_orders(&t.db).await, 2);
+
+    if t.backend == Backend::Postgres {
+        // A statement given up on before its answer (its future dropped by a timeout) that the
+        // server then failed: the commit is a rollback, and is reported as one.
+        let tx = outbox.begin(&t.db).await.unwrap();
+        tx.after_commit(note("after an abandoned statement"));
+        let slow_failure = tx.execute_unprepared(
+            "SELECT 1 / length(CAST(pg_sleep(0.3) AS text)) AS n", // division by zero
+        );
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), slow_failure)
+                .await
+                .is_err()
+        );
+        tx.commit().await.unwrap_err();
+        assert_eq!(*ran.lock().unwrap(), expected);
+    }
+}
+
+/// A transaction without events whose statements all succeeded commits with no extra round trip
+/// before its callbacks; one whose statement failed asks the server first (PostgreSQL), so a
+/// silent rollback never runs them.
+async fn after_commit_asks_only_after_a_failure(t: TestDb) {
+    let statements = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut db = t.db.clone();
+    let seen = statements.clone();
+    db.set_metric_callback(move |info| seen.lock().unwrap().push(info.statement.sql.clone()));
+    let outbox = Outbox::new("order-service");
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let note = || {
+        let ran = ran.clone();
+        move || {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    };
+    let asked = || {
+        statements
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.as_str() == "SELECT 1")
+            .count()
+    };
+
+    let tx = outbox.begin(&db).await.unwrap();
+    order(1).insert(&tx).await.unwrap();
+    tx.after_commit(note());
+    let _ = tx.commit().await.unwrap();
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(asked(), 0, "{:?}", statements.lock().unwrap());
+
+    let tx = outbox.begin(&db).await.unwrap();
+    order(1).insert(&tx).await.unwrap_err();
+    tx.after_commit(note());
+    let committed = tx.commit().await.is_ok();
+    let postgres = t.backend == Backend::Postgres;
+    assert_eq!(committed, !postgres);
+    assert_eq!(asked(), usize::from(postgres));
+    assert_eq!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        if postgres { 1 } else { 2 }
+    );
+    assert_eq!(count_orders(&t.db).await, 1);
 }
 
 /// The commit's INSERT checks for a conflict on `(event_type, dedup_key)` only when an event
@@ -579,6 +667,7 @@ async fn conflict_check_only_with_a_dedup_key(t: TestDb) {
 
 backend_tests! {
     after_commit => after_commit_runs_only_once_committed;
+    after_commit_asks => after_commit_asks_only_after_a_failure;
     commit_writes => commit_writes_rows_and_events;
     rollback_paths => rollback_paths_leave_nothing;
     savepoints => savepoints_keep_or_discard_their_events;

@@ -222,6 +222,12 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         "0 AS snap_xmin, 0 AS snap_xmax"
     }
 
+    /// An expression for an id above every id `table` has handed out (where
+    /// [`Backend::snapshots`]): what a floor's sample takes when no unfinished row is left.
+    fn next_id(&self, table: &str) -> String {
+        format!("(SELECT MAX(m.id) + 1 FROM {table} m)")
+    }
+
     /// Whether a JSON column rejects the NUL character (`\u0000`) in a string.
     fn json_rejects_nul(&self) -> bool {
         false

@@ -70,7 +70,7 @@ pub struct Sample {
     /// The id it read from ([`Floor::from`]).
     pub from: i64,
     /// The lowest unfinished, not DEAD, id at or above the floor; with none, one above the
-    /// highest id of the table (0 when it is empty).
+    /// highest id handed out (0 before the first).
     pub low: i64,
     /// The oldest transaction id still running.
     pub xmin: i64,
@@ -263,9 +263,9 @@ pub async fn sample<C: ConnectionTrait>(
     .bind(from.into());
     super::claim::push_scope_of(&mut sql, queue, "x.");
     sql.push(&format!(
-        "), (SELECT MAX(m.id) + 1 FROM {table} m), 0) AS low, {snapshot}, \
+        "), {next}, 0) AS low, {snapshot}, \
          (SELECT generation FROM {RESCAN_TABLE} WHERE id = 1) AS generation",
-        table = queue.table,
+        next = dialect.next_id(queue.table),
         snapshot = dialect.snapshot_columns(),
     ));
     let Some(row) = conn.query_one_raw(sql.build()).await? else {

@@ -76,6 +76,18 @@ impl Backend for Postgres {
          pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS snap_xmax"
     }
 
+    /// The id sequence's last value, not `MAX(id)`: rows that left the queue keep their entries
+    /// in the primary key until vacuum removes them, and while a snapshot holds the horizon a
+    /// backward scan for the highest visible id walks every one of them (all of the table's rows,
+    /// when every finished row has moved on). Ids come from a sequence without a cache (the
+    /// migrations' `BIGSERIAL`), so every id up to its last value has been drawn by a
+    /// transaction already running: the floor's seal waits for those.
+    fn next_id(&self, table: &str) -> String {
+        format!(
+            "(SELECT pg_sequence_last_value(pg_get_serial_sequence('{table}', 'id')::regclass) + 1)"
+        )
+    }
+
     fn json_rejects_nul(&self) -> bool {
         true
     }
