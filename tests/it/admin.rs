@@ -1197,6 +1197,27 @@ async fn doctor_and_status_report_the_storage_and_what_holds_vacuum_back(t: Test
         t.db.execute_unprepared("ALTER TABLE outbox_event RESET (autovacuum_enabled)")
             .await
             .unwrap();
+        // An id sequence with a cache: ids out of the order rows are written in.
+        let cached = |report: &admin::DoctorReport| {
+            report.findings.iter().any(|f| {
+                f.check == "storage"
+                    && f.severity == Severity::Error
+                    && f.message.starts_with(
+                        "the ids of `outbox_event` come from a sequence that hands each session 20",
+                    )
+            })
+        };
+        assert!(!cached(&report), "{:#?}", report.findings);
+        t.db.execute_unprepared("ALTER SEQUENCE outbox_event_id_seq CACHE 20")
+            .await
+            .unwrap();
+        let report = admin::doctor(&t.db, &options).await.unwrap();
+        assert!(cached(&report), "{:#?}", report.findings);
+        t.db.execute_unprepared("ALTER SEQUENCE outbox_event_id_seq CACHE 1")
+            .await
+            .unwrap();
+        let report = admin::doctor(&t.db, &options).await.unwrap();
+        assert!(!cached(&report), "{:#?}", report.findings);
         t.db.execute_unprepared("SELECT pg_stat_force_next_flush()")
             .await
             .unwrap();

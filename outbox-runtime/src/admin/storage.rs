@@ -160,7 +160,31 @@ pub(super) async fn check(
     check_tables(&tables, server.autovacuum, options, report);
     let backend = db.get_database_backend();
     check_horizon(&server.holders, backend, options, report);
+    let caches = health::id_caches(db)
+        .await
+        .map_err(db_error("reading the id sequences"))?;
+    check_id_caches(&caches, report);
     Ok(())
+}
+
+/// A work queue's ids must be drawn in the order rows are written: the per-aggregate order and
+/// the claim's floor read them so.
+fn check_id_caches(caches: &[(String, i64)], report: &mut DoctorReport) {
+    for (table, cache) in caches {
+        if *cache > 1 {
+            report.push(
+                Severity::Error,
+                "storage",
+                format!(
+                    "the ids of `{table}` come from a sequence that hands each session {cache} \
+                     at once: a session then writes ids drawn long before, below rows other \
+                     sessions wrote since, while the relay and the consumers read ids as the \
+                     order rows were written in (per-aggregate order, the claim's floor); \
+                     ALTER SEQUENCE {table}_id_seq CACHE 1 (the migrations create it so)"
+                ),
+            );
+        }
+    }
 }
 
 fn check_tables(

@@ -205,6 +205,34 @@ fn seconds(s: Option<f64>) -> Option<Duration> {
     s.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok())
 }
 
+/// How many ids each work queue's id sequence hands a session at once (PostgreSQL's sequence
+/// cache), as `(table, cache)` for `outbox_event` and `inbox_event` where they exist; empty on
+/// other backends. The migrations create them with no cache (1).
+pub async fn id_caches<C: ConnectionTrait>(db: &C) -> Result<Vec<(String, i64)>, DbErr> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(Vec::new());
+    }
+    let sql = "SELECT t.name AS table_name, s.seqcache AS cache \
+         FROM (VALUES ('outbox_event'), ('inbox_event')) AS t (name) \
+         JOIN pg_sequence s ON s.seqrelid = to_regclass(pg_get_serial_sequence(\
+         CASE WHEN to_regclass(t.name) IS NOT NULL THEN t.name END, 'id')) \
+         ORDER BY t.name DESC";
+    let rows = db
+        .query_all_raw(sea_orm::Statement::from_string(
+            DbBackend::Postgres,
+            sql.to_owned(),
+        ))
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                row.try_get::<String>("", "table_name")?,
+                row.try_get::<i64>("", "cache")?,
+            ))
+        })
+        .collect()
+}
+
 /// The server's autovacuum setting and the oldest holders of the horizon that matter to this
 /// database ([`autovacuum`], [`holders`]); empty on SQLite.
 pub async fn server<C: ConnectionTrait>(db: &C) -> Result<ServerHealth, DbErr> {
