@@ -31,6 +31,20 @@ fn relay(t: &TestDb, transport: &MemoryTransport) -> Relay {
     Relay::new(t.db.clone(), Arc::new(transport.clone())).with_config(quick_relay().batch_size(50))
 }
 
+/// A relay with the fast path on `outbox`, polling (no `LISTEN`), spawned: a handle to read its
+/// floor from, and the running loop's.
+fn fast_relay(
+    t: &TestDb,
+    outbox: &Outbox,
+    transport: &MemoryTransport,
+) -> (Relay, outbox::relay::RelayHandle) {
+    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
+        .with_config(quick_relay().batch_size(50).listen(false))
+        .with_outbox(outbox);
+    let floor = relay.clone();
+    (floor, relay.spawn())
+}
+
 /// Commit line `seq` of `cart`.
 async fn line(t: &TestDb, outbox: &Outbox, cart: &str, seq: u32) {
     let tx = outbox.begin(&t.db).await.unwrap();
@@ -191,11 +205,7 @@ async fn a_late_commit_stays_above_the_fast_paths_floor() {
     };
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
-    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(quick_relay().batch_size(50).listen(false))
-        .with_outbox(&outbox);
-    let floor = relay.clone();
-    let handle = relay.spawn();
+    let (floor, handle) = fast_relay(&t, &outbox, &transport);
     let seq = busy(&t, &outbox, &floor, CONFIRMED, 0, |_| true).await;
     let before = floor
         .claim_floor()
@@ -242,11 +252,7 @@ async fn the_floor_follows_the_newest_id_when_every_event_is_sent() {
     };
     let outbox = Outbox::new("carts");
     let transport = MemoryTransport::new();
-    let relay = Relay::new(t.db.clone(), Arc::new(transport.clone()))
-        .with_config(quick_relay().batch_size(50).listen(false))
-        .with_outbox(&outbox);
-    let floor = relay.clone();
-    let handle = relay.spawn();
+    let (floor, handle) = fast_relay(&t, &outbox, &transport);
     // A report query left open: its snapshot keeps every sent row's index entries.
     let report =
         t.db.begin_with_config(Some(outbox::sea_orm::IsolationLevel::RepeatableRead), None)
