@@ -71,9 +71,8 @@ struct Buffer {
     after_commit: Vec<AfterCommit>,
     /// Committed or rolled back: a savepoint releasing into it now has nowhere to go.
     closed: bool,
-    /// A statement of this level (or of a savepoint released into it) failed, or was abandoned
-    /// before its answer came, or its rows were streamed: the transaction may be aborted (see
-    /// `OutboxTransaction::surface_an_abort`).
+    /// A statement of this level (or of a savepoint released into it) failed, or its rows were
+    /// streamed: the transaction may be aborted (see `OutboxTransaction::surface_an_abort`).
     may_be_aborted: bool,
 }
 
@@ -618,23 +617,14 @@ impl OutboxTransaction {
         Ok(())
     }
 
-    /// Run one statement of the caller's, noting in the buffer when it fails or is abandoned
-    /// (its future dropped before the answer came: the server may have failed it all the same).
+    /// Run one statement of the caller's, noting in the buffer when it fails. (One whose future
+    /// is dropped before its answer needs no note: the driver reports its error at the next
+    /// statement on the connection, the commit at the latest.)
     async fn watched<T>(
         &self,
         statement: impl Future<Output = Result<T, DbErr>>,
     ) -> Result<T, DbErr> {
-        struct Abandoned<'a>(Option<&'a Mutex<Buffer>>);
-        impl Drop for Abandoned<'_> {
-            fn drop(&mut self) {
-                if let Some(buffer) = self.0 {
-                    lock(buffer).may_be_aborted = true;
-                }
-            }
-        }
-        let mut abandoned = Abandoned(Some(&self.buffer));
         let result = statement.await;
-        abandoned.0 = None;
         if result.is_err() {
             lock(&self.buffer).may_be_aborted = true;
         }
@@ -702,14 +692,10 @@ fn has_escaped_nul(json: &str) -> bool {
 }
 
 /// Implements SeaORM's `ConnectionTrait` for a wrapper by forwarding every call to one field;
-/// with `watched`, each statement runs through the wrapper's `watched`.
+/// with `|this, statement| …`, each statement's future is passed through that expression.
 macro_rules! forward_connection_trait {
     ($ty:ty, $field:ident) => {
         $crate::transaction::forward_connection_trait!($ty, $field, |_this, statement| statement);
-    };
-    ($ty:ty, $field:ident, watched) => {
-        $crate::transaction::forward_connection_trait!($ty, $field, |this, statement| this
-            .watched(statement));
     };
     ($ty:ty, $field:ident, |$this:ident, $statement:ident| $wrap:expr) => {
         #[async_trait::async_trait]
@@ -762,7 +748,8 @@ macro_rules! forward_connection_trait {
 }
 pub(crate) use forward_connection_trait;
 
-forward_connection_trait!(OutboxTransaction, txn, watched);
+forward_connection_trait!(OutboxTransaction, txn, |tx, statement| tx
+    .watched(statement));
 
 #[cfg(feature = "stream")]
 impl sea_orm::StreamTrait for OutboxTransaction {

@@ -562,7 +562,7 @@ async fn after_commit_runs_only_once_committed(t: TestDb) {
 
     if t.backend == Backend::Postgres {
         // A statement given up on before its answer (its future dropped by a timeout) that the
-        // server then failed: the commit is a rollback, and is reported as one.
+        // server then failed: the driver reports its error at the commit, and no callback runs.
         let tx = outbox.begin(&t.db).await.unwrap();
         tx.after_commit(note("after an abandoned statement"));
         let slow_failure = tx.execute_unprepared(

@@ -508,14 +508,15 @@ pub async fn recorded_business_fact<C: ConnectionTrait>(
         ],
     )
     .await?;
-    match found {
-        Some(row) => Ok(Some(BusinessFact {
-            origin: row.try_get("", "origin")?,
-            message_id: row.try_get("", "message_id")?,
-            status: row.try_get("", "status")?,
-        })),
-        None => Ok(None),
-    }
+    found
+        .map(|row| {
+            Ok(BusinessFact {
+                origin: row.try_get("", "origin")?,
+                message_id: row.try_get("", "message_id")?,
+                status: row.try_get("", "status")?,
+            })
+        })
+        .transpose()
 }
 
 /// Put a message recorded in this transaction (by [`insert`] or [`insert_many`]) into `state`:
@@ -599,13 +600,14 @@ pub async fn recorded<C: ConnectionTrait>(
         ],
     )
     .await?;
-    match found {
-        Some(row) => Ok(Some(RecordedMessage {
-            status: row.try_get("", "status")?,
-            payload: row.try_get("", "payload")?,
-        })),
-        None => Ok(None),
-    }
+    found
+        .map(|row| {
+            Ok(RecordedMessage {
+                status: row.try_get("", "status")?,
+                payload: row.try_get("", "payload")?,
+            })
+        })
+        .transpose()
 }
 
 /// Of `aggregates` (type, id), those with an unfinished message of `consumer`: one query for a
