@@ -9,6 +9,19 @@
 //! Then it deletes the error history (`outbox_failure`) of rows that are finished or gone, older
 //! than the same windows; a DEAD or unfinished row keeps its whole history.
 //!
+//! **Work queues given back their space (PostgreSQL).** While something holds the xmin horizon,
+//! every event that leaves `outbox_event` and every message that leaves `inbox_event` stays
+//! there as a dead version, and after the hold vacuum keeps the pages for reuse: the table would
+//! keep the size of its longest hold for good. When a work queue's heap is at least
+//! [`RetentionPolicy::compact_above`] and its live rows fill at most a quarter of it (counted at
+//! 2 KiB a row), and nothing has held the horizon longer than [`COMPACT_HOLD_LIMIT`], a purge
+//! rewrites the table with its live rows (`CLUSTER` by the primary key: ids, states and what
+//! other transactions see stay as they were, and the WAL relay sees no new rows). Its writers
+//! wait for the rewrite (milliseconds for a queue's few live rows); the rewrite waits at most
+//! [`RetentionPolicy::compact_lock_timeout`] for the table's lock and is tried again at the next
+//! purge otherwise. It needs the table's owner, like the migrations (another role gets a
+//! warning in the log, and the table is left as it is).
+//!
 //! **The dedup window.** An inbox row is what makes a redelivered message a no-op. Delete it,
 //! and a copy of the message arriving later is handled again. So `done_after` must be at least
 //! the longest time after handling in which a copy can still arrive, the *redelivery horizon*:
@@ -49,14 +62,31 @@ use sea_orm::DatabaseConnection;
 use serde::Serialize;
 
 use crate::{
-    admin::{ActionKind, Actor, AdminError, HumanDuration, Source, bounds, db_error, secs},
+    admin::{
+        ActionKind, Actor, AdminError, HumanBytes, HumanDuration, Source, bounds, db_error, secs,
+    },
     relay::RelayConfig,
-    store::{self, admin as sql, lease, lease::LeaseHolder, retention as purge_sql},
+    store::{
+        self, admin as sql, compact::Rewrite, lease, lease::LeaseHolder, retention as purge_sql,
+    },
     util::backoff::Backoff,
 };
 
 /// The largest [`RetentionPolicy::batch_size`]: rows deleted in one transaction.
 pub const MAX_BATCH_SIZE: usize = 100_000;
+
+/// A work queue is rewritten only when nothing (a session's transaction, a prepared
+/// transaction) has held the xmin horizon longer than this: the rewrite keeps every version a
+/// holder may still see, so during a hold it would give back little.
+pub const COMPACT_HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+/// The most a live row is counted at in a work queue's heap (PostgreSQL moves the payload of a
+/// larger row to its TOAST table).
+const ROW_BYTES_BOUND: i64 = 2048;
+
+/// A work queue is rewritten when its live rows, at [`ROW_BYTES_BOUND`] each, fill at most one
+/// part in this many of its heap.
+const COMPACT_FILL: i64 = 4;
 
 /// The name of the retention lease in `outbox_lease`.
 pub const LEASE_NAME: &str = "retention";
@@ -70,6 +100,8 @@ pub struct RetentionPolicy {
     pub(crate) batch_size: usize,
     pub(crate) pause: Duration,
     pub(crate) lease: Duration,
+    pub(crate) compact_above: Option<u64>,
+    pub(crate) compact_lock_timeout: Duration,
 }
 
 impl Default for RetentionPolicy {
@@ -80,6 +112,8 @@ impl Default for RetentionPolicy {
             batch_size: 5_000,
             pause: Duration::from_millis(50),
             lease: Duration::from_secs(300),
+            compact_above: Some(16 << 20),
+            compact_lock_timeout: Duration::from_millis(100),
         }
     }
 }
@@ -102,6 +136,15 @@ crate::util::setters! {
         /// How long the janitor lease lasts from its last renewal (renewed before each batch).
         /// Default 5 minutes.
         lease: Duration,
+
+        /// Rewrite a work queue (`outbox_event`, `inbox_event`) whose heap has at least this many
+        /// bytes and is at most a quarter full (see the module docs); `None` never does.
+        /// PostgreSQL only. Default 16 MiB.
+        compact_above: Option<u64>,
+
+        /// How long a rewrite waits for its table's lock before giving up until the next purge
+        /// (writers of the table queue behind it meanwhile). Default 100 ms, at most 10 s.
+        compact_lock_timeout: Duration,
     }
 }
 
@@ -155,6 +198,14 @@ impl RetentionPolicy {
             return Err(RetentionError::Invalid(format!(
                 "batch_size is 1 to {MAX_BATCH_SIZE}, not {}",
                 self.batch_size
+            )));
+        }
+        if self.compact_lock_timeout.is_zero()
+            || self.compact_lock_timeout > Duration::from_secs(10)
+        {
+            return Err(RetentionError::Invalid(format!(
+                "compact_lock_timeout is more than 0 and at most 10s, not {}",
+                HumanDuration(self.compact_lock_timeout)
             )));
         }
         if self.lease <= self.pause + Duration::from_secs(1) {
@@ -218,6 +269,8 @@ pub struct PurgeReport {
     /// `outbox_deleted`, which count the rows deleted one by one (SENT rows an earlier release
     /// left in `outbox_event`).
     pub slots_emptied: u64,
+    /// Work queues rewritten with their live rows (see the module docs).
+    pub compacted: Vec<Compacted>,
     /// Outbox events sent before this instant were eligible.
     pub sent_before: DateTime<Utc>,
     /// Inbox messages processed before this instant were eligible.
@@ -231,6 +284,21 @@ pub struct PurgeReport {
     /// The audit row recording it (only written when something was deleted, or for an operator's
     /// [`purge_as`]).
     pub audit_id: Option<i64>,
+}
+
+/// A work queue a purge rewrote with its live rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
+#[non_exhaustive]
+pub struct Compacted {
+    /// `outbox_event` or `inbox_event`.
+    pub table: String,
+    /// Bytes of its heap before.
+    pub bytes_before: i64,
+    /// Bytes of its heap after.
+    pub bytes_after: i64,
+    /// Its live rows (the server's count) before.
+    pub live_rows: i64,
 }
 
 impl PurgeReport {
@@ -336,6 +404,7 @@ async fn run(
         failures_deleted: 0,
         batches: 0,
         slots_emptied: 0,
+        compacted: Vec::new(),
         sent_before: cutoff(now, policy.sent_after),
         done_before: cutoff(now, policy.done_after),
         elapsed: Duration::ZERO,
@@ -409,14 +478,27 @@ async fn run(
                 .map_err(db_error("emptying the expired slots of a rotating table"))?;
             report.slots_emptied += emptied.len() as u64;
         }
+        report.compacted = compact(db, policy).await?;
     }
     report.elapsed = started.elapsed();
-    if always_record || report.deleted() > 0 || report.slots_emptied > 0 {
+    if always_record
+        || report.deleted() > 0
+        || report.slots_emptied > 0
+        || !report.compacted.is_empty()
+    {
         let mut target = format!(
             "outbox_event SENT before {}; inbox_event DONE/IGNORED before {}",
             crate::envelope::format_time(&report.sent_before),
             crate::envelope::format_time(&report.done_before),
         );
+        for table in &report.compacted {
+            target.push_str(&format!(
+                "; {} rewritten from {} to {}",
+                table.table,
+                HumanBytes(table.bytes_before.max(0) as u64),
+                HumanBytes(table.bytes_after.max(0) as u64),
+            ));
+        }
         if report.slots_emptied > 0 {
             target.push_str(&format!(
                 "; {} slot(s) of outbox_sent, outbox_key, inbox_done and inbox_key emptied",
@@ -448,6 +530,117 @@ async fn run(
     Ok(report)
 }
 
+/// Whether a work queue is worth rewriting: its heap at least `above` bytes (`None`: never),
+/// its live rows (at [`ROW_BYTES_BOUND`] each) filling at most a [`COMPACT_FILL`]th of it, and
+/// nothing holding the horizon longer than [`COMPACT_HOLD_LIMIT`] (`oldest_hold`: the longest
+/// any session or prepared transaction has).
+fn worth_compacting(
+    table: &store::compact::Occupancy,
+    above: Option<u64>,
+    oldest_hold: Option<Duration>,
+) -> bool {
+    let Some(above) = above else {
+        return false;
+    };
+    u64::try_from(table.heap_bytes).is_ok_and(|bytes| bytes >= above.max(1))
+        && table
+            .live_rows
+            .max(0)
+            .saturating_mul(ROW_BYTES_BOUND * COMPACT_FILL)
+            <= table.heap_bytes
+        && oldest_hold.is_none_or(|age| age <= COMPACT_HOLD_LIMIT)
+}
+
+/// Rewrite the work queues worth it (PostgreSQL; nothing elsewhere). A rewrite that did not get
+/// its lock in time is left to the next purge.
+async fn compact(
+    db: &DatabaseConnection,
+    policy: &RetentionPolicy,
+) -> Result<Vec<Compacted>, RetentionError> {
+    let mut compacted = Vec::new();
+    if policy.compact_above.is_none() {
+        return Ok(compacted);
+    }
+    let tables = store::compact::occupancy(db)
+        .await
+        .map_err(db_error("reading the work queues' size"))?;
+    if !tables
+        .iter()
+        .any(|table| worth_compacting(table, policy.compact_above, None))
+    {
+        return Ok(compacted);
+    }
+    let oldest_hold = store::health::holders(db)
+        .await
+        .map_err(db_error("reading what holds the xmin horizon"))?
+        .iter()
+        .filter(|holder| holder.kind != store::health::HolderKind::Slot)
+        .filter_map(|holder| holder.age)
+        .max();
+    for table in &tables {
+        if !worth_compacting(table, policy.compact_above, oldest_hold) {
+            if worth_compacting(table, policy.compact_above, None) {
+                tracing::info!(
+                    table = %table.table,
+                    heap_bytes = table.heap_bytes,
+                    held_secs = oldest_hold.map(|age| age.as_secs()),
+                    "work queue not rewritten while the xmin horizon is held"
+                );
+            }
+            continue;
+        }
+        let started = std::time::Instant::now();
+        match store::compact::compact(db, &table.table, policy.compact_lock_timeout)
+            .await
+            .map_err(db_error("rewriting a work queue with its live rows"))?
+        {
+            Rewrite::Done => {}
+            Rewrite::LockBusy => {
+                tracing::info!(
+                    table = %table.table,
+                    lock_timeout_ms = policy.compact_lock_timeout.as_millis() as u64,
+                    "work queue not rewritten: its lock was busy; the next purge tries again"
+                );
+                continue;
+            }
+            Rewrite::NotOwner => {
+                tracing::warn!(
+                    table = %table.table,
+                    heap_bytes = table.heap_bytes,
+                    live_rows = table.live_rows,
+                    "work queue not rewritten: the janitor's role does not own the table; run \
+                     the janitor as the role that ran the migrations, or set \
+                     RetentionPolicy::compact_above(None) and rewrite it yourself \
+                     (CLUSTER by its primary key)"
+                );
+                continue;
+            }
+            Rewrite::NotApplicable => continue,
+        }
+        let after = store::compact::occupancy(db)
+            .await
+            .map_err(db_error("reading the work queues' size"))?
+            .into_iter()
+            .find(|after| after.table == table.table)
+            .map_or(0, |after| after.heap_bytes);
+        tracing::info!(
+            table = %table.table,
+            bytes_before = table.heap_bytes,
+            bytes_after = after,
+            live_rows = table.live_rows,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "work queue rewritten with its live rows"
+        );
+        compacted.push(Compacted {
+            table: table.table.clone(),
+            bytes_before: table.heap_bytes,
+            bytes_after: after,
+            live_rows: table.live_rows,
+        });
+    }
+    Ok(compacted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +663,56 @@ mod tests {
             zero.validate(Duration::ZERO),
             Err(RetentionError::Invalid(_))
         ));
+    }
+
+    fn queue(heap_bytes: i64, live_rows: i64) -> store::compact::Occupancy {
+        store::compact::Occupancy {
+            table: "outbox_event".to_owned(),
+            heap_bytes,
+            live_rows,
+        }
+    }
+
+    #[test]
+    fn a_work_queue_is_rewritten_when_large_and_nearly_empty() {
+        let above = Some(16 << 20);
+        // 90 MB for 12 rows, nothing holding the horizon: rewritten.
+        assert!(worth_compacting(&queue(90 << 20, 12), above, None));
+        // Below the threshold, or with it off: left alone.
+        assert!(!worth_compacting(&queue(8 << 20, 12), above, None));
+        assert!(!worth_compacting(&queue(90 << 20, 12), None, None));
+        // A backlog that fills a quarter of it or more (at 2 KiB a row): left alone.
+        let quarter = (90 << 20) / (2048 * 4);
+        assert!(worth_compacting(&queue(90 << 20, quarter), above, None));
+        assert!(!worth_compacting(
+            &queue(90 << 20, quarter + 1),
+            above,
+            None
+        ));
+        // A holder of a minute is tolerated; a longer one keeps what the rewrite would remove.
+        assert!(worth_compacting(
+            &queue(90 << 20, 12),
+            above,
+            Some(COMPACT_HOLD_LIMIT)
+        ));
+        assert!(!worth_compacting(
+            &queue(90 << 20, 12),
+            above,
+            Some(COMPACT_HOLD_LIMIT + Duration::from_secs(1))
+        ));
+        // The statistics' counts can be off: a negative count is none.
+        assert!(worth_compacting(&queue(90 << 20, -1), above, None));
+    }
+
+    #[test]
+    fn validate_refuses_a_lock_wait_out_of_range() {
+        for timeout in [Duration::ZERO, Duration::from_secs(11)] {
+            let policy = RetentionPolicy::default().compact_lock_timeout(timeout);
+            assert!(
+                matches!(policy.validate(Duration::ZERO), Err(RetentionError::Invalid(m)) if m.contains("compact_lock_timeout")),
+                "{timeout:?}"
+            );
+        }
     }
 
     #[test]

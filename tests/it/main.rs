@@ -23,6 +23,7 @@ mod claim_floor;
 mod claim_window;
 #[cfg(feature = "cli")]
 mod cli;
+mod compact;
 mod conformance;
 #[cfg(feature = "console")]
 mod console;

@@ -24,6 +24,34 @@ pub fn is_transient(err: &DbErr) -> bool {
         || text.contains("database is locked")
 }
 
+/// Whether an error says a lock was not had within the statement's `lock_timeout`
+/// (PostgreSQL `55P03`).
+pub fn is_lock_timeout(err: &DbErr) -> bool {
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Conn(sea_orm::RuntimeErr::SqlxError(e)) = err
+        && let Some(db) = e.as_database_error()
+    {
+        return db.code().as_deref() == Some("55P03");
+    }
+    err.to_string().contains("lock timeout")
+}
+
+/// Whether an error says the role lacks a privilege the statement needs, such as owning the
+/// table (PostgreSQL `42501`).
+pub fn is_not_owner(err: &DbErr) -> bool {
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))
+    | DbErr::Conn(sea_orm::RuntimeErr::SqlxError(e)) = err
+        && let Some(db) = e.as_database_error()
+    {
+        return db.code().as_deref() == Some("42501");
+    }
+    err.to_string().contains("must be owner")
+}
+
 /// Whether an error says the database could not be reached or dropped the connection (the
 /// server restarted, an administrator terminated the session, the pool could not connect):
 /// trying again later can succeed without anything else changing.

@@ -17,7 +17,8 @@
 //!   `stats`: backlog counts for the metrics, `broker_state`: each relay's view of its broker,
 //!   `failures`: the error history of failed attempts;
 //! - `sent`: sent events moved out of the work queue, `rotation`: the tables that rotate
-//!   through slots and are emptied a slot at a time;
+//!   through slots and are emptied a slot at a time, `compact`: the work queues rewritten with
+//!   their live rows after a held horizon;
 //! - `wal`: the WAL relay's publication, slot and batch check (PostgreSQL).
 
 pub mod admin;
@@ -25,6 +26,7 @@ pub mod backend;
 pub mod broker_state;
 pub mod claim;
 pub mod clock;
+pub mod compact;
 pub mod dialect;
 pub mod errors;
 pub mod failures;
