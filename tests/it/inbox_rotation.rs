@@ -332,3 +332,64 @@ async fn age_all_done(t: &TestDb) {
     )
     .await;
 }
+
+#[outbox::inbox_handler(consumer = "t-rotation-gone")]
+async fn handle_line(
+    _tx: &outbox::inbox::InboxTransaction,
+    _event: outbox::inbox::Event<crate::common::carts::LineAdded>,
+) -> Result<(), outbox::inbox::HandlerError> {
+    Ok(())
+}
+
+/// The consumer's handled messages in `inbox_done` and in `inbox_event`.
+async fn handled_by(t: &TestDb, table: &str) -> i64 {
+    count(
+        t,
+        &format!("SELECT COUNT(*) AS n FROM {table} WHERE consumer = 't-rotation-gone' AND status = 'DONE'"),
+    )
+    .await
+}
+
+/// A consumer remembers that the inbox rotates and stops asking; should the rotation's row go
+/// (an operator's mistake), its next recording sees that in its own statement, writes nothing
+/// there, and records the message the earlier way: handled, not taken for a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_records_the_earlier_way_once_the_rotation_is_gone() {
+    let Some(t) = test_db(Backend::Postgres, "inbox_rotation_gone").await else {
+        return;
+    };
+    // Through a broker, so the consumer records each message in its handler's transaction.
+    let runtime = outbox::runtime::Runtime::builder(t.db.clone())
+        .transport(outbox::transport::memory::MemoryTransport::new())
+        .consumers(["t-rotation-gone"])
+        .relay_config(
+            outbox::relay::RelayConfig::default().poll_interval(Duration::from_millis(50)),
+        )
+        .retention(None, Duration::ZERO)
+        .start()
+        .await
+        .unwrap();
+    let outbox = runtime.outbox().clone();
+    crate::common::carts::commit_lines(outbox.begin(&t.db).await.unwrap(), &[("c-1", 0)]).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            handled_by(&t, "inbox_done").await == 1
+        })
+        .await
+    );
+    t.db.execute_unprepared("DELETE FROM outbox_rotation WHERE table_name = 'inbox_key'")
+        .await
+        .unwrap();
+    crate::common::carts::commit_lines(outbox.begin(&t.db).await.unwrap(), &[("c-2", 0)]).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            handled_by(&t, "inbox_event").await == 1
+        })
+        .await,
+        "the second message was not handled: {:?} in inbox_event, {:?} in inbox_done",
+        table_status_counts(&t.db, "inbox_event").await,
+        count(&t, "SELECT COUNT(*) AS n FROM inbox_done").await,
+    );
+    runtime.shutdown().await;
+    assert_eq!(handled_by(&t, "inbox_done").await, 1);
+}

@@ -138,7 +138,8 @@ impl Consumer {
             .iter()
             .map(|inline| inbox_row(self.name, &inline.envelope, &inline.delivery.body))
             .collect();
-        let recorded = store::inbox::record_batch(&tx, &rows, self.ordering).await?;
+        let recorded =
+            store::inbox::record_batch_seen(&tx, &rows, self.ordering, &self.rotation).await?;
         // Aggregates whose later messages wait: recorded PENDING, or failed in this batch.
         let mut blocked = self.recorded_pending(run, &recorded);
         let mut outcomes = Vec::with_capacity(run.len());

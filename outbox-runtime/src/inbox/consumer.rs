@@ -58,6 +58,8 @@ pub(crate) struct Consumer {
     pub(super) careful: AtomicU32,
     /// Where the worker's claims start (see `store/floor.rs`).
     pub(super) floor: std::sync::Mutex<crate::store::floor::Floor>,
+    /// Whether handled messages rotate on its database, once seen (see `store/inbox_done.rs`).
+    pub(super) rotation: crate::store::inbox_done::RotationSeen,
 }
 
 impl fmt::Debug for Consumer {
@@ -118,6 +120,7 @@ impl Consumer {
             worker_id,
             careful: AtomicU32::new(0),
             floor: Default::default(),
+            rotation: Default::default(),
         }
     }
 

@@ -155,9 +155,14 @@ impl Consumer {
             .begin(&self.db)
             .await
             .map_err(OutboxError::into_db_err)?;
-        let recorded = store::inbox::record_batch(&tx, std::slice::from_ref(&row), self.ordering)
-            .await?
-            .pop();
+        let recorded = store::inbox::record_batch_seen(
+            &tx,
+            std::slice::from_ref(&row),
+            self.ordering,
+            &self.rotation,
+        )
+        .await?
+        .pop();
         match recorded {
             Some(Recorded::Done) => {}
             Some(Recorded::Pending) => {

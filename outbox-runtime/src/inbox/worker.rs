@@ -142,7 +142,7 @@ impl Consumer {
             }
         };
         // Fence first: the row stays locked by this transaction while the handler runs.
-        match store::inbox::mark_done(&tx, message.id, token).await {
+        match store::inbox::mark_done_seen(&tx, message.id, token, &self.rotation).await {
             Ok(true) => {}
             Ok(false) => {
                 self.count(Counter::stale);

@@ -71,70 +71,92 @@ pub(crate) fn may_hold_done<C: ConnectionTrait>(conn: &C) -> bool {
 /// One key to take: consumer, scope, name.
 pub(crate) type Key = (String, String, String);
 
-impl KeyPeriod {
-    /// `k AS (INSERT INTO inbox_key … RETURNING consumer, scope, name)`: each of `keys` for this
-    /// period and the next; a row of an earlier period left in a slot that came round again is
-    /// overwritten as if absent. A key live in this period returns no row for it, so a key is
-    /// new to this statement exactly when both its rows come back. With `guard`, no key is
-    /// written while any of them is live (a message whose business key was taken must not take
-    /// its message key), as far as the statement's snapshot sees.
-    pub(crate) fn push_cte(&self, sql: &mut Sql, keys: &[Key], guard: bool) {
-        let periods = [
-            (self.rotation.slot(self.bucket), self.bucket),
-            (self.rotation.slot(self.bucket + 1), self.bucket + 1),
-        ];
-        sql.push(&format!(
-            "k AS (INSERT INTO {INBOX_KEY_TABLE} (slot, bucket, consumer, scope, name) "
-        ));
-        if guard {
-            sql.push("SELECT n.slot, n.bucket, n.consumer, n.scope, n.name FROM (");
+/// Whether handled messages rotate on a database, as far as a consumer has seen: once the
+/// rotation is on it stays on (nothing switches it off), so a consumer that saw it on records
+/// without asking again. Shared by the loops of one consumer on one database.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RotationSeen(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl RotationSeen {
+    /// Whether the inbox rotates on this database: `true` without a query once seen on.
+    pub(crate) async fn rotates<C: ConnectionTrait>(&self, conn: &C) -> Result<bool, DbErr> {
+        use std::sync::atomic::Ordering;
+        if !Dialect::of(conn).rotates_inbox() {
+            return Ok(false);
         }
-        sql.push("VALUES ");
-        let mut first = true;
-        for (consumer, scope, name) in keys {
-            for (slot, bucket) in periods {
-                if !first {
-                    sql.push(", ");
-                }
-                first = false;
-                sql.bind_list([
-                    Value::from(slot as i16),
-                    Value::from(bucket),
-                    Value::from(consumer.clone()),
-                    Value::from(scope.clone()),
-                    Value::from(name.clone()),
-                ]);
-            }
+        if self.0.load(Ordering::Relaxed) {
+            return Ok(true);
         }
-        if guard {
-            let (slot, bucket) = periods[0];
-            sql.push(&format!(
-                ") AS n (slot, bucket, consumer, scope, name) WHERE NOT EXISTS (SELECT 1 FROM \
-                 {INBOX_KEY_TABLE} x WHERE x.slot = "
-            ))
-            .bind(Value::from(slot as i16))
-            .push(" AND x.bucket = ")
-            .bind(bucket.into())
-            .push(" AND (");
-            for (i, (consumer, scope, name)) in keys.iter().enumerate() {
-                if i > 0 {
-                    sql.push(" OR ");
-                }
-                sql.push("(x.consumer = ")
-                    .bind(consumer.clone().into())
-                    .push(" AND x.scope = ")
-                    .bind(scope.clone().into())
-                    .push(" AND x.name = ")
-                    .bind(name.clone().into())
-                    .push(")");
-            }
-            sql.push("))");
-        }
-        sql.push(&format!(
-            " ON CONFLICT (slot, consumer, scope, name) DO UPDATE SET bucket = excluded.bucket \
-             WHERE {INBOX_KEY_TABLE}.bucket < excluded.bucket - 1 RETURNING consumer, scope, name)"
-        ));
+        let on = rotating(conn).await?.is_some();
+        self.0.store(on, Ordering::Relaxed);
+        Ok(on)
     }
+
+    /// A recording found the rotation off after all (its row in `outbox_rotation` is gone):
+    /// ask again next time.
+    pub(crate) fn forget(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `kp AS (…), k AS (INSERT INTO inbox_key … RETURNING consumer, scope, name)`: the current
+/// key period by the database's clock (`kp`, no row when the rotation is off), and each of
+/// `keys` written for that period and the next; a row of an earlier period left in a slot that
+/// came round again is overwritten as if absent. A key live in this period returns no row for
+/// it, so a key is new to this statement exactly when both its rows come back. With `guard`, no
+/// key is written while any of them is live (a message whose business key was taken must not
+/// take its message key), as far as the statement's snapshot sees.
+pub(crate) fn push_key_ctes(sql: &mut Sql, keys: &[Key], guard: bool) {
+    let bucket = sql.dialect().bucket_expression("r.slot_seconds");
+    sql.push(&format!(
+        "kp AS (SELECT {bucket} AS bucket, r.slots FROM {} r WHERE r.table_name = ",
+        rotation::ROTATION_TABLE
+    ))
+    .bind(INBOX_KEY_TABLE.to_owned().into())
+    .push(&format!(
+        "), k AS (INSERT INTO {INBOX_KEY_TABLE} (slot, bucket, consumer, scope, name) \
+         SELECT CAST(p.bucket % kp.slots AS SMALLINT), p.bucket, n.consumer, n.scope, n.name \
+         FROM kp CROSS JOIN (VALUES "
+    ));
+    for (i, (consumer, scope, name)) in keys.iter().enumerate() {
+        if i > 0 {
+            sql.push(", ");
+        }
+        sql.bind_list([
+            Value::from(i as i64),
+            Value::from(consumer.clone()),
+            Value::from(scope.clone()),
+            Value::from(name.clone()),
+        ]);
+    }
+    sql.push(
+        ") AS n (i, consumer, scope, name) \
+         CROSS JOIN LATERAL (VALUES (kp.bucket), (kp.bucket + 1)) AS p (bucket)",
+    );
+    if guard {
+        sql.push(&format!(
+            " WHERE NOT EXISTS (SELECT 1 FROM {INBOX_KEY_TABLE} x \
+             WHERE x.slot = CAST(kp.bucket % kp.slots AS SMALLINT) AND x.bucket = kp.bucket AND ("
+        ));
+        for (i, (consumer, scope, name)) in keys.iter().enumerate() {
+            if i > 0 {
+                sql.push(" OR ");
+            }
+            sql.push("(x.consumer = ")
+                .bind(consumer.clone().into())
+                .push(" AND x.scope = ")
+                .bind(scope.clone().into())
+                .push(" AND x.name = ")
+                .bind(name.clone().into())
+                .push(")");
+        }
+        sql.push("))");
+    }
+    sql.push(&format!(
+        " ORDER BY n.i, p.bucket \
+         ON CONFLICT (slot, consumer, scope, name) DO UPDATE SET bucket = excluded.bucket \
+         WHERE {INBOX_KEY_TABLE}.bucket < excluded.bucket - 1 RETURNING consumer, scope, name)"
+    ));
 }
 
 /// Whether `(consumer, scope, name)` is a live key in the current period.

@@ -13,7 +13,10 @@ use super::Dialect;
 /// transaction need not wait for the WAL flush: a hint lost in a crash costs a poll interval,
 /// and it does not queue behind the business transactions' flushes.
 pub(crate) fn notify_statement(channel: &str) -> String {
-    format!("SET LOCAL synchronous_commit = off; NOTIFY {channel}")
+    format!(
+        "SELECT pg_notify('{channel}', '') FROM (SELECT 1) AS once WHERE {}",
+        super::postgres::LAZY_COMMIT
+    )
 }
 
 /// Whether commits on `db` can wake other processes.

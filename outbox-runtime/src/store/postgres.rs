@@ -8,6 +8,10 @@ use uuid::Uuid;
 
 use super::backend::{Backend, NextAggregate, QueueScan, sealed::Sealed};
 
+/// A condition that is always true and turns `synchronous_commit` off for the rest of the
+/// transaction it runs in: a statement's own `SET LOCAL`, without a statement of its own.
+pub(crate) const LAZY_COMMIT: &str = "set_config('synchronous_commit', 'off', true) IS NOT NULL";
+
 /// The PostgreSQL dialect.
 #[derive(Debug, Clone, Copy)]
 pub struct Postgres;
@@ -136,16 +140,17 @@ impl Backend for Postgres {
         }
     }
 
-    /// The statements go as one simple query, which PostgreSQL runs as one implicit
-    /// transaction (rolled back whole on error), so `SET LOCAL` applies to its commit. Its values
-    /// are ids, a UUID and a time offset this process made, written as literals.
+    /// One statement, its own implicit transaction, that sets `synchronous_commit = off` for
+    /// that transaction as it moves each row (a lost mark only causes a republish; nothing moved,
+    /// nothing to commit). Its values are ids, a UUID and a time offset this process made,
+    /// written as literals.
     fn sent_in_one_round_trip(&self, fence: &str, ids: &[i64]) -> Option<String> {
-        let moved = super::sent::move_sent_literal(
+        super::sent::move_sent_literal(
             super::Dialect::from_backend(DbBackend::Postgres),
             fence,
             ids,
-        )?;
-        Some(format!("SET LOCAL synchronous_commit = off; {moved}"))
+            Some(LAZY_COMMIT),
+        )
     }
 
     fn records_ordered_batch_in_one_statement(&self) -> bool {

@@ -117,8 +117,15 @@ fn push_insert_head(sql: &mut Sql) {
 }
 
 /// [`move_sent`] as one statement with its values written as literals (`rule` a condition, the
-/// ids this process's own), for a backend that moves in one statement; `None` elsewhere.
-pub(crate) fn move_sent_literal(dialect: Dialect, rule: &str, ids: &[i64]) -> Option<String> {
+/// ids this process's own), for a backend that moves in one statement; `None` elsewhere. With
+/// `each_row`, a condition evaluated for every row moved (e.g. a setting made as the statement
+/// runs).
+pub(crate) fn move_sent_literal(
+    dialect: Dialect,
+    rule: &str,
+    ids: &[i64],
+    each_row: Option<&str>,
+) -> Option<String> {
     if !dialect.moves_in_one_statement() {
         return None;
     }
@@ -130,8 +137,9 @@ pub(crate) fn move_sent_literal(dialect: Dialect, rule: &str, ids: &[i64]) -> Op
     Some(format!(
         "WITH moved AS (DELETE FROM {OUTBOX_TABLE} WHERE {rule} AND id IN ({ids}) \
          RETURNING {KEPT_COLUMNS}) INSERT INTO {SENT_TABLE} (slot, {KEPT_COLUMNS}, sent_at) \
-         SELECT {}, {KEPT_COLUMNS}, {} FROM moved",
+         SELECT {}, {KEPT_COLUMNS}, {} FROM moved{}",
         super::rotation::slot_now(dialect, SENT_TABLE, false),
         dialect.time_literal(DbTime::NOW),
+        each_row.map(|c| format!(" WHERE {c}")).unwrap_or_default(),
     ))
 }

@@ -5,6 +5,7 @@
 mod rotating;
 mod worker;
 
+pub(crate) use worker::mark_done_seen;
 pub use worker::{ClaimedMessage, claim_from, mark_done, mark_failed, release, sample_floor};
 #[cfg(feature = "test-util")]
 pub use worker::{InboxClaim, claim};
@@ -14,7 +15,7 @@ use sea_orm::{ConnectionTrait, DbErr, Value};
 use super::{
     AGGREGATE_VERSION_TABLE, DbTime, Dialect, INBOX_TABLE,
     failures::{self, Failed},
-    inbox_done,
+    inbox_done::{self, RotationSeen},
     sql::{Arg, Sql},
     status::{Failure, InboxStatus},
 };
@@ -187,17 +188,16 @@ pub async fn insert<C: ConnectionTrait>(
     row: &NewInboxRow<'_>,
     state: &InboxState,
 ) -> Result<bool, DbErr> {
-    let inserted = match inbox_done::rotating(conn).await? {
-        Some(period) => rotating::record(conn, &period, &[(row, state)], Skip::MessageKey, None)
-            .await?
-            .first()
-            .is_some_and(Option::is_some),
-        None => {
-            let statement =
-                insert_statement(Dialect::of(conn), &[(row, state)], Skip::MessageKey, false);
-            conn.execute_raw(statement).await?.rows_affected() == 1
-        }
-    };
+    let seen = RotationSeen::default();
+    let inserted =
+        match rotating::record(conn, &seen, &[(row, state)], Skip::MessageKey, None).await? {
+            Some(recorded) => recorded.first().is_some_and(Option::is_some),
+            None => {
+                let statement =
+                    insert_statement(Dialect::of(conn), &[(row, state)], Skip::MessageKey, false);
+                conn.execute_raw(statement).await?.rows_affected() == 1
+            }
+        };
     if inserted && matches!(state, InboxState::Failed(_)) {
         failures::append(conn, Source::Inbox, message(row)).await?;
     }
@@ -224,10 +224,10 @@ pub async fn insert_many<C: ConnectionTrait>(
     rows: &[(NewInboxRow<'_>, InboxState)],
 ) -> Result<Vec<bool>, DbErr> {
     let dialect = Dialect::of(conn);
-    if let Some(period) = inbox_done::rotating(conn).await? {
-        let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
-            rows.iter().map(|(row, state)| (row, state)).collect();
-        let recorded = rotating::record(conn, &period, &pairs, Skip::MessageKey, None).await?;
+    let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
+        rows.iter().map(|(row, state)| (row, state)).collect();
+    let seen = RotationSeen::default();
+    if let Some(recorded) = rotating::record(conn, &seen, &pairs, Skip::MessageKey, None).await? {
         for ((row, state), recorded) in rows.iter().zip(&recorded) {
             if recorded.is_some() && matches!(state, InboxState::Failed(_)) {
                 failures::append(conn, Source::Inbox, message(row)).await?;
@@ -288,27 +288,42 @@ pub async fn record_batch<C: ConnectionTrait>(
     rows: &[NewInboxRow<'_>],
     ordered: bool,
 ) -> Result<Vec<Recorded>, DbErr> {
+    record_batch_seen(conn, rows, ordered, &RotationSeen::default()).await
+}
+
+/// [`record_batch`] by a consumer that keeps what it saw of the inbox's rotation in `seen`
+/// (once seen on, no query asks again).
+pub(crate) async fn record_batch_seen<C: ConnectionTrait>(
+    conn: &C,
+    rows: &[NewInboxRow<'_>],
+    ordered: bool,
+    seen: &RotationSeen,
+) -> Result<Vec<Recorded>, DbErr> {
     let dialect = Dialect::of(conn);
     fn aggregate_of<'a>(row: &NewInboxRow<'a>) -> Option<(&'a str, &'a str)> {
         Some((row.aggregate_type?, row.aggregate_id?))
     }
     let any_aggregate = ordered && rows.iter().any(|row| aggregate_of(row).is_some());
-    if let Some(period) = inbox_done::rotating(conn).await? {
-        let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
-            rows.iter().map(|row| (row, &InboxState::Done)).collect();
-        let consumer = rows.first().map(|row| row.consumer);
-        let ordered = consumer.filter(|_| any_aggregate);
-        return Ok(
-            rotating::record(conn, &period, &pairs, Skip::MessageKey, ordered)
-                .await?
-                .into_iter()
-                .map(|status| match status {
-                    None => Recorded::Duplicate,
-                    Some(InboxStatus::Pending) => Recorded::Pending,
-                    Some(_) => Recorded::Done,
-                })
-                .collect(),
-        );
+    let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
+        rows.iter().map(|row| (row, &InboxState::Done)).collect();
+    let consumer = rows.first().map(|row| row.consumer);
+    if let Some(recorded) = rotating::record(
+        conn,
+        seen,
+        &pairs,
+        Skip::MessageKey,
+        consumer.filter(|_| any_aggregate),
+    )
+    .await?
+    {
+        return Ok(recorded
+            .into_iter()
+            .map(|status| match status {
+                None => Recorded::Duplicate,
+                Some(InboxStatus::Pending) => Recorded::Pending,
+                Some(_) => Recorded::Done,
+            })
+            .collect());
     }
     if dialect.records_ordered_batch_in_one_statement() && any_aggregate {
         let mut recorded = Vec::with_capacity(rows.len());
@@ -427,15 +442,9 @@ pub async fn insert_external<C: ConnectionTrait>(
     conn: &C,
     row: &NewInboxRow<'_>,
 ) -> Result<bool, DbErr> {
-    if let Some(period) = inbox_done::rotating(conn).await? {
-        let recorded = rotating::record(
-            conn,
-            &period,
-            &[(row, &InboxState::Pending)],
-            Skip::AnyKey,
-            None,
-        )
-        .await?;
+    let seen = RotationSeen::default();
+    let pending = [(row, &InboxState::Pending)];
+    if let Some(recorded) = rotating::record(conn, &seen, &pending, Skip::AnyKey, None).await? {
         return Ok(recorded.first().is_some_and(Option::is_some));
     }
     let statement = insert_statement(

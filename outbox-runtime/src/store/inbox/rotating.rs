@@ -9,20 +9,21 @@ use super::{
 };
 use crate::store::{
     DbTime, Dialect, INBOX_TABLE,
-    inbox_done::{self, KeyPeriod},
+    inbox_done::{self, RotationSeen},
     sql::{Arg, Sql},
     status::InboxStatus,
 };
 use crate::util::text::truncate;
 
 /// Where the inbox rotates (see `inbox_done.rs`): one statement that takes the keys of `rows`
-/// and inserts each row whose keys were new, a handled one into `inbox_done`, any other into
-/// `inbox_event`; with `ordered` (the consumer), a row meant to be DONE is recorded PENDING when
-/// an unfinished message of its aggregate was recorded before the statement. Rows must not
-/// share a message key. `RETURNING message_id, status` of the rows inserted.
+/// for the current period (read from `outbox_rotation` in the statement itself) and inserts
+/// each row whose keys were new, a handled one into `inbox_done`, any other into `inbox_event`;
+/// with `ordered` (the consumer), a row meant to be DONE is recorded PENDING when an unfinished
+/// message of its aggregate was recorded before the statement. Rows must not share a message
+/// key. `RETURNING message_id, status` of the rows inserted, and one row of NULLs, with nothing
+/// written, when the rotation is off after all.
 fn statement(
     dialect: Dialect,
-    period: &KeyPeriod,
     rows: &[(&NewInboxRow<'_>, &InboxState)],
     skip: Skip,
     ordered: Option<&str>,
@@ -58,7 +59,7 @@ fn statement(
         );
         sql.push("), ");
     }
-    period.push_cte(&mut sql, &keys, matches!(skip, Skip::AnyKey));
+    inbox_done::push_key_ctes(&mut sql, &keys, matches!(skip, Skip::AnyKey));
     sql.push(&format!(
         ", v ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, n) AS (VALUES "
     ));
@@ -138,20 +139,25 @@ fn statement(
     }
     sql.push(
         " RETURNING message_id, status) SELECT message_id, status FROM d \
-         UNION ALL SELECT message_id, status FROM e",
+         UNION ALL SELECT message_id, status FROM e \
+         UNION ALL SELECT NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM kp)",
     );
     sql.build()
 }
 
 /// [`statement`] run over `rows` in chunks: for each row, the status it was recorded
-/// with, or `None` (a duplicate; of two rows with the same message key, the second).
+/// with, or `None` (a duplicate; of two rows with the same message key, the second). `None`
+/// as a whole, with nothing recorded, where the inbox does not rotate: record the old way.
 pub(super) async fn record<C: ConnectionTrait>(
     conn: &C,
-    period: &KeyPeriod,
+    seen: &RotationSeen,
     rows: &[(&NewInboxRow<'_>, &InboxState)],
     skip: Skip,
     ordered: Option<&str>,
-) -> Result<Vec<Option<InboxStatus>>, DbErr> {
+) -> Result<Option<Vec<Option<InboxStatus>>>, DbErr> {
+    if !seen.rotates(conn).await? {
+        return Ok(None);
+    }
     let dialect = Dialect::of(conn);
     let mut recorded = Vec::with_capacity(rows.len());
     for chunk in rows.chunks(INSERT_CHUNK) {
@@ -161,18 +167,27 @@ pub(super) async fn record<C: ConnectionTrait>(
                 truncate(row.message_id, MAX_MESSAGE_ID_CHARS),
             )
         };
-        let mut seen = std::collections::HashSet::new();
+        let mut distinct = std::collections::HashSet::new();
         let unique: Vec<(&NewInboxRow<'_>, &InboxState)> = chunk
             .iter()
             .copied()
-            .filter(|(row, _)| seen.insert(key(row)))
+            .filter(|(row, _)| distinct.insert(key(row)))
             .collect();
         let mut returned = std::collections::HashMap::new();
         for row in conn
-            .query_all_raw(statement(dialect, period, &unique, skip, ordered))
+            .query_all_raw(statement(dialect, &unique, skip, ordered))
             .await?
         {
-            let message_id: String = row.try_get("", "message_id")?;
+            let Some(message_id) = row.try_get::<Option<String>>("", "message_id")? else {
+                // The rotation's row is gone: nothing of this chunk was written.
+                seen.forget();
+                if recorded.is_empty() {
+                    return Ok(None);
+                }
+                return Err(DbErr::Custom(
+                    "the inbox's rotation was switched off while a batch was recorded".to_owned(),
+                ));
+            };
             let status: String = row.try_get("", "status")?;
             returned.insert(message_id, InboxStatus::parse(&status));
         }
@@ -185,5 +200,5 @@ pub(super) async fn record<C: ConnectionTrait>(
             );
         }
     }
-    Ok(recorded)
+    Ok(Some(recorded))
 }

@@ -240,8 +240,23 @@ async fn mark_lease_expired(
 /// Inside the handler's transaction: mark the claimed message DONE, fenced by the claim token.
 /// `false` means another worker owns it now: roll the handler's work back.
 pub async fn mark_done<C: ConnectionTrait>(conn: &C, id: i64, token: Uuid) -> Result<bool, DbErr> {
-    if inbox_done::rotating(conn).await?.is_some() {
-        return inbox_done::mark_done(conn, id, token).await;
+    mark_done_seen(conn, id, token, &inbox_done::RotationSeen::default()).await
+}
+
+/// [`mark_done`] by a consumer that keeps what it saw of the inbox's rotation in `seen`.
+pub(crate) async fn mark_done_seen<C: ConnectionTrait>(
+    conn: &C,
+    id: i64,
+    token: Uuid,
+    seen: &inbox_done::RotationSeen,
+) -> Result<bool, DbErr> {
+    if seen.rotates(conn).await? {
+        let moved = inbox_done::mark_done(conn, id, token).await;
+        if moved.is_err() {
+            // Perhaps the rotation's row is gone (the slot would be NULL): ask again next time.
+            seen.forget();
+        }
+        return moved;
     }
     let dialect = Dialect::of(conn);
     let mut sql = Sql::new(dialect);
