@@ -5,8 +5,10 @@
 mod rotating;
 mod worker;
 
+#[cfg(feature = "test-util")]
+pub use worker::mark_done;
 pub(crate) use worker::mark_done_seen;
-pub use worker::{ClaimedMessage, claim_from, mark_done, mark_failed, release, sample_floor};
+pub use worker::{ClaimedMessage, claim_from, mark_failed, release, sample_floor};
 #[cfg(feature = "test-util")]
 pub use worker::{InboxClaim, claim};
 
@@ -283,6 +285,7 @@ pub enum Recorded {
 /// Where the dialect can, this is one statement that looks the aggregates up and inserts,
 /// skipping duplicates, and returns what it inserted with the status it chose; elsewhere the
 /// aggregates' query, then [`insert_many`].
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub async fn record_batch<C: ConnectionTrait>(
     conn: &C,
     rows: &[NewInboxRow<'_>],

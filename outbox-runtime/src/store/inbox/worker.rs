@@ -239,6 +239,7 @@ async fn mark_lease_expired(
 
 /// Inside the handler's transaction: mark the claimed message DONE, fenced by the claim token.
 /// `false` means another worker owns it now: roll the handler's work back.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
 pub async fn mark_done<C: ConnectionTrait>(conn: &C, id: i64, token: Uuid) -> Result<bool, DbErr> {
     mark_done_seen(conn, id, token, &inbox_done::RotationSeen::default()).await
 }
