@@ -2,18 +2,28 @@
 
 use sea_orm::DbErr;
 
-/// Whether an error is worth retrying the same transaction for: a deadlock, a serialization
-/// failure, a lock wait timeout or a busy SQLite database.
-pub fn is_transient(err: &DbErr) -> bool {
+/// The server's error code and message, when the error is one the database answered with.
+fn answer(err: &DbErr) -> Option<(String, String)> {
     #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
     | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))
     | DbErr::Conn(sea_orm::RuntimeErr::SqlxError(e)) = err
         && let Some(db) = e.as_database_error()
     {
-        let code = db.code();
-        let message = db.message();
-        return matches!(code.as_deref(), Some("40001" | "40P01" | "5" | "6" | "517"))
+        return Some((
+            db.code().map(|c| c.into_owned()).unwrap_or_default(),
+            db.message().to_owned(),
+        ));
+    }
+    let _ = err;
+    None
+}
+
+/// Whether an error is worth retrying the same transaction for: a deadlock, a serialization
+/// failure, a lock wait timeout or a busy SQLite database.
+pub fn is_transient(err: &DbErr) -> bool {
+    if let Some((code, message)) = answer(err) {
+        return matches!(code.as_str(), "40001" | "40P01" | "5" | "6" | "517")
             || message.contains("Deadlock found")
             || message.contains("Lock wait timeout")
             || message.contains("database is locked");
@@ -27,29 +37,19 @@ pub fn is_transient(err: &DbErr) -> bool {
 /// Whether an error says a lock was not had within the statement's `lock_timeout`
 /// (PostgreSQL `55P03`).
 pub fn is_lock_timeout(err: &DbErr) -> bool {
-    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
-    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))
-    | DbErr::Conn(sea_orm::RuntimeErr::SqlxError(e)) = err
-        && let Some(db) = e.as_database_error()
-    {
-        return db.code().as_deref() == Some("55P03");
-    }
-    err.to_string().contains("lock timeout")
+    answer(err).map_or_else(
+        || err.to_string().contains("lock timeout"),
+        |(code, _)| code == "55P03",
+    )
 }
 
 /// Whether an error says the role lacks a privilege the statement needs, such as owning the
 /// table (PostgreSQL `42501`).
 pub fn is_not_owner(err: &DbErr) -> bool {
-    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(e))
-    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(e))
-    | DbErr::Conn(sea_orm::RuntimeErr::SqlxError(e)) = err
-        && let Some(db) = e.as_database_error()
-    {
-        return db.code().as_deref() == Some("42501");
-    }
-    err.to_string().contains("must be owner")
+    answer(err).map_or_else(
+        || err.to_string().contains("must be owner"),
+        |(code, _)| code == "42501",
+    )
 }
 
 /// Whether an error says the database could not be reached or dropped the connection (the
