@@ -530,25 +530,28 @@ async fn run(
     Ok(report)
 }
 
-/// Whether a work queue is worth rewriting: its heap at least `above` bytes (`None`: never),
-/// its live rows (at [`ROW_BYTES_BOUND`] each) filling at most a [`COMPACT_FILL`]th of it, and
-/// nothing holding the horizon longer than [`COMPACT_HOLD_LIMIT`] (`oldest_hold`: the longest
-/// any session or prepared transaction has).
+/// Whether a work queue is worth rewriting: [`bloated`], and nothing holding the horizon longer
+/// than [`COMPACT_HOLD_LIMIT`] (`oldest_hold`: the longest any session or prepared transaction
+/// has).
 fn worth_compacting(
     table: &store::compact::Occupancy,
     above: Option<u64>,
     oldest_hold: Option<Duration>,
 ) -> bool {
-    let Some(above) = above else {
-        return false;
-    };
-    u64::try_from(table.heap_bytes).is_ok_and(|bytes| bytes >= above.max(1))
-        && table
-            .live_rows
-            .max(0)
-            .saturating_mul(ROW_BYTES_BOUND * COMPACT_FILL)
-            <= table.heap_bytes
-        && oldest_hold.is_none_or(|age| age <= COMPACT_HOLD_LIMIT)
+    bloated(table, above) && oldest_hold.is_none_or(|age| age <= COMPACT_HOLD_LIMIT)
+}
+
+/// Whether a work queue's heap is at least `above` bytes (`None`: never) and its live rows (at
+/// [`ROW_BYTES_BOUND`] each) fill at most a [`COMPACT_FILL`]th of it.
+fn bloated(table: &store::compact::Occupancy, above: Option<u64>) -> bool {
+    above.is_some_and(|above| {
+        u64::try_from(table.heap_bytes).is_ok_and(|bytes| bytes >= above.max(1))
+            && table
+                .live_rows
+                .max(0)
+                .saturating_mul(ROW_BYTES_BOUND * COMPACT_FILL)
+                <= table.heap_bytes
+    })
 }
 
 /// Rewrite the work queues worth it (PostgreSQL; nothing elsewhere). A rewrite that did not get
@@ -557,18 +560,15 @@ async fn compact(
     db: &DatabaseConnection,
     policy: &RetentionPolicy,
 ) -> Result<Vec<Compacted>, RetentionError> {
-    let mut compacted = Vec::new();
-    if policy.compact_above.is_none() {
-        return Ok(compacted);
-    }
-    let tables = store::compact::occupancy(db)
+    let size = |e| db_error("reading the work queues' size")(e);
+    let bloated: Vec<store::compact::Occupancy> = store::compact::occupancy(db)
         .await
-        .map_err(db_error("reading the work queues' size"))?;
-    if !tables
-        .iter()
-        .any(|table| worth_compacting(table, policy.compact_above, None))
-    {
-        return Ok(compacted);
+        .map_err(size)?
+        .into_iter()
+        .filter(|table| bloated(table, policy.compact_above))
+        .collect();
+    if bloated.is_empty() {
+        return Ok(Vec::new());
     }
     let oldest_hold = store::health::holders(db)
         .await
@@ -577,16 +577,15 @@ async fn compact(
         .filter(|holder| holder.kind != store::health::HolderKind::Slot)
         .filter_map(|holder| holder.age)
         .max();
-    for table in &tables {
+    let mut rewritten = Vec::new();
+    for table in &bloated {
         if !worth_compacting(table, policy.compact_above, oldest_hold) {
-            if worth_compacting(table, policy.compact_above, None) {
-                tracing::info!(
-                    table = %table.table,
-                    heap_bytes = table.heap_bytes,
-                    held_secs = oldest_hold.map(|age| age.as_secs()),
-                    "work queue not rewritten while the xmin horizon is held"
-                );
-            }
+            tracing::info!(
+                table = %table.table,
+                heap_bytes = table.heap_bytes,
+                held_secs = oldest_hold.map(|age| age.as_secs()),
+                "work queue not rewritten while the xmin horizon is held"
+            );
             continue;
         }
         let started = std::time::Instant::now();
@@ -594,51 +593,52 @@ async fn compact(
             .await
             .map_err(db_error("rewriting a work queue with its live rows"))?
         {
-            Rewrite::Done => {}
-            Rewrite::LockBusy => {
-                tracing::info!(
-                    table = %table.table,
-                    lock_timeout_ms = policy.compact_lock_timeout.as_millis() as u64,
-                    "work queue not rewritten: its lock was busy; the next purge tries again"
-                );
-                continue;
-            }
-            Rewrite::NotOwner => {
-                tracing::warn!(
-                    table = %table.table,
-                    heap_bytes = table.heap_bytes,
-                    live_rows = table.live_rows,
-                    "work queue not rewritten: the janitor's role does not own the table; run \
-                     the janitor as the role that ran the migrations, or set \
-                     RetentionPolicy::compact_above(None) and rewrite it yourself \
-                     (CLUSTER by its primary key)"
-                );
-                continue;
-            }
-            Rewrite::NotApplicable => continue,
+            Rewrite::Done => rewritten.push((table, started.elapsed())),
+            Rewrite::LockBusy => tracing::info!(
+                table = %table.table,
+                lock_timeout_ms = policy.compact_lock_timeout.as_millis() as u64,
+                "work queue not rewritten: its lock was busy; the next purge tries again"
+            ),
+            Rewrite::NotOwner => tracing::warn!(
+                table = %table.table,
+                heap_bytes = table.heap_bytes,
+                live_rows = table.live_rows,
+                "work queue not rewritten: the janitor's role does not own the table; run \
+                 the janitor as the role that ran the migrations, or set \
+                 RetentionPolicy::compact_above(None) and rewrite it yourself \
+                 (CLUSTER by its primary key)"
+            ),
+            Rewrite::NotApplicable => {}
         }
-        let after = store::compact::occupancy(db)
-            .await
-            .map_err(db_error("reading the work queues' size"))?
-            .into_iter()
-            .find(|after| after.table == table.table)
-            .map_or(0, |after| after.heap_bytes);
-        tracing::info!(
-            table = %table.table,
-            bytes_before = table.heap_bytes,
-            bytes_after = after,
-            live_rows = table.live_rows,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "work queue rewritten with its live rows"
-        );
-        compacted.push(Compacted {
-            table: table.table.clone(),
-            bytes_before: table.heap_bytes,
-            bytes_after: after,
-            live_rows: table.live_rows,
-        });
     }
-    Ok(compacted)
+    if rewritten.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The sizes after, read once for every table rewritten.
+    let after = store::compact::occupancy(db).await.map_err(size)?;
+    Ok(rewritten
+        .into_iter()
+        .map(|(table, took)| {
+            let bytes_after = after
+                .iter()
+                .find(|now| now.table == table.table)
+                .map_or(0, |now| now.heap_bytes);
+            tracing::info!(
+                table = %table.table,
+                bytes_before = table.heap_bytes,
+                bytes_after,
+                live_rows = table.live_rows,
+                elapsed_ms = took.as_millis() as u64,
+                "work queue rewritten with its live rows"
+            );
+            Compacted {
+                table: table.table.clone(),
+                bytes_before: table.heap_bytes,
+                bytes_after,
+                live_rows: table.live_rows,
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -217,12 +217,7 @@ pub async fn id_caches<C: ConnectionTrait>(db: &C) -> Result<Vec<(String, i64)>,
          JOIN pg_sequence s ON s.seqrelid = to_regclass(pg_get_serial_sequence(\
          CASE WHEN to_regclass(t.name) IS NOT NULL THEN t.name END, 'id')) \
          ORDER BY t.name DESC";
-    let rows = db
-        .query_all_raw(sea_orm::Statement::from_string(
-            DbBackend::Postgres,
-            sql.to_owned(),
-        ))
-        .await?;
+    let rows = db.query_all_raw(Dialect::of(db).raw(sql)).await?;
     rows.iter()
         .map(|row| {
             Ok((

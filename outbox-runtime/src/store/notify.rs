@@ -14,7 +14,7 @@ use super::Dialect;
 /// and it does not queue behind the business transactions' flushes.
 pub(crate) fn notify_statement(channel: &str) -> String {
     format!(
-        "SELECT pg_notify('{channel}', '') FROM (SELECT 1) AS once WHERE {}",
+        "SELECT pg_notify('{channel}', '') WHERE {}",
         super::postgres::LAZY_COMMIT
     )
 }
