@@ -37,7 +37,9 @@
 //!   loads `pg_stat_statements`; `--smoke` runs it without the counts).
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
-//! narrow P3 down to some modes and offered loads.
+//! narrow P3 down to some modes and offered loads. `BENCH_INBOX_ROTATION=off` switches the
+//! inbox's rotation off in the bench database (handled messages stay in `inbox_event`), to
+//! measure what it costs.
 //!
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/outbox_bench`, created if
 //! missing) and `NATS_URL` (default `nats://127.0.0.1:4222`). The table is printed and written

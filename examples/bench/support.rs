@@ -122,8 +122,17 @@ impl Ctx {
         }
         outbox::migrate(&db).await?;
         // A bench database whose inbox held rows when `outbox_0014` ran: handled messages go to
-        // `inbox_done` here too (no consumer of an earlier release reads it).
-        outbox::admin::rotate_inbox(&db).await?;
+        // `inbox_done` here too (no consumer of an earlier release reads it), unless
+        // `BENCH_INBOX_ROTATION=off` asks to measure the inbox without its rotation.
+        if std::env::var("BENCH_INBOX_ROTATION").as_deref() == Ok("off") {
+            db.execute_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "DELETE FROM outbox_rotation WHERE table_name IN ('inbox_done', 'inbox_key')",
+            ))
+            .await?;
+        } else {
+            outbox::admin::rotate_inbox(&db).await?;
+        }
         db.execute_unprepared(
             "CREATE TABLE IF NOT EXISTS bench_order (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, \
              total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now());

@@ -248,6 +248,11 @@ impl WakeReceiver {
     pub fn has_changed(&self) -> bool {
         self.rx.has_changed().unwrap_or(false)
     }
+
+    /// How many times relays were woken through the handle so far.
+    pub(crate) fn count(&self) -> u64 {
+        *self.rx.borrow()
+    }
 }
 
 /// The coalesced cross-process wake-up: at most one `NOTIFY` per interval, sent after commit on a
@@ -303,7 +308,17 @@ pub(crate) trait Handover: Send + Sync {
     /// The claim a commit's INSERT writes its events under.
     fn claim(&self) -> FastClaim<'_>;
 
-    /// Take the events a commit wrote claimed, in id order, right after COMMIT. `false` when it
-    /// stopped meanwhile: it hands the rows back to PENDING itself.
-    fn hand_over(&self, db: &DatabaseConnection, events: Vec<ClaimedEvent>) -> bool;
+    /// What signals events written PENDING so far (see `FastPath::signals`), read before a
+    /// commit; `None` when some would go unseen.
+    fn signals(&self) -> Option<u64>;
+
+    /// Take the events a commit wrote claimed, in id order, right after COMMIT, with what
+    /// [`signals`](Self::signals) said before it. `false` when it stopped meanwhile: it hands
+    /// the rows back to PENDING itself.
+    fn hand_over(
+        &self,
+        db: &DatabaseConnection,
+        events: Vec<ClaimedEvent>,
+        signals: Option<u64>,
+    ) -> bool;
 }

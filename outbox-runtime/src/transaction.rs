@@ -455,6 +455,7 @@ impl OutboxTransaction {
             None
         };
         let (outbox, db) = (self.outbox.clone(), self.db.clone());
+        let signals = fast.as_ref().and_then(|f| f.signals());
         let Committed {
             report,
             owned,
@@ -462,7 +463,7 @@ impl OutboxTransaction {
         } = self.commit_with(fast.as_ref().map(|f| f.claim())).await?;
         if let Some(fast) = fast
             && !owned.is_empty()
-            && !fast.hand_over(&db, owned)
+            && !fast.hand_over(&db, owned, signals)
         {
             // The relay stopped meanwhile and hands the rows back to PENDING: wake the next.
             outbox.committed(&db);

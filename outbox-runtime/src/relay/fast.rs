@@ -22,6 +22,14 @@
 //! PENDING. When the fast path marks events SENT that later events of their aggregates wait
 //! behind, it wakes the relays.
 //!
+//! Whether such later events wait is a query after the mark, asked only when one may: a later
+//! event of the aggregate is written PENDING by a commit that came after the published one's,
+//! and such a commit wakes the relays (in this process through the handle, in another by
+//! `NOTIFY`, which the relay's listener counts), as does the move of due delayed events. When
+//! nothing woke them between the published commit and its mark, every later event is yet to
+//! announce itself, and its wake-up finds the mark done: the query is not asked. Where another
+//! process's commits cannot be heard (no listener, or it is reconnecting), it always is.
+//!
 //! [`RelayConfig::fast_path_lease`]: super::RelayConfig::fast_path_lease
 
 use std::{
@@ -39,7 +47,7 @@ use uuid::Uuid;
 
 use super::{Relay, RoundReport, Source};
 use crate::{
-    outbox::{Handover, Outbox},
+    outbox::{Handover, Outbox, WakeReceiver},
     store::{
         self,
         outbox::FastClaim,
@@ -71,6 +79,10 @@ pub(super) struct FastPath {
     /// The relay's claim floor, which the INSERT's check for an unsent earlier event of the
     /// aggregate starts at.
     floor: Arc<std::sync::Mutex<store::floor::Floor>>,
+    /// Wake-ups through the outbox handle (commits that wrote PENDING events).
+    commits: WakeReceiver,
+    /// What the relay's listener heard of other processes' commits.
+    heard: Arc<store::notify::Heard>,
 }
 
 /// Events a commit owns, handed to the fast path.
@@ -80,29 +92,30 @@ pub(super) struct Handoff {
     events: Vec<ClaimedEvent>,
     /// When the transaction committed, by this process's monotonic clock.
     committed: Instant,
+    /// What [`FastPath::signals`] said before the commit.
+    signals: Option<u64>,
 }
 
 impl FastPath {
     /// A fast path and the receiving end of its handoffs.
     fn new(
-        owner: String,
-        lease: Duration,
-        ordering: bool,
-        broker_down: Arc<AtomicBool>,
+        relay: &Relay,
+        outbox: &Outbox,
         max_queued: usize,
-        floor: Arc<std::sync::Mutex<store::floor::Floor>>,
     ) -> (Arc<FastPath>, mpsc::UnboundedReceiver<Handoff>) {
         let (handoff, receiver) = mpsc::unbounded_channel();
         let fast = FastPath {
-            owner,
+            owner: relay.config.relay_id.clone(),
             token: Uuid::new_v4(),
-            lease,
-            ordering,
+            lease: relay.config.fast_path_lease,
+            ordering: relay.config.ordering,
             handoff,
-            broker_down,
+            broker_down: relay.broker.down_flag(),
             queued: AtomicUsize::new(0),
             max_queued,
-            floor,
+            floor: relay.floor.clone(),
+            commits: outbox.subscribe(),
+            heard: relay.heard.clone(),
         };
         (Arc::new(fast), receiver)
     }
@@ -130,12 +143,25 @@ impl Handover for FastPath {
         }
     }
 
-    fn hand_over(&self, db: &DatabaseConnection, events: Vec<ClaimedEvent>) -> bool {
+    /// Every wake-up so far that may announce events written PENDING: commits through the
+    /// handle, and what the listener heard; `None` while other processes' commits go unheard.
+    fn signals(&self) -> Option<u64> {
+        let heard = self.heard.count()?;
+        Some(heard.wrapping_add(self.commits.count()))
+    }
+
+    fn hand_over(
+        &self,
+        db: &DatabaseConnection,
+        events: Vec<ClaimedEvent>,
+        signals: Option<u64>,
+    ) -> bool {
         let n = events.len();
         self.queued.fetch_add(n, Ordering::Relaxed);
         let handoff = Handoff {
             events,
             committed: Instant::now(),
+            signals,
         };
         match self.handoff.send(handoff) {
             Ok(()) => true,
@@ -201,12 +227,9 @@ impl Relay {
         }
         let outbox = self.outbox.clone()?;
         let (fast, receiver) = FastPath::new(
-            self.config.relay_id.clone(),
-            self.config.fast_path_lease,
-            self.config.ordering,
-            self.broker.down_flag(),
+            self,
+            &outbox,
             self.config.batch_size.max(1) * QUEUED_BATCHES,
-            self.floor.clone(),
         );
         if !outbox.install_fast_path(fast.clone() as Arc<dyn Handover>) {
             tracing::info!(
@@ -241,7 +264,8 @@ impl Relay {
     }
 
     /// Publish and settle the rows commits handed over, as one claim under the fast path's
-    /// token; then wake the relays if events wait behind the ones marked SENT, or if some were
+    /// token; then wake the relays if events wait behind the ones marked SENT (asked only when
+    /// something woke the relays since the commits, see the module docs), or if some were
     /// handed back.
     async fn publish_owned(
         &self,
@@ -252,6 +276,7 @@ impl Relay {
         shutdown: &CancellationToken,
     ) {
         let ids: Vec<i64> = batch.events.iter().map(|e| e.id).collect();
+        let signals = batch.signals;
         // Where each event stands in its aggregate, to ask afterwards what waits behind it.
         let places: Vec<store::relay::Place> = batch
             .events
@@ -287,8 +312,10 @@ impl Relay {
         {
             Ok(round) => {
                 let report = round.report;
+                // Read after the mark: a wake-up from now on finds it done.
+                let quiet = signals.is_some() && fast.signals() == signals;
                 let wake = report.released + report.retried + report.dead > 0
-                    || (report.sent > 0 && self.followed(&places).await);
+                    || (report.sent > 0 && !quiet && self.followed(&places).await);
                 if wake {
                     outbox.committed(&self.db);
                 }
@@ -322,6 +349,8 @@ fn gather(
         match receiver.try_recv() {
             Ok(more) => {
                 batch.committed = batch.committed.min(more.committed);
+                // The earliest: counts only grow.
+                batch.signals = batch.signals.zip(more.signals).map(|(a, b)| a.min(b));
                 batch.events.extend(more.events);
             }
             Err(_) => break,

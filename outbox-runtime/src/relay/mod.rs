@@ -119,6 +119,8 @@ pub struct Relay {
     promoted_at: Arc<std::sync::Mutex<Option<Instant>>>,
     /// Where the claim's scans start (see `store/floor.rs`).
     floor: Arc<std::sync::Mutex<store::floor::Floor>>,
+    /// What the listener of other processes' commits heard (see `store/notify.rs`).
+    heard: Arc<store::notify::Heard>,
 }
 
 impl fmt::Debug for Relay {
@@ -147,6 +149,7 @@ impl Relay {
             wal: None,
             promoted_at: Default::default(),
             floor: Default::default(),
+            heard: Default::default(),
         }
     }
 
@@ -166,6 +169,7 @@ impl Relay {
             wal: None,
             promoted_at: Default::default(),
             floor: Default::default(),
+            heard: Default::default(),
         }
     }
 

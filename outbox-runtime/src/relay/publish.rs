@@ -36,6 +36,8 @@ impl Relay {
                 );
             }
             if promoted.moved > 0 {
+                // Later events of an aggregate the fast path publishes may be among them.
+                self.heard.bump();
                 tracing::debug!(
                     moved = promoted.moved,
                     "due delayed events moved into the outbox"

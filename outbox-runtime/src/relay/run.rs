@@ -177,9 +177,9 @@ impl Relay {
             true => None,
             false => self.outbox.as_ref().map(Outbox::subscribe),
         };
-        let hint = Arc::new(Notify::new());
+        let hint = self.heard.clone();
         if !self.wal_mode() {
-            beside.listener = self.spawn_listener(&hint, &shutdown);
+            beside.listener = self.spawn_listener(&shutdown);
         }
         tracing::info!(relay = %self.config.relay_id, transport = self.sink.name(), "outbox relay started");
         let mut claims = ClaimLoop {
@@ -198,7 +198,7 @@ impl Relay {
             }
             if !claims.look_now {
                 match self
-                    .wait_for_work(&mut claims, &mut wake, &hint, &shutdown)
+                    .wait_for_work(&mut claims, &mut wake, &hint.notify, &shutdown)
                     .await
                 {
                     Woken::Shutdown => break,
@@ -576,7 +576,6 @@ impl Relay {
     /// The listener of other processes' commit notifications, where the dialect has them.
     pub(super) fn spawn_listener(
         &self,
-        hint: &Arc<Notify>,
         shutdown: &CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
         if !self.config.listen {
@@ -586,7 +585,7 @@ impl Relay {
         store::notify::spawn_listener(
             &self.db,
             channel,
-            hint.clone(),
+            self.heard.clone(),
             shutdown.clone(),
             self.config.relay_id.clone(),
         )

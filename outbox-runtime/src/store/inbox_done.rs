@@ -37,11 +37,6 @@ pub(crate) fn message_scope(origin: &str) -> String {
     format!("m:{origin}")
 }
 
-/// The scope of a business key in `inbox_key`: `b:` and the message's type.
-pub(crate) fn business_scope(event_type: &str) -> String {
-    format!("b:{event_type}")
-}
-
 /// The period keys are written for, on a database whose inbox rotates.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KeyPeriod {
@@ -67,9 +62,6 @@ pub(crate) async fn rotating<C: ConnectionTrait>(conn: &C) -> Result<Option<KeyP
 pub(crate) fn may_hold_done<C: ConnectionTrait>(conn: &C) -> bool {
     Dialect::of(conn).rotates_inbox()
 }
-
-/// One key to take: consumer, scope, name.
-pub(crate) type Key = (String, String, String);
 
 /// Whether handled messages rotate on a database, as far as a consumer has seen: once the
 /// rotation is on it stays on (nothing switches it off), so a consumer that saw it on records
@@ -100,57 +92,28 @@ impl RotationSeen {
 }
 
 /// `kp AS (…), k AS (INSERT INTO inbox_key … RETURNING consumer, scope, name)`: the current
-/// key period by the database's clock (`kp`, no row when the rotation is off), and each of
-/// `keys` written for that period and the next; a row of an earlier period left in a slot that
-/// came round again is overwritten as if absent. A key live in this period returns no row for
-/// it, so a key is new to this statement exactly when both its rows come back. With `guard`, no
-/// key is written while any of them is live (a message whose business key was taken must not
-/// take its message key), as far as the statement's snapshot sees.
-pub(crate) fn push_key_ctes(sql: &mut Sql, keys: &[Key], guard: bool) {
+/// key period by the database's clock (`kp`, no row when the rotation is off), and each key of
+/// the statement's `n (i, consumer, scope, name)` written for that period and the next, in the
+/// order of `i`; a row of an earlier period left in a slot that came round again is overwritten
+/// as if absent. A key live in this period returns no row for it, so a key is new to this
+/// statement exactly when both its rows come back. With `guard`, no key is written while any
+/// of them is live (a message whose business key was taken must not take its message key), as
+/// far as the statement's snapshot sees.
+pub(crate) fn push_key_ctes(sql: &mut Sql, guard: bool) {
     let bucket = sql.dialect().bucket_expression("r.slot_seconds");
     sql.push(&format!(
-        "kp AS (SELECT {bucket} AS bucket, r.slots FROM {} r WHERE r.table_name = ",
-        rotation::ROTATION_TABLE
-    ))
-    .bind(INBOX_KEY_TABLE.to_owned().into())
-    .push(&format!(
-        "), k AS (INSERT INTO {INBOX_KEY_TABLE} (slot, bucket, consumer, scope, name) \
+        "kp AS (SELECT {bucket} AS bucket, r.slots FROM {} r WHERE r.table_name = '{INBOX_KEY_TABLE}'), \
+         k AS (INSERT INTO {INBOX_KEY_TABLE} (slot, bucket, consumer, scope, name) \
          SELECT CAST(p.bucket % kp.slots AS SMALLINT), p.bucket, n.consumer, n.scope, n.name \
-         FROM kp CROSS JOIN (VALUES "
+         FROM kp CROSS JOIN n CROSS JOIN LATERAL (VALUES (kp.bucket), (kp.bucket + 1)) AS p (bucket)",
+        rotation::ROTATION_TABLE
     ));
-    for (i, (consumer, scope, name)) in keys.iter().enumerate() {
-        if i > 0 {
-            sql.push(", ");
-        }
-        sql.bind_list([
-            Value::from(i as i64),
-            Value::from(consumer.clone()),
-            Value::from(scope.clone()),
-            Value::from(name.clone()),
-        ]);
-    }
-    sql.push(
-        ") AS n (i, consumer, scope, name) \
-         CROSS JOIN LATERAL (VALUES (kp.bucket), (kp.bucket + 1)) AS p (bucket)",
-    );
     if guard {
         sql.push(&format!(
-            " WHERE NOT EXISTS (SELECT 1 FROM {INBOX_KEY_TABLE} x \
-             WHERE x.slot = CAST(kp.bucket % kp.slots AS SMALLINT) AND x.bucket = kp.bucket AND ("
+            " WHERE NOT EXISTS (SELECT 1 FROM {INBOX_KEY_TABLE} x JOIN n y \
+             ON x.consumer = y.consumer AND x.scope = y.scope AND x.name = y.name \
+             WHERE x.slot = CAST(kp.bucket % kp.slots AS SMALLINT) AND x.bucket = kp.bucket)"
         ));
-        for (i, (consumer, scope, name)) in keys.iter().enumerate() {
-            if i > 0 {
-                sql.push(" OR ");
-            }
-            sql.push("(x.consumer = ")
-                .bind(consumer.clone().into())
-                .push(" AND x.scope = ")
-                .bind(scope.clone().into())
-                .push(" AND x.name = ")
-                .bind(name.clone().into())
-                .push(")");
-        }
-        sql.push("))");
     }
     sql.push(&format!(
         " ORDER BY n.i, p.bucket \

@@ -1,7 +1,10 @@
 //! The cross-process wake-up: a notification sent after a commit, and the listener that wakes a
 //! relay in another process, where the dialect has them (`LISTEN`/`NOTIFY` on PostgreSQL).
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, AtomicU64, Ordering},
+};
 
 use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
@@ -24,13 +27,52 @@ pub(crate) fn available(db: &DatabaseConnection) -> bool {
     Dialect::of(db).notifications()
 }
 
-/// Listen on `channel` until shutdown and call `hint.notify_one()` for every notification (and
+/// What a relay's listener heard: it wakes the relay's loop, and counts every notification (and
+/// every reconnect or loss, after which some may have been missed), so that the fast path can
+/// tell whether another process may have committed events since a moment.
+#[derive(Debug, Default)]
+pub(crate) struct Heard {
+    /// Wakes the relay's loop.
+    pub(crate) notify: Notify,
+    count: AtomicU64,
+    /// The listener is connected and listening: nothing another process announces goes unheard.
+    listening: AtomicBool,
+}
+
+impl Heard {
+    /// Something was heard (or may have been missed): count it and wake the loop.
+    pub(crate) fn heard(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    /// Events were written PENDING here outside a commit (due delayed events moved into the
+    /// outbox): counted like a notification, without waking the loop (which is claiming).
+    pub(crate) fn bump(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The count of what was heard, while the listener listens; `None` when no listener runs or
+    /// it is not connected (another process's commits would go unheard).
+    pub(crate) fn count(&self) -> Option<u64> {
+        let count = self.count.load(Ordering::SeqCst);
+        self.listening.load(Ordering::SeqCst).then_some(count)
+    }
+
+    fn listening(&self, on: bool) {
+        self.listening.store(on, Ordering::SeqCst);
+        // A change either way may hide a notification: count it.
+        self.heard();
+    }
+}
+
+/// Listen on `channel` until shutdown and call `hint.heard()` for every notification (and
 /// after every reconnect, since notifications may have been missed meanwhile). `None` where the
 /// dialect has no notifications.
 pub(crate) fn spawn_listener(
     db: &DatabaseConnection,
     channel: String,
-    hint: Arc<Notify>,
+    hint: Arc<Heard>,
     shutdown: CancellationToken,
     owner: String,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -53,7 +95,7 @@ pub(crate) fn spawn_listener(
 async fn listen(
     pool: sea_orm::sqlx::PgPool,
     channel: String,
-    hint: Arc<Notify>,
+    hint: Arc<Heard>,
     shutdown: CancellationToken,
     owner: String,
 ) {
@@ -77,14 +119,18 @@ async fn listen(
         }
         delay = Duration::from_millis(100);
         // After (re)connecting, look once: a hint may have been missed meanwhile.
-        hint.notify_one();
+        hint.listening(true);
         loop {
             match listener.try_recv().await {
-                Ok(Some(_)) => hint.notify_one(),
+                Ok(Some(_)) => hint.heard(),
                 Ok(None) => {
-                    hint.notify_one(); // reconnected: notifications may be lost
+                    // The connection was lost: listen again on a new one (notifications sent
+                    // meanwhile are lost; the new one's `listening` looks once).
+                    hint.listening(false);
+                    break;
                 }
                 Err(e) => {
+                    hint.listening(false);
                     tracing::debug!(relay = %owner, error = %e, "LISTEN connection lost");
                     break;
                 }

@@ -8,6 +8,17 @@ pub(crate) fn truncate(s: &str, max_chars: usize) -> String {
     }
 }
 
+/// `bytes` as lowercase hexadecimal digits, two per byte.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
+}
+
 /// `crate::module::item`: an item the macros registered, by its module path.
 pub(crate) fn item_path(module_path: &str, item: &str) -> String {
     format!("{module_path}::{item}")

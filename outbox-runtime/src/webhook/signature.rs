@@ -10,6 +10,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use crate::util::text::hex;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName};
@@ -330,16 +331,6 @@ fn keyed(secret: &Secret, timestamp: &str, body: &[u8]) -> Hmac256 {
     mac.update(b".");
     mac.update(body);
     mac
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    out
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {

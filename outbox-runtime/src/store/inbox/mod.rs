@@ -192,7 +192,7 @@ pub async fn insert<C: ConnectionTrait>(
 ) -> Result<bool, DbErr> {
     let seen = RotationSeen::default();
     let inserted =
-        match rotating::record(conn, &seen, &[(row, state)], Skip::MessageKey, None).await? {
+        match rotating::record(conn, &seen, &[(row, state)], Skip::MessageKey, false).await? {
             Some(recorded) => recorded.first().is_some_and(Option::is_some),
             None => {
                 let statement =
@@ -229,7 +229,7 @@ pub async fn insert_many<C: ConnectionTrait>(
     let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
         rows.iter().map(|(row, state)| (row, state)).collect();
     let seen = RotationSeen::default();
-    if let Some(recorded) = rotating::record(conn, &seen, &pairs, Skip::MessageKey, None).await? {
+    if let Some(recorded) = rotating::record(conn, &seen, &pairs, Skip::MessageKey, false).await? {
         for ((row, state), recorded) in rows.iter().zip(&recorded) {
             if recorded.is_some() && matches!(state, InboxState::Failed(_)) {
                 failures::append(conn, Source::Inbox, message(row)).await?;
@@ -309,15 +309,8 @@ pub(crate) async fn record_batch_seen<C: ConnectionTrait>(
     let any_aggregate = ordered && rows.iter().any(|row| aggregate_of(row).is_some());
     let pairs: Vec<(&NewInboxRow<'_>, &InboxState)> =
         rows.iter().map(|row| (row, &InboxState::Done)).collect();
-    let consumer = rows.first().map(|row| row.consumer);
-    if let Some(recorded) = rotating::record(
-        conn,
-        seen,
-        &pairs,
-        Skip::MessageKey,
-        consumer.filter(|_| any_aggregate),
-    )
-    .await?
+    if let Some(recorded) =
+        rotating::record(conn, seen, &pairs, Skip::MessageKey, any_aggregate).await?
     {
         return Ok(recorded
             .into_iter()
@@ -447,7 +440,7 @@ pub async fn insert_external<C: ConnectionTrait>(
 ) -> Result<bool, DbErr> {
     let seen = RotationSeen::default();
     let pending = [(row, &InboxState::Pending)];
-    if let Some(recorded) = rotating::record(conn, &seen, &pending, Skip::AnyKey, None).await? {
+    if let Some(recorded) = rotating::record(conn, &seen, &pending, Skip::AnyKey, false).await? {
         return Ok(recorded.first().is_some_and(Option::is_some));
     }
     let statement = insert_statement(

@@ -1,83 +1,114 @@
 //! Recording where handled messages rotate (PostgreSQL, see `inbox_done.rs`): one statement
 //! takes the keys and writes each new row into `inbox_done` or `inbox_event`.
 
-use sea_orm::{ConnectionTrait, DbErr, Value};
+use sea_orm::{ConnectionTrait, DbErr};
 
 use super::{
     INSERT_CHUNK, InboxState, MAX_KEY_CHARS, MAX_MESSAGE_ID_CHARS, MESSAGE_KEY, NewInboxRow,
-    ROW_COLUMNS, Skip, push_unfinished_aggregates, row_values, state_columns,
+    ROW_COLUMNS, Skip, state_columns,
 };
 use crate::store::{
     DbTime, Dialect, INBOX_TABLE,
     inbox_done::{self, RotationSeen},
-    sql::{Arg, Sql},
+    sql::Sql,
     status::InboxStatus,
 };
-use crate::util::text::truncate;
+use crate::util::text::{hex, truncate};
+
+/// The column list `json_to_recordset` reads a batch's rows with: [`ROW_COLUMNS`] (the payload
+/// as hexadecimal text), the state's columns (`next_micros`: the due time as microseconds after
+/// the statement's time) and the row's place in the batch.
+const JSON_COLUMNS: &str = "consumer VARCHAR, message_id VARCHAR, origin VARCHAR, \
+     biz_key VARCHAR, headers TEXT, event_type VARCHAR, source VARCHAR, aggregate_type VARCHAR, \
+     aggregate_id VARCHAR, aggregate_version BIGINT, schema_version INTEGER, payload TEXT, \
+     status VARCHAR, attempts INTEGER, next_micros BIGINT, last_error TEXT, n INTEGER";
+
+/// `rows` as the JSON array [`JSON_COLUMNS`] describes.
+fn rows_json(rows: &[(&NewInboxRow<'_>, &InboxState)]) -> String {
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .enumerate()
+        .map(|(n, (row, state))| {
+            let state = state_columns(state);
+            serde_json::json!({
+                "consumer": row.consumer,
+                "message_id": truncate(row.message_id, MAX_MESSAGE_ID_CHARS),
+                "origin": truncate(row.origin, MAX_KEY_CHARS),
+                "biz_key": row.biz_key.map(|s| truncate(s, MAX_KEY_CHARS)),
+                "headers": row.headers,
+                "event_type": row.event_type.map(|s| truncate(s, MAX_KEY_CHARS)),
+                "source": row.source.map(|s| truncate(s, MAX_KEY_CHARS)),
+                "aggregate_type": row.aggregate_type.map(|s| truncate(s, 128)),
+                "aggregate_id": row.aggregate_id.map(|s| truncate(s, 255)),
+                "aggregate_version": row.aggregate_version,
+                "schema_version": row.schema_version,
+                "payload": hex(row.payload),
+                "status": state.status.as_str(),
+                "attempts": state.attempts,
+                "next_micros": state.next_attempt_at.map(DbTime::offset_micros),
+                "last_error": state.error.map(|e| truncate(e, 4000)),
+                "n": n,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
 
 /// Where the inbox rotates (see `inbox_done.rs`): one statement that takes the keys of `rows`
 /// for the current period (read from `outbox_rotation` in the statement itself) and inserts
 /// each row whose keys were new, a handled one into `inbox_done`, any other into `inbox_event`;
-/// with `ordered` (the consumer), a row meant to be DONE is recorded PENDING when an unfinished
-/// message of its aggregate was recorded before the statement. Rows must not share a message
-/// key. `RETURNING message_id, status` of the rows inserted, and one row of NULLs, with nothing
+/// with `ordered`, a row meant to be DONE is recorded PENDING when an unfinished message of its
+/// aggregate was recorded before the statement. Rows must not share a message key.
+/// `RETURNING message_id, status` of the rows inserted, and one row of NULLs, with nothing
 /// written, when the rotation is off after all.
+///
+/// The rows travel as one JSON parameter, so the statement's text is the same for any number
+/// of rows: the server plans it once per connection and reuses the plan.
 fn statement(
     dialect: Dialect,
     rows: &[(&NewInboxRow<'_>, &InboxState)],
     skip: Skip,
-    ordered: Option<&str>,
+    ordered: bool,
 ) -> sea_orm::Statement {
-    let mut keys = Vec::with_capacity(rows.len());
-    for (row, _) in rows {
-        keys.push((
-            row.consumer.to_owned(),
-            inbox_done::message_scope(&truncate(row.origin, MAX_KEY_CHARS)),
-            truncate(row.message_id, MAX_MESSAGE_ID_CHARS),
-        ));
-        if let (Skip::AnyKey, Some(biz_key)) = (skip, row.biz_key) {
-            keys.push((
-                row.consumer.to_owned(),
-                inbox_done::business_scope(&truncate(row.event_type.unwrap_or(""), MAX_KEY_CHARS)),
-                truncate(biz_key, MAX_KEY_CHARS),
-            ));
-        }
-    }
     let mut sql = Sql::new(dialect);
-    sql.push("WITH ");
-    if let Some(consumer) = ordered {
-        sql.push("blocked AS (");
-        push_unfinished_aggregates(
-            &mut sql,
-            consumer,
-            rows.iter().filter_map(|(row, _)| {
-                Some((
-                    truncate(row.aggregate_type?, 128),
-                    truncate(row.aggregate_id?, 255),
-                ))
-            }),
-        );
-        sql.push("), ");
-    }
-    inbox_done::push_key_ctes(&mut sql, &keys, matches!(skip, Skip::AnyKey));
+    let selected = |prefix: &str| {
+        ROW_COLUMNS
+            .split(", ")
+            .map(|column| format!("{prefix}.{column}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     sql.push(&format!(
-        ", v ({ROW_COLUMNS}, status, attempts, next_attempt_at, last_error, n) AS (VALUES "
-    ));
-    for (n, (row, state)) in rows.iter().enumerate() {
-        let state = state_columns(state);
-        if n > 0 {
-            sql.push(", ");
-        }
-        sql.bind_list(row_values(row).into_iter().map(Arg::from).chain([
-            Value::from(state.status.as_str().to_owned()).into(),
-            Value::from(i64::from(state.attempts)).into(),
-            Arg::time_or_null(dialect, state.next_attempt_at),
-            Value::from(state.error.map(|e| truncate(e, 4000))).into(),
-            Value::from(n as i64).into(),
-        ]));
+        "WITH v AS (SELECT {columns}, decode(j.payload, 'hex') AS payload, j.status, j.attempts, \
+         {due} AS next_attempt_at, j.last_error, j.n FROM json_to_recordset(CAST(",
+        columns = selected("j").replace(", j.payload", ""),
+        due = dialect.time_expression(Some("j.next_micros")),
+    ))
+    .bind(rows_json(rows).into())
+    .push(&format!(" AS json)) AS j ({JSON_COLUMNS})), "));
+    // The keys each row takes: its message key, and with `AnyKey` its business key.
+    sql.push(
+        "n AS (SELECT v.n AS i, v.consumer, 'm:' || v.origin AS scope, v.message_id AS name FROM v",
+    );
+    if matches!(skip, Skip::AnyKey) {
+        sql.push(
+            " UNION ALL SELECT v.n, v.consumer, 'b:' || COALESCE(v.event_type, ''), v.biz_key \
+             FROM v WHERE v.biz_key IS NOT NULL",
+        );
     }
+    sql.push("), ");
+    if ordered {
+        // One probe of the aggregate index per row that has an aggregate.
+        sql.push(&format!(
+            "blocked AS (SELECT DISTINCT v.aggregate_type, v.aggregate_id FROM v \
+             WHERE EXISTS (SELECT 1 FROM {INBOX_TABLE} i WHERE i.consumer = v.consumer \
+             AND i.aggregate_type = v.aggregate_type AND i.aggregate_id = v.aggregate_id AND {})), ",
+            InboxStatus::in_list("i.", &InboxStatus::UNFINISHED)
+        ));
+    }
+    inbox_done::push_key_ctes(&mut sql, matches!(skip, Skip::AnyKey));
     let done = InboxStatus::Done.literal();
-    let (final_status, join) = if ordered.is_some() {
+    let (final_status, join) = if ordered {
         (
             format!(
                 "CASE WHEN b.aggregate_id IS NULL THEN v.status ELSE {} END",
@@ -92,7 +123,7 @@ fn statement(
     // Ids in arrival order across both tables (they share `inbox_event`'s sequence), taken once
     // per new row in the order given.
     sql.push(&format!(
-        "), f AS (SELECT o.*, nextval(pg_get_serial_sequence('{INBOX_TABLE}', 'id')) AS new_id \
+        ", f AS (SELECT o.*, nextval(pg_get_serial_sequence('{INBOX_TABLE}', 'id')) AS new_id \
          FROM (SELECT v.*, {final_status} AS final_status FROM v{join} WHERE {}",
         inbox_done::fresh("v", "'m:' || v.origin", "v.message_id")
     ));
@@ -107,11 +138,7 @@ fn statement(
         " AND NOT EXISTS (SELECT 1 FROM {INBOX_TABLE} x WHERE x.consumer = v.consumer \
          AND x.origin = v.origin AND x.message_id = v.message_id) ORDER BY v.n) o"
     ));
-    let selected = ROW_COLUMNS
-        .split(", ")
-        .map(|column| format!("f.{column}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let selected = selected("f");
     sql.push("), d AS (")
         .push(&inbox_done::insert_head(
             dialect,
@@ -126,7 +153,7 @@ fn statement(
              e AS (INSERT INTO {INBOX_TABLE} (id, {ROW_COLUMNS}, status, attempts, \
              next_attempt_at, last_error, received_at) SELECT f.new_id, {selected}, f.final_status, \
              CASE WHEN f.final_status = f.status THEN f.attempts ELSE 0 END, \
-             CAST(f.next_attempt_at AS TIMESTAMPTZ), f.last_error, "
+             f.next_attempt_at, f.last_error, "
         ))
         .time(DbTime::NOW)
         .push(&format!(" FROM f WHERE f.final_status <> {done} ORDER BY f.n"));
@@ -153,7 +180,7 @@ pub(super) async fn record<C: ConnectionTrait>(
     seen: &RotationSeen,
     rows: &[(&NewInboxRow<'_>, &InboxState)],
     skip: Skip,
-    ordered: Option<&str>,
+    ordered: bool,
 ) -> Result<Option<Vec<Option<InboxStatus>>>, DbErr> {
     if !seen.rotates(conn).await? {
         return Ok(None);
