@@ -405,6 +405,48 @@ async fn off_by_switch(t: TestDb) {
     relay.shutdown().await.unwrap();
 }
 
+/// With the relay listening (PostgreSQL), the fast path asks whether events wait behind the
+/// ones it marked SENT only when something announced events written PENDING since their commit:
+/// a later event of the aggregate committed through the same handle, and one committed through
+/// another handle (as another process would: heard through `NOTIFY`), are both published once
+/// the first is confirmed, although the claim loop polls once an hour.
+async fn listening_relay_finds_what_waits_behind(t: TestDb) {
+    if t.dialect().backend() != DbBackend::Postgres {
+        return;
+    }
+    let outbox = Outbox::new("carts");
+    let elsewhere = Outbox::new("carts");
+    let transport = MemoryTransport::new();
+    let relay = start_with(&t, &outbox, &transport, config().listen(true)).await;
+    // Quiet commits first: nothing waits behind them.
+    commit(&t, &outbox, &[("q", 0)]).await;
+    commit(&t, &outbox, &[("q", 1)]).await;
+    wait_all_sent(&t, 2, Duration::from_secs(20)).await;
+
+    transport.delay_confirms(Duration::from_millis(1_000));
+    commit(&t, &outbox, &[("a", 0)]).await;
+    commit(&t, &outbox, &[("a", 1)]).await;
+    commit(&t, &outbox, &[("b", 0)]).await;
+    commit(&t, &elsewhere, &[("b", 1)]).await;
+    let rows = outbox_rows(&t.db).await;
+    let waiting: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|r| r.status == "PENDING")
+        .map(|r| (r.aggregate_id.as_str(), r.status.as_str()))
+        .collect();
+    assert_eq!(
+        waiting,
+        vec![("a", "PENDING"), ("b", "PENDING")],
+        "{rows:?}"
+    );
+    wait_all_sent(&t, 6, Duration::from_secs(20)).await;
+    relay.shutdown().await.unwrap();
+    let order = stream_order(&transport);
+    assert_eq!(order["a"], vec![0, 1]);
+    assert_eq!(order["b"], vec![0, 1]);
+    assert_eq!(transport.messages().len(), 6, "each event published once");
+}
+
 crate::backend_tests! {
     published => published_right_after_commit;
     waits_behind_unsent => an_event_behind_an_unsent_one_waits;
@@ -417,4 +459,5 @@ crate::backend_tests! {
     unordered => without_ordering_every_event_is_claimed;
     concurrent => concurrent_producers;
     mysql_repeatable_read => repeatable_read_on_mysql_goes_by_the_claim_loop;
+    listening => listening_relay_finds_what_waits_behind;
 }
