@@ -37,12 +37,15 @@ const TICKS_PER_SECOND: f64 = 100.0;
 
 /// Statement counts and CPU times at one moment.
 struct Snapshot {
-    /// Calls of each top-level statement, by its query id, with its text.
-    statements: HashMap<i64, (i64, String)>,
+    /// Calls of each top-level statement, by its query id, with its text and the milliseconds
+    /// the server spent planning and running it.
+    statements: HashMap<i64, (i64, String, f64)>,
     /// CPU seconds of the bench process.
     bench_cpu: f64,
     /// CPU seconds of the PostgreSQL server, when it runs on this machine.
     server_cpu: Option<f64>,
+    /// The same by kind of process (see [`process_kind`]).
+    server_kinds: HashMap<&'static str, f64>,
     at: Instant,
 }
 
@@ -50,10 +53,13 @@ struct Snapshot {
 pub(crate) struct Cost {
     /// Whether statements were counted.
     pub(crate) counted: bool,
-    /// Each statement that ran, with how often, most frequent first.
-    pub(crate) statements: Vec<(String, i64)>,
+    /// Each statement that ran, with how often and the milliseconds the server spent on it,
+    /// most frequent first.
+    pub(crate) statements: Vec<(String, i64, f64)>,
     pub(crate) bench_cpu: f64,
     pub(crate) server_cpu: Option<f64>,
+    /// The server's CPU seconds by kind of process, most first.
+    pub(crate) server_kinds: Vec<(&'static str, f64)>,
     pub(crate) seconds: f64,
 }
 
@@ -130,20 +136,30 @@ impl Meter {
             return Ok(());
         };
         let after = self.snapshot(ctx).await?;
-        let mut statements: Vec<(String, i64)> = after
+        let mut statements: Vec<(String, i64, f64)> = after
             .statements
             .iter()
-            .filter_map(|(id, (calls, query))| {
-                let earlier = before.statements.get(id).map_or(0, |(c, _)| *c);
-                (calls > &earlier).then(|| (query.clone(), calls - earlier))
+            .filter_map(|(id, (calls, query, ms))| {
+                let (earlier, earlier_ms) = before
+                    .statements
+                    .get(id)
+                    .map_or((0, 0.0), |(c, _, ms)| (*c, *ms));
+                (calls > &earlier).then(|| (query.clone(), calls - earlier, ms - earlier_ms))
             })
             .collect();
         statements.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut server_kinds: Vec<(&'static str, f64)> = after
+            .server_kinds
+            .iter()
+            .map(|(kind, secs)| (*kind, secs - before.server_kinds.get(kind).unwrap_or(&0.0)))
+            .collect();
+        server_kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
         self.cost = Some(Cost {
             counted: self.counts,
             statements,
             bench_cpu: after.bench_cpu - before.bench_cpu,
             server_cpu: after.server_cpu.zip(before.server_cpu).map(|(a, b)| a - b),
+            server_kinds,
             seconds: after.at.duration_since(before.at).as_secs_f64(),
         });
         Ok(())
@@ -157,8 +173,8 @@ impl Meter {
             ctx.db
                 .query_all_raw(Statement::from_string(
                     DbBackend::Postgres,
-                    "SELECT queryid, SUM(calls)::bigint AS calls, MIN(query) AS query \
-                 FROM pg_stat_statements WHERE toplevel AND dbid = (SELECT oid FROM pg_database \
+                    "SELECT queryid, SUM(calls)::bigint AS calls, MIN(query) AS query, \
+                 SUM(total_exec_time + total_plan_time)::float8 AS ms FROM pg_stat_statements WHERE toplevel AND dbid = (SELECT oid FROM pg_database \
                  WHERE datname = current_database()) AND query NOT LIKE '%pg_stat_statements%' \
                  GROUP BY queryid",
                 ))
@@ -168,12 +184,15 @@ impl Meter {
             let id: i64 = row.try_get("", "queryid")?;
             let calls: i64 = row.try_get("", "calls")?;
             let query: String = row.try_get("", "query")?;
-            statements.insert(id, (calls, query));
+            let ms: f64 = row.try_get("", "ms")?;
+            statements.insert(id, (calls, query, ms));
         }
+        let kinds = self.postmaster.and_then(server_cpu);
         Ok(Snapshot {
             statements,
             bench_cpu: proc_stat(std::process::id()).map_or(f64::NAN, |s| s.cpu),
-            server_cpu: self.postmaster.and_then(server_cpu),
+            server_cpu: kinds.as_ref().map(|k| k.values().sum()),
+            server_kinds: kinds.unwrap_or_default(),
             at: Instant::now(),
         })
     }
@@ -202,11 +221,17 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
     })
 }
 
-/// CPU seconds of a PostgreSQL server: its postmaster, each process it started, and those of
-/// them that ended.
-fn server_cpu(postmaster: u32) -> Option<f64> {
+/// CPU seconds of a PostgreSQL server by kind of process: its postmaster, each process it
+/// started, and those of them that ended.
+fn server_cpu(postmaster: u32) -> Option<HashMap<&'static str, f64>> {
     let main = proc_stat(postmaster)?;
-    let mut total = main.cpu + main.children_cpu;
+    let mut kinds = HashMap::from([
+        ("postmaster", main.cpu),
+        (
+            "processes that ended (autovacuum workers, closed connections)",
+            main.children_cpu,
+        ),
+    ]);
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -216,10 +241,28 @@ fn server_cpu(postmaster: u32) -> Option<f64> {
             continue;
         };
         if let Some(stat) = proc_stat(pid).filter(|s| s.ppid == postmaster) {
-            total += stat.cpu;
+            let title = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            *kinds.entry(process_kind(&title)).or_default() += stat.cpu;
         }
     }
-    Some(total)
+    Some(kinds)
+}
+
+/// What a server process does, from its title (`postgres: 15/main: autovacuum worker …`).
+fn process_kind(title: &str) -> &'static str {
+    const KINDS: [(&str, &str); 7] = [
+        ("autovacuum", "autovacuum"),
+        ("walwriter", "WAL writer"),
+        ("walsender", "WAL senders (the WAL relay's stream)"),
+        ("checkpointer", "checkpointer and background writer"),
+        ("background writer", "checkpointer and background writer"),
+        ("logical replication", "other background processes"),
+        ("stats", "other background processes"),
+    ];
+    KINDS
+        .iter()
+        .find(|(needle, _)| title.contains(needle))
+        .map_or("connections (statements)", |(_, kind)| kind)
 }
 
 pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
@@ -240,7 +283,7 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
             let events =
                 crate::support::scalar_i64(&ctx.db, "SELECT count(*) FROM bench_effect").await?;
             let events = events.max(latencies.len() as i64).max(1) as f64;
-            let calls: i64 = cost.statements.iter().map(|(_, n)| n).sum();
+            let calls: i64 = cost.statements.iter().map(|(_, n, _)| n).sum();
             let figure = format!("p10.{key}.r{rate}");
             if cost.counted {
                 out.push(m(
@@ -278,10 +321,27 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
                 server / events * 1000.0,
                 cost.bench_cpu / events * 1000.0,
             );
-            for (query, n) in &cost.statements {
+            for (kind, secs) in &cost.server_kinds {
+                let _ = writeln!(
+                    listing,
+                    "   server CPU per 1,000 events: {:>7.3} s  {kind}",
+                    secs / events * 1000.0
+                );
+            }
+            let _ = writeln!(
+                listing,
+                "   per event  calls  server ms per event (planning and running)  statement"
+            );
+            for (query, n, ms) in &cost.statements {
                 let text: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
                 let short: String = text.chars().take(160).collect();
-                let _ = writeln!(listing, "{:>8.3}  {:>8}  {short}", *n as f64 / events, n);
+                let _ = writeln!(
+                    listing,
+                    "{:>8.3}  {:>8}  {:>8.3}  {short}",
+                    *n as f64 / events,
+                    n,
+                    ms / events
+                );
             }
             listing.push('\n');
         }

@@ -252,11 +252,11 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// (`claim.rs`).
     fn queue_scan(&self) -> QueueScan;
 
-    /// One statement, sent as a simple query, that marks `ids` SENT now (moves them to
-    /// `outbox_sent`) where `fence` (a condition with its values written as literals: the
-    /// write-back's fencing rule) holds, when the backend can run a claim's usual write-back
-    /// that way in one round trip.
-    fn sent_in_one_round_trip(&self, _fence: &str, _ids: &[i64]) -> Option<String> {
+    /// A condition that, evaluated for a row a statement outside any transaction writes, turns
+    /// off the wait for the WAL flush of the statement's own transaction (for writes whose loss
+    /// in a crash only repeats work: a claim's usual write-back, a wake-up); `None` where the
+    /// backend cannot, and such a write-back runs in a transaction of its own.
+    fn lazy_commit_condition(&self) -> Option<&'static str> {
         None
     }
 

@@ -140,17 +140,9 @@ impl Backend for Postgres {
         }
     }
 
-    /// One statement, its own implicit transaction, that sets `synchronous_commit = off` for
-    /// that transaction as it moves each row (a lost mark only causes a republish; nothing moved,
-    /// nothing to commit). Its values are ids, a UUID and a time offset this process made,
-    /// written as literals.
-    fn sent_in_one_round_trip(&self, fence: &str, ids: &[i64]) -> Option<String> {
-        super::sent::move_sent_literal(
-            super::Dialect::from_backend(DbBackend::Postgres),
-            fence,
-            ids,
-            Some(LAZY_COMMIT),
-        )
+    /// `set_config(…)` of `synchronous_commit = off` for the statement's own transaction.
+    fn lazy_commit_condition(&self) -> Option<&'static str> {
+        Some(LAZY_COMMIT)
     }
 
     fn records_ordered_batch_in_one_statement(&self) -> bool {

@@ -445,19 +445,6 @@ impl Fence {
             }
         }
     }
-
-    /// The rule as a condition with its values written as literals (a UUID this process made),
-    /// for statements not built with [`Sql`].
-    pub(super) fn literal(self) -> String {
-        match self {
-            Fence::Claim(token) => format!(
-                "(status = {} AND claim_token = '{}') IS TRUE",
-                OutboxStatus::Processing.literal(),
-                token.hyphenated()
-            ),
-            Fence::Pending => format!("(status = {}) IS TRUE", OutboxStatus::Pending.literal()),
-        }
-    }
 }
 
 /// Write back a claim's outcome in one short transaction, fenced by its token; `sent_at` and due
@@ -501,11 +488,11 @@ async fn settle_all_sent_at_once(
     if settlement.sent.is_empty() {
         return Ok(Some(Settled::default()));
     }
-    let rule = fence.literal();
-    let Some(sql) = Dialect::of(db).sent_in_one_round_trip(&rule, &settlement.sent) else {
+    let Some(statement) = super::sent::move_sent_at_once(Dialect::of(db), &fence, &settlement.sent)
+    else {
         return Ok(None);
     };
-    let result = db.execute_unprepared(&sql).await?;
+    let result = db.execute_raw(statement).await?;
     Ok(Some(Settled {
         sent: result.rows_affected(),
         ..Settled::default()

@@ -116,30 +116,29 @@ fn push_insert_head(sql: &mut Sql) {
     ));
 }
 
-/// [`move_sent`] as one statement with its values written as literals (`rule` a condition, the
-/// ids this process's own), for a backend that moves in one statement; `None` elsewhere. With
-/// `each_row`, a condition evaluated for every row moved (e.g. a setting made as the statement
-/// runs).
-pub(crate) fn move_sent_literal(
+/// [`move_sent`] outside a transaction, as one bound statement whose text is the same for any
+/// number of ids (they travel as one array parameter, so the server plans it once per
+/// connection and reuses the plan), which turns off the wait for the WAL flush of its own
+/// transaction as it moves each row (a lost mark only causes a republish; nothing moved,
+/// nothing to commit). `None` where the backend cannot.
+pub(crate) fn move_sent_at_once(
     dialect: Dialect,
-    rule: &str,
+    rule: &dyn MoveRule,
     ids: &[i64],
-    each_row: Option<&str>,
-) -> Option<String> {
-    if !dialect.moves_in_one_statement() {
-        return None;
-    }
-    let ids = ids
-        .iter()
-        .map(i64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
-    Some(format!(
-        "WITH moved AS (DELETE FROM {OUTBOX_TABLE} WHERE {rule} AND id IN ({ids}) \
-         RETURNING {KEPT_COLUMNS}) INSERT INTO {SENT_TABLE} (slot, {KEPT_COLUMNS}, sent_at) \
-         SELECT {}, {KEPT_COLUMNS}, {} FROM moved{}",
-        super::rotation::slot_now(dialect, SENT_TABLE, false),
-        dialect.time_literal(DbTime::NOW),
-        each_row.map(|c| format!(" WHERE {c}")).unwrap_or_default(),
-    ))
+) -> Option<sea_orm::Statement> {
+    let each_row = dialect.lazy_commit_condition()?;
+    let ids = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let mut sql = Sql::new(dialect);
+    sql.push(&format!("WITH moved AS (DELETE FROM {OUTBOX_TABLE}"));
+    rule.push_where(&mut sql);
+    sql.push(" AND id = ANY(CAST(")
+        .bind(format!("{{{ids}}}").into())
+        .push(&format!(" AS BIGINT[])) RETURNING {KEPT_COLUMNS}) "));
+    push_insert_head(&mut sql);
+    sql.push(" ");
+    push_kept(&mut sql, rule);
+    sql.push(", ")
+        .time(DbTime::NOW)
+        .push(&format!(" FROM moved WHERE {each_row}"));
+    Some(sql.build())
 }
