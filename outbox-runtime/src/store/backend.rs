@@ -46,15 +46,6 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// instant the SDK writes or compares is this expression (see `clock`).
     fn time_expression(&self, offset: Option<&str>) -> String;
 
-    /// The instant `t` as an expression with its offset written as a literal, for statements
-    /// not built with [`Sql`](super::sql::Sql) (the offset is a number this process made, never input).
-    fn time_literal(&self, t: super::DbTime) -> String {
-        match t.offset_micros() {
-            0 => self.time_expression(None),
-            offset => self.time_expression(Some(&offset.to_string())),
-        }
-    }
-
     /// A timestamp column value.
     fn timestamp(&self, t: DateTime<Utc>) -> Value {
         t.into()

@@ -41,6 +41,7 @@ pub(crate) struct Heard {
 
 impl Heard {
     /// Something was heard (or may have been missed): count it and wake the loop.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn heard(&self) {
         self.count.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_one();
@@ -59,6 +60,7 @@ impl Heard {
         self.listening.load(Ordering::SeqCst).then_some(count)
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn listening(&self, on: bool) {
         self.listening.store(on, Ordering::SeqCst);
         // A change either way may hide a notification: count it.
