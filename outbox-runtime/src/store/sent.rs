@@ -59,17 +59,11 @@ pub(crate) async fn move_sent(
     }
     let dialect = Dialect::of(txn);
     if dialect.moves_in_one_statement() {
-        let mut sql = Sql::new(dialect);
-        sql.push(&format!("WITH moved AS (DELETE FROM {OUTBOX_TABLE}"));
-        rule.push_where(&mut sql);
-        sql.push(" AND id IN ")
-            .bind_list(ids.iter().map(|id| Value::from(*id)));
-        sql.push(&format!(" RETURNING {KEPT_COLUMNS}) "));
-        push_insert_head(&mut sql);
-        sql.push(" ");
-        push_kept(&mut sql, rule);
-        sql.push(", ").time(DbTime::NOW).push(" FROM moved");
-        return Ok(txn.execute_raw(sql.build()).await?.rows_affected());
+        let statement = move_statement(dialect, rule, "", |sql| {
+            sql.push(" AND id IN ")
+                .bind_list(ids.iter().map(|id| Value::from(*id)));
+        });
+        return Ok(txn.execute_raw(statement).await?.rows_affected());
     }
 
     let mut copy = Sql::new(dialect);
@@ -128,17 +122,32 @@ pub(crate) fn move_sent_at_once(
 ) -> Option<sea_orm::Statement> {
     let each_row = dialect.lazy_commit_condition()?;
     let ids = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let tail = format!(" WHERE {each_row}");
+    Some(move_statement(dialect, rule, &tail, |sql| {
+        sql.push(" AND id = ANY(CAST(")
+            .bind(format!("{{{ids}}}").into())
+            .push(" AS BIGINT[]))");
+    }))
+}
+
+/// `WITH moved AS (DELETE … <rule> <ids> RETURNING …) INSERT INTO outbox_sent … FROM moved<tail>`:
+/// the move in one statement, the ids' condition written by `push_ids`.
+fn move_statement(
+    dialect: Dialect,
+    rule: &dyn MoveRule,
+    tail: &str,
+    push_ids: impl FnOnce(&mut Sql),
+) -> sea_orm::Statement {
     let mut sql = Sql::new(dialect);
     sql.push(&format!("WITH moved AS (DELETE FROM {OUTBOX_TABLE}"));
     rule.push_where(&mut sql);
-    sql.push(" AND id = ANY(CAST(")
-        .bind(format!("{{{ids}}}").into())
-        .push(&format!(" AS BIGINT[])) RETURNING {KEPT_COLUMNS}) "));
+    push_ids(&mut sql);
+    sql.push(&format!(" RETURNING {KEPT_COLUMNS}) "));
     push_insert_head(&mut sql);
     sql.push(" ");
     push_kept(&mut sql, rule);
     sql.push(", ")
         .time(DbTime::NOW)
-        .push(&format!(" FROM moved WHERE {each_row}"));
-    Some(sql.build())
+        .push(&format!(" FROM moved{tail}"));
+    sql.build()
 }
