@@ -59,6 +59,10 @@ pub(crate) struct BufferMark {
     after_commit: usize,
 }
 
+/// A delayed event as buffered, with its instant when it has one (the test kit's view).
+#[cfg(feature = "testing")]
+pub(crate) type BufferedScheduled = (PendingEvent, Option<chrono::DateTime<chrono::Utc>>);
+
 /// A callback run once the outermost transaction committed.
 type AfterCommit = Box<dyn FnOnce() + Send + 'static>;
 
@@ -413,6 +417,25 @@ impl OutboxTransaction {
     /// How many events are buffered at this level.
     pub fn buffered(&self) -> usize {
         lock(&self.buffer).events.len()
+    }
+
+    /// Copies of the events and delayed events buffered at this level (the test kit's view;
+    /// a delayed event with its instant when it has one).
+    #[cfg(feature = "testing")]
+    pub(crate) fn buffered_events(&self) -> (Vec<PendingEvent>, Vec<BufferedScheduled>) {
+        let buffer = lock(&self.buffer);
+        let scheduled = buffer
+            .scheduled
+            .iter()
+            .map(|s| {
+                let at = match s.due {
+                    Due::At(at) => Some(at),
+                    Due::After(_) => None,
+                };
+                (s.event.clone(), at)
+            })
+            .collect();
+        (buffer.events.clone(), scheduled)
     }
 
     /// The outbox handle this transaction belongs to.

@@ -18,6 +18,9 @@ pub struct InboxConfig {
     pub(crate) subscribe: SubscribeOptions,
     pub(crate) resubscribe: Backoff,
     pub(crate) commit_batch: usize,
+    /// Failures injected into handlers' attempts (the test kit's).
+    #[cfg(feature = "testing")]
+    pub(crate) faults: Option<crate::testing::HandlerFaults>,
 }
 
 impl Default for InboxConfig {
@@ -37,6 +40,8 @@ impl Default for InboxConfig {
                 jitter: 0.2,
             },
             commit_batch: 32,
+            #[cfg(feature = "testing")]
+            faults: None,
         }
     }
 }
@@ -80,5 +85,15 @@ crate::util::setters! {
         /// 1 commits each delivery on its own. A batch never waits for more deliveries: it takes
         /// what has arrived.
         commit_batch: usize,
+    }
+}
+
+#[cfg(feature = "testing")]
+impl InboxConfig {
+    /// Inject `faults` into the attempts of the handlers run with this configuration (feature
+    /// `testing`; see [`HandlerFaults`](crate::testing::HandlerFaults)).
+    pub fn faults(mut self, faults: &crate::testing::HandlerFaults) -> Self {
+        self.faults = Some(faults.clone());
+        self
     }
 }

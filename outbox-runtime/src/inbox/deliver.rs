@@ -52,7 +52,7 @@ impl Consumer {
     /// behind it: while the database is unreachable (or the error is a deadlock) until it
     /// answers again or the runtime shuts down, otherwise a few times. Only then nack it for
     /// the broker to redeliver.
-    pub(super) async fn deliver(
+    pub(crate) async fn deliver(
         &self,
         delivery: Delivery,
         decoded: Result<Envelope, String>,

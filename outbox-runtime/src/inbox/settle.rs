@@ -84,6 +84,17 @@ impl Consumer {
             attempt,
             traceparent = envelope.traceparent.as_deref().unwrap_or(""),
         );
+        #[cfg(feature = "testing")]
+        let injected = self
+            .config
+            .faults
+            .as_ref()
+            .and_then(|faults| faults.take(self.name, &envelope.event_type));
+        #[cfg(feature = "testing")]
+        let injected = match injected {
+            Some(fault) if !fault.after_running => return Err(fault.error),
+            other => other,
+        };
         let handler = AssertUnwindSafe((reg.handler)(itx, envelope, attempt)).catch_unwind();
         let parent = envelope
             .traceparent
@@ -101,6 +112,10 @@ impl Consumer {
             None => handler.instrument(span).await,
         };
         crate::metrics::handler_duration(self.name, &envelope.event_type, started.elapsed());
+        #[cfg(feature = "testing")]
+        if let (Some(fault), Ok(Ok(()))) = (injected, &outcome) {
+            return Err(fault.error);
+        }
         match outcome {
             Ok(result) => result,
             Err(panic) => {

@@ -53,7 +53,10 @@ impl Consumer {
     }
 
     /// One worker round: claim, handle per aggregate in order, aggregates in parallel.
-    async fn work_once(&self, shutdown: &CancellationToken) -> Result<usize, sea_orm::DbErr> {
+    pub(crate) async fn work_once(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<usize, sea_orm::DbErr> {
         let params = ClaimParams {
             owner: &self.worker_id,
             batch_size: self.config.batch_size,

@@ -35,6 +35,8 @@ pub mod health;
 pub mod inbox;
 pub mod inbox_done;
 pub mod keys;
+#[cfg(feature = "testing")]
+pub mod kit;
 pub mod lease;
 pub mod local;
 pub mod mysql;
