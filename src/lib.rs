@@ -41,6 +41,9 @@ pub use outbox_runtime::{admin, catalogue, metrics, retention, upcast};
 #[cfg(feature = "catalogue")]
 pub use outbox_runtime::__private01::schemars;
 
+#[cfg(feature = "testing")]
+pub mod testing;
+
 /// The SQL layer, for the SDK's own tests and benchmarks (feature `test-util`): not covered by
 /// semver.
 #[cfg(feature = "test-util")]
