@@ -83,3 +83,6 @@ pub use outbox_runtime::__private01::sea_orm;
 pub mod __private01 {
     pub use outbox_runtime::__private01::*;
 }
+
+#[cfg(doctest)]
+mod guide;
