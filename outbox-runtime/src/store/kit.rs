@@ -317,7 +317,7 @@ pub async fn moving<C: ConnectionTrait>(conn: &C) -> Result<KitMoving, DbErr> {
     Ok(moving)
 }
 
-/// How many due times [`bring_forward`] moved.
+/// How many retries and delayed events [`bring_forward`] or [`shift_due`] made due.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KitBroughtForward {
     /// Outbox retries (`outbox_event`, `RETRY`).
@@ -328,44 +328,87 @@ pub struct KitBroughtForward {
     pub message_retries: u64,
 }
 
-/// Make due now, by the database's clock, every retry and delayed event due within `within`
-/// (all of them with `None`): their due times are set to the database's current time, which
-/// stays the one clock the relay and the workers read.
-pub async fn bring_forward<C: ConnectionTrait>(
-    conn: &C,
-    within: Option<Duration>,
-) -> Result<KitBroughtForward, DbErr> {
+/// The due times the kit moves: `(table, column, status that must hold)`.
+fn due_columns() -> [(&'static str, &'static str, Option<String>); 3] {
+    [
+        (
+            OUTBOX_TABLE,
+            "next_attempt_at",
+            Some(OutboxStatus::in_list("", &[OutboxStatus::Retry])),
+        ),
+        (SCHEDULED_TABLE, "due_at", None),
+        (
+            INBOX_TABLE,
+            "next_attempt_at",
+            Some(InboxStatus::in_list("", &[InboxStatus::Retry])),
+        ),
+    ]
+}
+
+/// `{column} > now`, after the status the row must hold.
+fn push_not_yet_due(sql: &mut Sql, column: &str, status: &Option<String>) {
+    if let Some(status) = status {
+        sql.push(status).push(" AND ");
+    }
+    sql.push(&format!("{column} > ")).time(DbTime::NOW);
+}
+
+/// Make due now, by the database's clock, every retry and delayed event not yet due: their due
+/// times are set to the database's current time, which stays the one clock the relay and the
+/// workers read.
+pub async fn bring_forward<C: ConnectionTrait>(conn: &C) -> Result<KitBroughtForward, DbErr> {
     let dialect = Dialect::of(conn);
-    let update = |table: &str, column: &str, status: Option<&str>| {
+    let mut moved = [0u64; 3];
+    for (i, (table, column, status)) in due_columns().into_iter().enumerate() {
         let mut sql = Sql::new(dialect);
         sql.push(&format!("UPDATE {table} SET {column} = "))
             .time(DbTime::NOW)
             .push(" WHERE ");
-        if let Some(status) = status {
-            sql.push(status).push(" AND ");
-        }
-        sql.push(&format!("{column} > ")).time(DbTime::NOW);
-        if let Some(within) = within {
-            sql.push(&format!(" AND {column} <= "))
-                .time(DbTime::after(within));
-        }
-        sql.build()
-    };
-    let retry_out = OutboxStatus::in_list("", &[OutboxStatus::Retry]);
-    let retry_in = InboxStatus::in_list("", &[InboxStatus::Retry]);
+        push_not_yet_due(&mut sql, column, &status);
+        moved[i] = conn.execute_raw(sql.build()).await?.rows_affected();
+    }
     Ok(KitBroughtForward {
-        event_retries: conn
-            .execute_raw(update(OUTBOX_TABLE, "next_attempt_at", Some(&retry_out)))
-            .await?
-            .rows_affected(),
-        scheduled: conn
-            .execute_raw(update(SCHEDULED_TABLE, "due_at", None))
-            .await?
-            .rows_affected(),
-        message_retries: conn
-            .execute_raw(update(INBOX_TABLE, "next_attempt_at", Some(&retry_in)))
-            .await?
-            .rows_affected(),
+        event_retries: moved[0],
+        scheduled: moved[1],
+        message_retries: moved[2],
+    })
+}
+
+/// What `by` of waiting does to due times: every retry and delayed event not yet due has its
+/// due time moved `by` earlier (never before the database's current time); those it reaches
+/// are due now, and the count says how many. Calls add up.
+pub async fn shift_due<C: ConnectionTrait>(
+    conn: &C,
+    by: Duration,
+) -> Result<KitBroughtForward, DbErr> {
+    let dialect = Dialect::of(conn);
+    let now = super::sql::database_now(conn).await?;
+    let by = chrono::Duration::from_std(by).unwrap_or(chrono::Duration::MAX);
+    let mut due = [0u64; 3];
+    for (i, (table, column, status)) in due_columns().into_iter().enumerate() {
+        let mut sql = Sql::new(dialect);
+        sql.push(&format!("SELECT id, {column} AS due FROM {table} WHERE "));
+        push_not_yet_due(&mut sql, column, &status);
+        for row in conn.query_all_raw(sql.build()).await? {
+            let id = get_i64(&row, "id")?;
+            let old = dialect.get_timestamp(&row, "due")?;
+            let new = old.checked_sub_signed(by).unwrap_or(now);
+            let mut sql = Sql::new(dialect);
+            sql.push(&format!("UPDATE {table} SET {column} = "));
+            if new <= now {
+                sql.time(DbTime::NOW);
+                due[i] += 1;
+            } else {
+                sql.bind(dialect.timestamp(new));
+            }
+            sql.push(" WHERE id = ").bind(id.into());
+            conn.execute_raw(sql.build()).await?;
+        }
+    }
+    Ok(KitBroughtForward {
+        event_retries: due[0],
+        scheduled: due[1],
+        message_retries: due[2],
     })
 }
 

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, fmt};
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DbErr};
+use sea_orm::{DatabaseConnection, DbErr};
 use serde::de::DeserializeOwned;
 
 use crate::{
@@ -322,7 +322,7 @@ impl Mark {
     }
 
     /// Now: rows written after this call.
-    pub async fn now<C: ConnectionTrait>(db: &C) -> Result<Mark, DbErr> {
+    pub async fn now(db: &DatabaseConnection) -> Result<Mark, DbErr> {
         store::kit::mark(db).await.map(Mark)
     }
 }
@@ -339,7 +339,7 @@ impl Mark {
 /// assert_eq!(committed.for_aggregate(42).types(), ["order.placed"]);
 /// # Ok(()) }
 /// ```
-pub async fn events<C: ConnectionTrait>(db: &C, since: &Mark) -> Result<Events, DbErr> {
+pub async fn events(db: &DatabaseConnection, since: &Mark) -> Result<Events, DbErr> {
     let rows = store::kit::events_since(db, &since.0).await?;
     Ok(Events {
         events: rows.into_iter().map(CapturedEvent::from_row).collect(),

@@ -57,17 +57,18 @@ pub use crate::store::kit::KitBroughtForward as BroughtForward;
 /// Make every retry (of a publish or of a handler) and every delayed event due now, by the
 /// database's clock. A running runtime picks them up at its next poll ([`relay_config`],
 /// [`inbox_config`]: every few milliseconds).
-pub async fn make_due<C: sea_orm::ConnectionTrait>(db: &C) -> Result<BroughtForward, KitError> {
-    Ok(crate::store::kit::bring_forward(db, None).await?)
+pub async fn make_due(db: &sea_orm::DatabaseConnection) -> Result<BroughtForward, KitError> {
+    Ok(crate::store::kit::bring_forward(db).await?)
 }
 
-/// What `by` of waiting would do: every retry and delayed event due within `by` of the
-/// database's current time becomes due now; later ones keep their time.
-pub async fn advance<C: sea_orm::ConnectionTrait>(
-    db: &C,
+/// What `by` of waiting does, without waiting: every retry and delayed event not yet due has
+/// its due time moved `by` earlier, by the database's clock; those it reaches are due now (the
+/// count says how many). Calls add up: `advance(23 h)` then `advance(1 h)` is a day.
+pub async fn advance(
+    db: &sea_orm::DatabaseConnection,
     by: Duration,
 ) -> Result<BroughtForward, KitError> {
-    Ok(crate::store::kit::bring_forward(db, Some(by)).await?)
+    Ok(crate::store::kit::shift_due(db, by).await?)
 }
 
 /// A relay configuration for tests: polls every 10 ms, retries a failed publish after 10 ms

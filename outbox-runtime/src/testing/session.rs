@@ -230,7 +230,7 @@ impl Session {
         let started = Instant::now();
         loop {
             if self.skip_backoff {
-                store::kit::bring_forward(&self.db, None).await?;
+                store::kit::bring_forward(&self.db).await?;
             }
             let moving = self.moving().await?;
             if moving.is_empty() {
