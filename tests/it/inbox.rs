@@ -965,3 +965,30 @@ async fn the_instance_id_names_the_relay_and_the_workers() {
         "{owner}"
     );
 }
+
+/// The test kit shows the aggregate-version guard: a version older than one handled is
+/// recognised as stale and has no effect.
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn the_kit_shows_the_version_guard_dropping_a_stale_event() {
+    let Some(t) = test_db(Backend::SqliteMemory, "kit_versioned").await else {
+        return;
+    };
+    let consumer = outbox::testing::TestConsumer::new("t-versioned", &t.db).unwrap();
+    let newer = CartRepriced {
+        cart: "kit".into(),
+        version: 2,
+    };
+    assert!(consumer.deliver(&newer).await.unwrap().is_done());
+    let stale = consumer
+        .deliver(&CartRepriced {
+            cart: "kit".into(),
+            version: 1,
+        })
+        .await
+        .unwrap();
+    assert!(stale.is_done(), "{stale:?}");
+    let effects = effects(&t.db).await;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(effects[0].seq, 2);
+}

@@ -35,6 +35,8 @@ mod inbox;
 mod inbox_nats;
 mod inbox_rotation;
 mod janitor;
+#[cfg(feature = "testing")]
+mod kit;
 mod metrics;
 mod migrations;
 #[cfg(all(feature = "opentelemetry", feature = "nats"))]

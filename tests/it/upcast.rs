@@ -383,3 +383,43 @@ async fn handled(db: &sea_orm::DatabaseConnection) -> Vec<(String, i64)> {
     handled.sort();
     handled
 }
+
+/// The test kit delivers a version 1 event to the handler of version 3: the upcasters run, and
+/// one that refuses the payload sends the message DEAD with its reason.
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn the_kit_delivers_an_old_version_through_the_upcasters() {
+    let Some(t) = test_db(Backend::Postgres, "kit_upcast").await else {
+        return;
+    };
+    let consumer = outbox::testing::TestConsumer::new("t-upcast", &t.db).unwrap();
+    let outcome = consumer
+        .deliver(&OrderPlacedV1 {
+            order: "kit-1".into(),
+            total: 12.5,
+        })
+        .await
+        .unwrap();
+    assert!(outcome.is_done(), "{outcome:?}");
+    let effects = effects(&t.db).await;
+    assert_eq!(effects.len(), 1);
+    assert_eq!(
+        (effects[0].cart.as_str(), effects[0].seq),
+        ("kit-1:EUR:v1", 1250)
+    );
+    let refused = consumer
+        .deliver(&OrderPlacedV1 {
+            order: "kit-2".into(),
+            total: -1.0,
+        })
+        .await
+        .unwrap();
+    assert!(refused.is_dead(), "{refused:?}");
+    assert!(
+        refused
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("a negative total (-1) has no version 3")),
+        "{refused:?}"
+    );
+}

@@ -663,3 +663,39 @@ mod database_down {
         run(Backend::SqliteFile, "lf").await;
     }
 }
+
+/// The test kit records a provider's message in the external inbox as the endpoint does and
+/// works it: the handler's effect, and the same message (or the same payment under another id)
+/// recognised as a duplicate.
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn the_kit_receives_a_webhook_message_and_recognises_it_again() {
+    use outbox::inbox::{IncomingMessage, Receipt};
+    let Some(t) = test_db(Backend::Postgres, "kit_webhook").await else {
+        return;
+    };
+    let payments = outbox::testing::TestConsumer::new(CONSUMER, &t.db).unwrap();
+    let message = |id: &str| {
+        IncomingMessage::new(
+            CONSUMER,
+            SOURCE,
+            id,
+            "payment.succeeded",
+            event(id, "pay_kit_1", "cus_kit", 4200),
+        )
+        .business_key("pay_kit_1")
+    };
+    let (receipt, outcome) = payments.receive(&message("evt_kit_1")).await.unwrap();
+    assert!(receipt.is_new(), "{receipt:?}");
+    assert!(outcome.is_done(), "{outcome:?}");
+    let (again, _) = payments.receive(&message("evt_kit_1")).await.unwrap();
+    assert!(matches!(again, Receipt::Duplicate { .. }), "{again:?}");
+    let (same_payment, _) = payments.receive(&message("evt_kit_2")).await.unwrap();
+    assert!(!same_payment.is_new(), "{same_payment:?}");
+    let effects = effects(&t.db).await;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(
+        (effects[0].cart.as_str(), effects[0].seq),
+        ("pay_kit_1", 4200)
+    );
+}

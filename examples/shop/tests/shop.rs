@@ -29,7 +29,7 @@ fn require_services() -> bool {
 async fn databases() -> Vec<TestDb> {
     let mut dbs = vec![TestDb::sqlite().await.expect("SQLite in memory")];
     let url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     match TestDb::postgres(&url).await {
         Ok(db) => dbs.push(db),
         Err(e) if require_services() => panic!("PostgreSQL at {url}: {e}"),

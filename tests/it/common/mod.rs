@@ -45,7 +45,7 @@ pub fn postgres_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-fn mysql_admin_url() -> String {
+pub fn mysql_admin_url() -> String {
     std::env::var("OUTBOX_TEST_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }

@@ -1,0 +1,163 @@
+//! The test kit's own guarantees: a database per test on every backend, isolated and dropped;
+//! due times moved by the database's clock. (How the kit reads as a user's tests is shown by
+//! `examples/shop/tests/shop.rs`; the SDK's own tests use it in `inbox`, `upcast` and `webhooks`.)
+
+use std::time::Duration;
+
+use crate::common::*;
+use outbox::prelude::*;
+use outbox::sea_orm::{DatabaseConnection, DbBackend, Statement};
+use outbox::testing::{self, EventState, Mark, TestDb, TestDbKind};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, DomainEvent)]
+#[event(name = "kit.parcel_shipped", aggregate = "parcel")]
+struct ParcelShipped {
+    #[event(aggregate_id)]
+    parcel: i64,
+}
+
+async fn ship(db: &DatabaseConnection, parcel: i64) {
+    let tx = Outbox::new("kit").begin(db).await.unwrap();
+    tx.enqueue(&ParcelShipped { parcel }).unwrap();
+    let report = tx.commit().await.unwrap();
+    assert_eq!(report.written, 1);
+}
+
+/// Two test databases of a backend, or none (skipped) when its server does not answer.
+async fn pair(backend: Backend) -> Option<(TestDb, TestDb)> {
+    let make = || async {
+        match backend {
+            Backend::Postgres => TestDb::postgres(&postgres_admin_url()).await,
+            Backend::MySql => TestDb::mysql(&mysql_admin_url()).await,
+            _ => TestDb::sqlite().await,
+        }
+    };
+    match (make().await, make().await) {
+        (Ok(a), Ok(b)) => Some((a, b)),
+        (Err(e), _) | (_, Err(e)) => {
+            assert!(!services_required(), "{backend:?}: {e}");
+            eprintln!("SKIPPED: {backend:?} is not reachable ({e})");
+            None
+        }
+    }
+}
+
+/// Whether the schema or database `kind` names exists on its server.
+async fn exists(kind: &TestDbKind) -> bool {
+    let (url, sql, backend, name) = match kind {
+        TestDbKind::PostgresSchema(s) => (
+            postgres_admin_url(),
+            "SELECT 1 AS one FROM pg_namespace WHERE nspname = $1",
+            DbBackend::Postgres,
+            s.clone(),
+        ),
+        TestDbKind::MySqlDatabase(d) => (
+            mysql_admin_url(),
+            "SELECT 1 AS one FROM information_schema.schemata WHERE schema_name = ?",
+            DbBackend::MySql,
+            d.clone(),
+        ),
+        TestDbKind::SqliteMemory => return false,
+    };
+    let admin = connect(&url, 1).await.unwrap();
+    let found = admin
+        .query_one_raw(Statement::from_sql_and_values(backend, sql, [name.into()]))
+        .await
+        .unwrap()
+        .is_some();
+    admin.close().await.ok();
+    found
+}
+
+async fn isolated_and_dropped(backend: Backend) {
+    let Some((a, b)) = pair(backend).await else {
+        return;
+    };
+    if backend != Backend::SqliteMemory {
+        assert_ne!(a.kind(), b.kind());
+    }
+    ship(&a, 1).await;
+    ship(&a, 2).await;
+    ship(&b, 3).await;
+    let in_a = testing::events(&a, &Mark::start()).await.unwrap();
+    let in_b = testing::events(&b, &Mark::start()).await.unwrap();
+    assert_eq!(
+        in_a.of::<ParcelShipped>(),
+        [ParcelShipped { parcel: 1 }, ParcelShipped { parcel: 2 }]
+    );
+    assert_eq!(in_b.of::<ParcelShipped>(), [ParcelShipped { parcel: 3 }]);
+    let (kind_a, kind_b) = (a.kind().clone(), b.kind().clone());
+    if backend != Backend::SqliteMemory {
+        assert!(exists(&kind_a).await, "{kind_a:?} was not made");
+    }
+    a.cleanup().await.unwrap();
+    b.cleanup().await.unwrap();
+    assert!(!exists(&kind_a).await, "{kind_a:?} was not dropped");
+    assert!(!exists(&kind_b).await, "{kind_b:?} was not dropped");
+}
+
+#[tokio::test]
+async fn test_databases_are_isolated_and_dropped_on_sqlite() {
+    isolated_and_dropped(Backend::SqliteMemory).await;
+}
+
+#[tokio::test]
+async fn test_databases_are_isolated_and_dropped_on_postgres() {
+    isolated_and_dropped(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn test_databases_are_isolated_and_dropped_on_mysql() {
+    isolated_and_dropped(Backend::MySql).await;
+}
+
+async fn due_times_move_by_the_database_clock(backend: Backend) {
+    let Some((db, other)) = pair(backend).await else {
+        return;
+    };
+    let tx = Outbox::new("kit").begin(&db).await.unwrap();
+    tx.enqueue_after(&ParcelShipped { parcel: 9 }, Duration::from_secs(3600))
+        .unwrap();
+    assert_eq!(tx.commit().await.unwrap().scheduled, 1);
+    let due_at = |events: &testing::Events| match events.all()[0].state {
+        EventState::Scheduled(Some(at)) => at,
+        ref other => panic!("not scheduled: {other:?}"),
+    };
+    let first = due_at(&testing::events(&db, &Mark::start()).await.unwrap());
+
+    // Half an hour of waiting: still scheduled, thirty minutes sooner.
+    let moved = testing::advance(&db, Duration::from_secs(1800))
+        .await
+        .unwrap();
+    assert_eq!(moved.scheduled, 0);
+    let second = due_at(&testing::events(&db, &Mark::start()).await.unwrap());
+    assert_eq!((first - second).num_seconds(), 1800);
+
+    // Another 31 minutes: due now, by the database's clock.
+    let moved = testing::advance(&db, Duration::from_secs(31 * 60))
+        .await
+        .unwrap();
+    assert_eq!(moved.scheduled, 1);
+    let now = outbox::store::database_now(&*db).await.unwrap();
+    let third = due_at(&testing::events(&db, &Mark::start()).await.unwrap());
+    assert!(third <= now, "{third} is after the database's {now}");
+    assert_eq!(testing::make_due(&db).await.unwrap().scheduled, 0);
+    db.cleanup().await.unwrap();
+    other.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn due_times_move_by_the_database_clock_on_sqlite() {
+    due_times_move_by_the_database_clock(Backend::SqliteMemory).await;
+}
+
+#[tokio::test]
+async fn due_times_move_by_the_database_clock_on_postgres() {
+    due_times_move_by_the_database_clock(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn due_times_move_by_the_database_clock_on_mysql() {
+    due_times_move_by_the_database_clock(Backend::MySql).await;
+}
