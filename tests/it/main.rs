@@ -16,6 +16,7 @@ mod common;
 
 mod admin;
 mod bad_input;
+mod book;
 #[cfg(feature = "catalogue")]
 mod catalogue;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
