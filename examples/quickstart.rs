@@ -16,7 +16,8 @@
 //! Finally one event is sent again, as an operator's `resend` would: the inbox suppresses the
 //! duplicate, so nothing is handled twice.
 //!
-//! The same binary prints its event catalogue (see the README's "Event catalogue"):
+//! The same binary prints its event catalogue (see "The event catalogue" in the guide,
+//! book/src/evolving.md):
 //!
 //! ```sh
 //! cargo run --example quickstart --features catalogue -- catalogue

@@ -16,8 +16,8 @@
 //! previous-release consumer. The rotation is therefore switched on by its rows in
 //! `outbox_rotation`: this migration adds them only while `inbox_event` is empty (a new
 //! installation); elsewhere an operator adds them once no consumer of the previous release runs
-//! (README, "Handled messages in their own table"). Until then this release records messages
-//! as the previous one did.
+//! (the guide, book/src/upgrades.md, "Handled messages in their own table"). Until then this
+//! release records messages as the previous one did.
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::{DbBackend, Statement};

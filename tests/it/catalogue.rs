@@ -390,7 +390,8 @@ fn the_quickstart_binary_matches_its_committed_catalogue() {
         json!(["order_id", "customer", "sku", "quantity"])
     );
 
-    // The README's AsyncAPI document is the binary's, and the parser accepts it.
+    // The committed AsyncAPI document the guide points to is the binary's, and the parser
+    // accepts it.
     let rendered = run(Command::new(&example).args([
         "catalogue",
         "asyncapi",

@@ -234,7 +234,7 @@ const DEFAULT_ROTATIONS: [(&str, i64, i32); 2] =
 /// `outbox_0014` runs against this database, handled messages go to `inbox_done` and keys to
 /// `inbox_key` (the migration switches it on by itself where `inbox_event` was empty). Returns
 /// whether it was off; `false` also where the backend keeps handled messages in `inbox_event`.
-/// The same as the SQL the README gives (`admin::rotate_inbox` for users).
+/// The same as the SQL the guide gives in book/src/upgrades.md (`admin::rotate_inbox` for users).
 pub(crate) async fn switch_on<C: ConnectionTrait>(conn: &C) -> Result<bool, DbErr> {
     if !Dialect::of(conn).rotates_inbox() {
         return Ok(false);
