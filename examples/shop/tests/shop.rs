@@ -373,3 +373,26 @@ async fn the_message_states_a_test_sees() {
         assert_eq!(outcome.consumer, "notification");
     }
 }
+
+// 2. A foreign or broken body: kept DEAD, with its bytes and the reason, for an operator.
+#[tokio::test]
+async fn a_broken_message_is_kept_dead_for_an_operator() {
+    for db in databases().await {
+        let inventory = TestConsumer::new("inventory", &db).unwrap();
+        let outcome = inventory
+            .deliver_bytes(b"{\"not\": \"a CloudEvent\"")
+            .await
+            .unwrap();
+        assert!(outcome.is_dead(), "{outcome:?}");
+        assert!(
+            outcome
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("undecodable message")),
+            "{outcome:?}"
+        );
+        assert!(outcome.acked); // kept in the inbox, so the broker need not keep it
+        assert_eq!(outcome.counted.dead, 1);
+        assert_eq!(shop::available(&db, "kettle").await.unwrap(), 10);
+    }
+}

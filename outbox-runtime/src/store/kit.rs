@@ -212,8 +212,13 @@ fn message_row(dialect: Dialect, row: &QueryResult, done: bool) -> Result<KitMes
         id: get_i64(row, "id")?,
         consumer: row.try_get("", "consumer")?,
         message_id: row.try_get("", "message_id")?,
-        event_type: row.try_get("", "event_type")?,
-        source: row.try_get("", "source")?,
+        // An undecodable delivery is kept without a type or a source.
+        event_type: row
+            .try_get::<Option<String>>("", "event_type")?
+            .unwrap_or_default(),
+        source: row
+            .try_get::<Option<String>>("", "source")?
+            .unwrap_or_default(),
         aggregate_id: row.try_get("", "aggregate_id")?,
         attempts: get_i64(row, "attempts")?,
         last_error: if done {

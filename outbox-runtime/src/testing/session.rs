@@ -42,9 +42,9 @@ pub struct Message {
     pub consumer: String,
     /// The message's id (an SDK event's id, or the sender's).
     pub message_id: String,
-    /// Its type.
+    /// Its type (empty for an undecodable message).
     pub event_type: String,
-    /// Who sent it.
+    /// Who sent it (empty for an undecodable message).
     pub source: String,
     /// Its aggregate's id, when it has one.
     pub aggregate_id: Option<String>,
