@@ -61,7 +61,6 @@ pub mod store;
 #[cfg(not(feature = "test-util"))]
 #[allow(unreachable_pub)]
 pub(crate) mod store;
-/// The test kit, for the tests of a service using this SDK (feature `testing`).
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;

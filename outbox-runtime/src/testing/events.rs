@@ -13,7 +13,7 @@ use crate::{
         self,
         kit::{KitEventRow, KitMark},
     },
-    transaction::OutboxTransaction,
+    transaction::{OutboxTransaction, PendingEvent},
 };
 
 /// Where an event is.
@@ -271,26 +271,7 @@ impl fmt::Display for Events {
 /// before the commit: events, then delayed events. Which ones a dedup key makes the commit skip
 /// is known at the commit: see [`CommitReport::skipped`](crate::CommitReport::skipped).
 pub fn enqueued(tx: &OutboxTransaction) -> Events {
-    let (events, scheduled) = tx.buffered_events();
-    let mut captured: Vec<CapturedEvent> = events
-        .into_iter()
-        .map(|e| {
-            CapturedEvent::from_parts(
-                e.event_id,
-                e.event_type.into_owned(),
-                e.schema_version,
-                (
-                    e.aggregate_type.into_owned(),
-                    e.aggregate_id,
-                    e.aggregate_version,
-                ),
-                e.dedup_key,
-                &e.payload,
-                &e.headers,
-            )
-        })
-        .collect();
-    for (e, at) in scheduled {
+    let buffered = |e: PendingEvent, state: EventState| {
         let mut event = CapturedEvent::from_parts(
             e.event_id,
             e.event_type.into_owned(),
@@ -304,9 +285,19 @@ pub fn enqueued(tx: &OutboxTransaction) -> Events {
             &e.payload,
             &e.headers,
         );
-        event.state = EventState::Scheduled(at);
-        captured.push(event);
-    }
+        event.state = state;
+        event
+    };
+    let (events, scheduled) = tx.buffered_events();
+    let mut captured: Vec<CapturedEvent> = events
+        .into_iter()
+        .map(|e| buffered(e, EventState::Buffered))
+        .collect();
+    captured.extend(
+        scheduled
+            .into_iter()
+            .map(|(e, at)| buffered(e, EventState::Scheduled(at))),
+    );
     Events { events: captured }
 }
 
