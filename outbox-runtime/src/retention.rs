@@ -40,8 +40,10 @@
 //! [`redelivery_horizon`] adds them up; [`RetentionPolicy::validate`] refuses a policy whose
 //! `done_after` is shorter. With the database-local transport the broker window is zero.
 //!
-//! `sent_after` is also the producer-side deduplication window: an event's `dedup_key` is
-//! enforced by the unique index only while its row exists.
+//! The producer-side deduplication window does not depend on `sent_after`: an event's
+//! `dedup_key` is refused by the unique index while the event is unsent, and by `outbox_key`
+//! for at least one rotation period (a week by default) after that, whether its sent row is
+//! still kept or not.
 //!
 //! **One instance at a time.** [`purge_once_if_leader`] runs a purge only in the instance that
 //! holds the lease row `retention` of the table `outbox_lease` (same SQL on PostgreSQL, MySQL and
