@@ -161,3 +161,52 @@ async fn due_times_move_by_the_database_clock_on_postgres() {
 async fn due_times_move_by_the_database_clock_on_mysql() {
     due_times_move_by_the_database_clock(Backend::MySql).await;
 }
+
+/// PostgreSQL schemas are migrated ahead, in the background, and taken by renaming; one migrated
+/// by other migrations is never taken, and is dropped.
+#[tokio::test]
+async fn postgres_schemas_are_migrated_ahead_and_others_migrations_dropped() {
+    let url = postgres_admin_url();
+    let admin = match connect(&url, 1).await {
+        Ok(admin) => admin,
+        Err(e) => {
+            assert!(!services_required(), "PostgreSQL: {e}");
+            return;
+        }
+    };
+    let foreign = "outbox_ready_00000000_1_1_1";
+    admin
+        .execute_unprepared(&format!("CREATE SCHEMA IF NOT EXISTS {foreign}"))
+        .await
+        .unwrap();
+    let first = TestDb::postgres(&url).await.unwrap();
+    let ready = |admin: DatabaseConnection| async move {
+        admin
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'outbox\\_ready\\_%'",
+            ))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.try_get::<String>("", "nspname").unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert!(!ready(admin.clone()).await.contains(&foreign.to_owned()));
+    // The replenishing thread leaves at least one migrated schema ready.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ready(admin.clone()).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no schema was made ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = TestDb::postgres(&url).await.unwrap();
+    ship(&second, 5).await;
+    let events = testing::events(&second, &Mark::start()).await.unwrap();
+    assert_eq!(events.of::<ParcelShipped>(), [ParcelShipped { parcel: 5 }]);
+    first.cleanup().await.unwrap();
+    second.cleanup().await.unwrap();
+    admin.close().await.ok();
+}
