@@ -29,6 +29,8 @@ mod conformance;
 #[cfg(feature = "console")]
 mod console;
 mod delayed;
+#[cfg(feature = "testing")]
+mod failure_groups;
 mod fast_path;
 mod golden_sql;
 mod inbox;

@@ -1,7 +1,9 @@
 //! The admin API: see what is stuck, how far behind each side is and what died, and fix it.
 //!
-//! Read-only: [`status`], [`dead_letters`], [`dead_letter`], [`audit_log`] and [`doctor()`].
-//! State changes: [`replay`], [`ignore`] and [`resend`], each one short transaction that
+//! Read-only: [`status`], [`dead_letters`], [`dead_letter`], [`failure_groups`], [`audit_log`]
+//! and [`doctor()`].
+//! State changes: [`replay`], [`ignore`] and [`resend`] (and [`replay_group`], [`ignore_group`]
+//! for a whole [`FailureGroup`]), each one short transaction that
 //!
 //! - moves only rows in the state the action expects (the expected status is part of the
 //!   `UPDATE`): a row that is in another state, or gone, is left alone and listed in
@@ -45,6 +47,7 @@ pub mod bounds;
 mod dead_letters;
 mod doctor;
 mod duration;
+mod groups;
 mod status;
 mod storage;
 
@@ -63,6 +66,10 @@ pub use actions::{
 pub use dead_letters::{Page, dead_letter, dead_letters};
 pub use doctor::{DoctorOptions, DoctorReport, Finding, Severity, doctor};
 pub use duration::{HumanBytes, HumanDuration};
+pub use groups::{
+    FailureGroup, GROUP_SCAN_LIMIT, error_fingerprint, failure_groups, ignore_group,
+    normalise_error, replay_group,
+};
 pub use status::{
     ConsumerStatus, OutboxStatus, RelayStatus, Status, StatusCounts, WalSlotStatus, status,
 };

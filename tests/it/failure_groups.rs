@@ -1,0 +1,130 @@
+//! Dead letters grouped by error (`admin::failure_groups`), and a whole group replayed or
+//! ignored in one audited action. The dead letters are made with the test kit.
+
+use crate::common::*;
+use outbox::admin::{self, Actor, DeadLetterFilter, Source};
+use outbox::prelude::*;
+use outbox::testing::{TestConsumer, TestDb as KitDb};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
+#[event(name = "groups.parcel_booked", aggregate = "parcel")]
+struct ParcelBooked {
+    #[event(aggregate_id)]
+    parcel: i64,
+    kilos: i64,
+    address: String,
+}
+
+/// Refuses heavy parcels and unknown addresses, for good.
+#[inbox_handler(consumer = "t-groups")]
+async fn book(_tx: &InboxTransaction, event: Event<ParcelBooked>) -> Result<(), HandlerError> {
+    if event.kilos > 30 {
+        return Err(HandlerError::permanent(format!(
+            "parcel {} weighs {} kg, over the 30 kg limit",
+            event.parcel, event.kilos
+        )));
+    }
+    Err(HandlerError::permanent(format!(
+        "address '{}' is unknown (parcel {})",
+        event.address, event.parcel
+    )))
+}
+
+async fn grouped_and_settled_as_one(db: KitDb) {
+    let consumer = TestConsumer::new("t-groups", &db).unwrap();
+    for (parcel, kilos, address) in [
+        (1, 40, "1 Main St"),
+        (2, 55, "2 Main St"),
+        (3, 31, "3 Main St"),
+        (4, 5, "Nowhere 9"),
+        (5, 2, "Atlantis"),
+    ] {
+        let outcome = consumer
+            .deliver(&ParcelBooked {
+                parcel,
+                kilos,
+                address: address.into(),
+            })
+            .await
+            .unwrap();
+        assert!(outcome.is_dead(), "{outcome:?}");
+    }
+    let groups = admin::failure_groups(&db, &DeadLetterFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(groups.len(), 2, "{groups:#?}");
+    let (heavy, unknown) = (&groups[0], &groups[1]);
+    assert_eq!(heavy.count, 3);
+    assert_eq!(
+        heavy.pattern,
+        "parcel <n> weighs <n> kg, over the <n> kg limit"
+    );
+    assert_eq!(heavy.example, "parcel 3 weighs 31 kg, over the 30 kg limit");
+    assert_eq!(heavy.source, Source::Inbox);
+    assert_eq!(heavy.consumers, ["t-groups"]);
+    assert_eq!(heavy.event_types, ["groups.parcel_booked"]);
+    assert!(heavy.first_seen <= heavy.last_seen);
+    assert_eq!(unknown.count, 2);
+    assert_eq!(unknown.pattern, "address '?' is unknown (parcel <n>)");
+
+    let replayed = admin::replay_group(
+        &db,
+        &heavy.fingerprint,
+        &Actor::new("ops").reason("limit raised"),
+    )
+    .await
+    .unwrap();
+    assert_eq!((replayed.outbox, replayed.inbox), (0, 3));
+    let ignored = admin::ignore_group(&db, &unknown.fingerprint, &Actor::new("ops"))
+        .await
+        .unwrap();
+    assert_eq!(ignored.inbox, 2);
+    let audit = admin::audit_log(&db, 2).await.unwrap();
+    assert_eq!(audit[0].action, "ignore");
+    assert_eq!(
+        audit[0].reason.as_deref(),
+        Some(
+            format!(
+                "failure group {} (address '?' is unknown (parcel <n>))",
+                unknown.fingerprint
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(audit[1].action, "replay");
+    assert!(
+        audit[1]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("limit raised; failure group ")),
+        "{audit:?}"
+    );
+    // Nothing is dead any more; an unknown group is an error that names it.
+    assert!(
+        admin::failure_groups(&db, &DeadLetterFilter::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let missing = admin::replay_group(&db, &heavy.fingerprint, &Actor::new("ops")).await;
+    assert!(
+        missing
+            .unwrap_err()
+            .to_string()
+            .contains(&heavy.fingerprint)
+    );
+}
+
+#[tokio::test]
+async fn dead_letters_are_grouped_by_error_and_settled_as_one_on_sqlite() {
+    grouped_and_settled_as_one(KitDb::sqlite().await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_grouped_by_error_and_settled_as_one_on_postgres() {
+    match KitDb::postgres(&postgres_admin_url()).await {
+        Ok(db) => grouped_and_settled_as_one(db).await,
+        Err(e) => assert!(!services_required(), "PostgreSQL: {e}"),
+    }
+}
