@@ -17,7 +17,7 @@ use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use serde_json::Value as Json;
 
 /// Run the binary with `args` against `url`, without any `DATABASE_URL` from the environment.
-async fn cli(url: Option<&str>, args: &[&str]) -> Output {
+pub(crate) async fn cli(url: Option<&str>, args: &[&str]) -> Output {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
     command.env_remove("DATABASE_URL").env("USER", "tester");
     if let Some(url) = url {
@@ -29,16 +29,16 @@ async fn cli(url: Option<&str>, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn stdout(out: &Output) -> String {
+pub(crate) fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Run and expect exit status `code`; returns stdout.
-async fn run(url: &str, args: &[&str], code: i32) -> String {
+pub(crate) async fn run(url: &str, args: &[&str], code: i32) -> String {
     let out = cli(Some(url), args).await;
     assert_eq!(
         out.status.code(),
@@ -50,7 +50,7 @@ async fn run(url: &str, args: &[&str], code: i32) -> String {
     stdout(&out)
 }
 
-async fn run_json(url: &str, args: &[&str]) -> Json {
+pub(crate) async fn run_json(url: &str, args: &[&str]) -> Json {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
     let text = run(url, &all, 0).await;

@@ -128,3 +128,77 @@ async fn dead_letters_are_grouped_by_error_and_settled_as_one_on_postgres() {
         Err(e) => assert!(!services_required(), "PostgreSQL: {e}"),
     }
 }
+
+/// `outbox dead groups` lists the groups; `outbox replay --group` and `outbox ignore --group`
+/// settle one each.
+#[cfg(feature = "cli")]
+async fn the_cli_lists_and_settles_groups(backend: Backend, test: &str) {
+    use crate::cli::{cli, run, run_json, stderr};
+    let Some(t) = test_db(backend, test).await else {
+        return;
+    };
+    let db = t.db.clone();
+    let consumer = TestConsumer::new("t-groups", &db).unwrap();
+    for (parcel, kilos) in [(1, 40), (2, 50), (3, 1)] {
+        let outcome = consumer
+            .deliver(&ParcelBooked {
+                parcel,
+                kilos,
+                address: "Atlantis".into(),
+            })
+            .await
+            .unwrap();
+        assert!(outcome.is_dead(), "{outcome:?}");
+    }
+    let groups = run_json(&t.url, &["dead", "groups"]).await;
+    let groups = groups.as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    assert_eq!(groups[0]["count"], 2);
+    assert_eq!(groups[0]["consumers"][0], "t-groups");
+    let heavy = groups[0]["fingerprint"].as_str().unwrap().to_owned();
+    let unknown = groups[1]["fingerprint"].as_str().unwrap().to_owned();
+    let table = run(&t.url, &["dead", "groups"], 0).await;
+    assert!(table.contains("GROUP") && table.contains(&heavy), "{table}");
+    assert!(
+        table.contains("parcel <n> weighs <n> kg, over the <n> kg limit"),
+        "{table}"
+    );
+
+    let both = cli(Some(&t.url), &["ignore", "--group", &unknown, "--all"]).await;
+    assert_ne!(both.status.code(), Some(0));
+    assert!(
+        stderr(&both).contains("choose one way to select"),
+        "{}",
+        stderr(&both)
+    );
+    run(
+        &t.url,
+        &["replay", "--group", &heavy, "--reason", "limit raised"],
+        0,
+    )
+    .await;
+    run(&t.url, &["ignore", "--group", &unknown], 0).await;
+    let left = run_json(&t.url, &["dead", "groups"]).await;
+    assert_eq!(left.as_array().map(Vec::len), Some(0), "{left}");
+    let audit = admin::audit_log(&db, 2).await.unwrap();
+    assert_eq!(
+        (audit[0].action.as_str(), audit[0].rows_affected),
+        ("ignore", 1)
+    );
+    assert_eq!(
+        (audit[1].action.as_str(), audit[1].rows_affected),
+        ("replay", 2)
+    );
+}
+
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_cli_lists_and_settles_groups_on_sqlite_file() {
+    the_cli_lists_and_settles_groups(Backend::SqliteFile, "cli_groups_sqlite").await;
+}
+
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn the_cli_lists_and_settles_groups_on_postgres() {
+    the_cli_lists_and_settles_groups(Backend::Postgres, "cli_groups_pg").await;
+}

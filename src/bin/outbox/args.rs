@@ -41,6 +41,12 @@ pub(crate) enum DeadCommand {
         #[arg(long, default_value_t = 1)]
         page: u64,
     },
+    /// Dead letters grouped by error (ids, numbers and quoted values normalised), the largest
+    /// group first: replay or ignore one with `--group FINGERPRINT`.
+    Groups {
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
     /// One row in full: envelope, payload, attempts, last error, timestamps.
     Show {
         /// `outbox:ID` or `inbox:ID`, as `dead list` shows.
@@ -115,6 +121,9 @@ pub(crate) struct ReplayArgs {
 /// What an action on dead letters takes beside ids, and who takes it.
 #[derive(Debug, Args)]
 pub(crate) struct Selecting {
+    /// Every member of this failure group (its fingerprint, as `dead groups` shows it).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub(crate) group: Option<String>,
     #[command(flatten)]
     pub(crate) filter: FilterArgs,
     /// Every dead letter the action applies to (replay: outbox and inbox; ignore: inbox).

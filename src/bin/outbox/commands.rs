@@ -56,6 +56,26 @@ pub(crate) async fn dead_list(
     })
 }
 
+pub(crate) async fn dead_groups(
+    db: &DatabaseConnection,
+    json: bool,
+    filter: &FilterArgs,
+) -> Outcome {
+    let groups = admin::failure_groups(db, &filter.filter()).await?;
+    emit(json, &groups, |groups| render::render_groups(groups))
+}
+
+/// The failure group an action names with `--group`, when it names one and nothing else.
+fn group_only(rest: &crate::args::Selecting, ids: usize) -> Result<Option<&str>, Failure> {
+    match &rest.group {
+        None => Ok(None),
+        Some(_) if ids > 0 || !rest.filter.filter().is_empty() || rest.all => {
+            Err("choose one way to select: ids, filters, --group, or --all".into())
+        }
+        Some(group) => Ok(Some(group)),
+    }
+}
+
 pub(crate) async fn dead_show(db: &DatabaseConnection, json: bool, id: &str) -> Outcome {
     let target: Target = id.parse()?;
     emit(
@@ -70,7 +90,11 @@ pub(crate) async fn replay(db: &DatabaseConnection, json: bool, args: &ReplayArg
         .ids
         .iter()
         .map(|id| id.parse())
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<Vec<Target>, _>>()?;
+    if let Some(group) = group_only(&args.rest, ids.len())? {
+        let report = admin::replay_group(db, group, &args.rest.who.actor()).await?;
+        return report_action(&report, json, "replayed");
+    }
     let selector = selection(ids, args.rest.filter.filter(), args.rest.all, "replay")?;
     let report = admin::replay(db, &selector, &args.rest.who.actor()).await?;
     report_action(&report, json, "replayed")
@@ -81,7 +105,11 @@ pub(crate) async fn ignore(db: &DatabaseConnection, json: bool, args: &IgnoreArg
         .ids
         .iter()
         .map(|id| parse_inbox_id(id).map(Target::inbox))
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<Vec<Target>, _>>()?;
+    if let Some(group) = group_only(&args.rest, ids.len())? {
+        let report = admin::ignore_group(db, group, &args.rest.who.actor()).await?;
+        return report_action(&report, json, "ignored");
+    }
     let selector = selection(ids, args.rest.filter.filter(), args.rest.all, "ignore")?;
     let report = admin::ignore(db, &selector, &args.rest.who.actor()).await?;
     report_action(&report, json, "ignored")

@@ -196,6 +196,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             limit,
             page,
         }) => commands::dead_list(&db, json, &filter, limit, page).await,
+        Command::Dead(DeadCommand::Groups { filter }) => {
+            commands::dead_groups(&db, json, &filter).await
+        }
         Command::Dead(DeadCommand::Show { id }) => commands::dead_show(&db, json, &id).await,
         Command::Replay(args) => commands::replay(&db, json, &args).await,
         Command::Ignore(args) => commands::ignore(&db, json, &args).await,

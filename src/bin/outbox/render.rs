@@ -5,8 +5,8 @@ use std::{fmt::Write as _, time::Duration};
 
 use outbox::{
     admin::{
-        AdminAction, DeadLetter, DeadLetterDetail, DoctorReport, HumanBytes, HumanDuration,
-        Severity, Source, Status,
+        AdminAction, DeadLetter, DeadLetterDetail, DoctorReport, FailureGroup, HumanBytes,
+        HumanDuration, Severity, Source, Status,
     },
     retention::PurgeReport,
 };
@@ -357,6 +357,47 @@ pub(crate) fn render_dead_list(items: &[DeadLetter], page: u64, limit: u32) -> S
     if items.len() as u64 == u64::from(limit) {
         let _ = writeln!(out, "(page {page}; more may follow: --page {})", page + 1);
     }
+    out
+}
+
+pub(crate) fn render_groups(groups: &[FailureGroup]) -> String {
+    if groups.is_empty() {
+        return "no dead letters\n".to_owned();
+    }
+    let rows = groups
+        .iter()
+        .map(|g| {
+            let who = if g.consumers.is_empty() {
+                g.event_types.join(", ")
+            } else {
+                format!("{} ({})", g.consumers.join(", "), g.event_types.join(", "))
+            };
+            vec![
+                g.fingerprint.clone(),
+                g.count.to_string(),
+                format!("{:?}", g.source).to_lowercase(),
+                g.first_seen.format("%Y-%m-%d %H:%M:%S").to_string(),
+                g.last_seen.format("%Y-%m-%d %H:%M:%S").to_string(),
+                clip(&who, 40),
+                clip(&g.pattern, 80),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "GROUP",
+            "COUNT",
+            "SOURCE",
+            "FIRST SEEN (UTC)",
+            "LAST SEEN (UTC)",
+            "CONSUMERS (TYPES)",
+            "ERROR",
+        ],
+        rows,
+    );
+    out.push_str(
+        "(replay or ignore a group: outbox replay --group GROUP, outbox ignore --group GROUP)\n",
+    );
     out
 }
 
