@@ -146,6 +146,7 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
         (Method::GET, "/api/dead-letters", None),
         (Method::GET, "/api/audit", None),
         (Method::GET, "/api/doctor", None),
+        (Method::GET, "/api/failure-groups", None),
         (Method::GET, "/api/openapi.json", None),
         (Method::GET, detail.as_str(), None),
         (
@@ -791,6 +792,7 @@ fn the_openapi_document_describes_every_route() {
             "GET /api/dead-letters",
             "GET /api/dead-letters/{id}",
             "GET /api/doctor",
+            "GET /api/failure-groups",
             "GET /api/samples",
             "GET /api/status",
             "POST /api/ignore",
@@ -1204,7 +1206,7 @@ async fn generated_requests_get_no_server_error(t: TestDb) {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        report.contains("Tested: 10"),
+        report.contains("Tested: 11"),
         "not every operation was tested:\n{report}"
     );
 }
@@ -1215,4 +1217,81 @@ async fn fuzzed_against_its_openapi_document() {
     if let Some(db) = test_db(Backend::Postgres, &test).await {
         generated_requests_get_no_server_error(db).await;
     }
+}
+
+/// Dead letters grouped by error through the API, and a group replayed and ignored by its
+/// fingerprint (the dead letters made with the test kit).
+#[cfg(feature = "testing")]
+async fn failure_groups_are_listed_and_settled_through_the_api(t: TestDb) {
+    use crate::failure_groups::ParcelBooked;
+    let consumer = outbox::testing::TestConsumer::new("t-groups", &t.db).unwrap();
+    for (parcel, kilos) in [(1, 40), (2, 50), (3, 1)] {
+        let booked = ParcelBooked {
+            parcel,
+            kilos,
+            address: "Atlantis".into(),
+        };
+        assert!(consumer.deliver(&booked).await.unwrap().is_dead());
+    }
+    let served = Served::start(console(&t)).await;
+    let listed = served.get("/api/failure-groups?source=inbox").await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    let groups = json_of(&listed);
+    let groups = groups.as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    assert_eq!(groups[0]["count"], 2);
+    assert_eq!(groups[0]["source"], "inbox");
+    assert_eq!(groups[0]["event_types"][0], "groups.parcel_booked");
+    assert!(groups[0].get("members").is_none());
+    let heavy = groups[0]["fingerprint"].as_str().unwrap();
+    let unknown = groups[1]["fingerprint"].as_str().unwrap();
+
+    for (body, expected) in [
+        (
+            json!({"group": "not-a-fingerprint", "reason": "r"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"group": heavy, "all": true, "reason": "r"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"group": "0123456789abcdef", "reason": "r"}),
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let answer = served.post("/api/replay", body.clone()).await;
+        assert_eq!(answer.status, expected, "{body}: {}", answer.body);
+    }
+    let replayed = served
+        .post(
+            "/api/replay",
+            json!({"group": heavy, "reason": "limit raised"}),
+        )
+        .await;
+    assert_eq!(replayed.status, StatusCode::OK, "{}", replayed.body);
+    assert_eq!(json_of(&replayed)["inbox"], 2);
+    let ignored = served
+        .post(
+            "/api/ignore",
+            json!({"group": unknown, "reason": "no such address"}),
+        )
+        .await;
+    assert_eq!(json_of(&ignored)["inbox"], 1, "{}", ignored.body);
+    let left = served.get("/api/failure-groups").await;
+    assert_eq!(json_of(&left), json!([]));
+    let audit = outbox::admin::audit_log(&t.db, 2).await.unwrap();
+    assert_eq!(audit[0].actor.as_deref(), Some("ops"));
+    assert!(
+        audit[1]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("limit raised; failure group ")),
+        "{audit:?}"
+    );
+}
+
+#[cfg(feature = "testing")]
+backend_tests! {
+    failure_groups_through_the_api => failure_groups_are_listed_and_settled_through_the_api;
 }

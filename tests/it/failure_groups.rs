@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, DomainEvent)]
 #[event(name = "groups.parcel_booked", aggregate = "parcel")]
-struct ParcelBooked {
+pub(crate) struct ParcelBooked {
     #[event(aggregate_id)]
-    parcel: i64,
-    kilos: i64,
-    address: String,
+    pub(crate) parcel: i64,
+    pub(crate) kilos: i64,
+    pub(crate) address: String,
 }
 
 /// Refuses heavy parcels and unknown addresses, for good.

@@ -27,8 +27,8 @@ use super::{
 use crate::{
     admin::{
         self, ActionReport, Actor, AdminAction, AdminError, DeadLetter, DeadLetterDetail,
-        DeadLetterFilter, DoctorOptions, DoctorReport, HumanDuration, Page, Resend, Selector,
-        SentFilter, Source, Status, Target,
+        DeadLetterFilter, DoctorOptions, DoctorReport, FailureGroup, HumanDuration, Page, Resend,
+        Selector, SentFilter, Source, Status, Target,
     },
     retention::{self, PurgeReport, RetentionError, RetentionPolicy},
 };
@@ -387,6 +387,56 @@ async fn dead_letters(
     Ok(Json(DeadLetterPage { page, limit, items }))
 }
 
+/// Which dead letters to group: every criterion given must hold.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GroupParams {
+    /// `outbox` or `inbox`.
+    source: Option<String>,
+    /// The consumer (inbox messages only).
+    consumer: Option<String>,
+    /// The event type.
+    event_type: Option<String>,
+    /// The aggregate id.
+    aggregate_id: Option<String>,
+    /// Text the last error contains.
+    error: Option<String>,
+}
+
+/// Dead letters grouped by error (ids, numbers and quoted values normalised), the largest group
+/// first: replay or ignore one with `group` in `/api/replay` or `/api/ignore`.
+#[utoipa::path(get, path = "/api/failure-groups", tag = "dead letters", params(GroupParams),
+    responses((status = 200, body = Vec<FailureGroup>), (status = 400, body = ApiError),
+        (status = 401, body = ApiError)))]
+async fn failure_groups(
+    State(s): St,
+    params: Result<Query<GroupParams>, QueryRejection>,
+) -> ApiResult<Vec<FailureGroup>> {
+    let Query(p) = params?;
+    let filter = FilterParams {
+        source: p.source,
+        consumer: p.consumer,
+        event_type: p.event_type,
+        aggregate_id: p.aggregate_id,
+        error: p.error,
+    }
+    .filter()?;
+    Ok(Json(admin::failure_groups(&s.db, &filter).await?))
+}
+
+/// A failure group's fingerprint as given: 16 hexadecimal digits.
+fn fingerprint(group: &str) -> Result<&str, ApiError> {
+    if group.len() == 16 && group.chars().all(|c| c.is_ascii_hexdigit()) {
+        Ok(group)
+    } else {
+        Err(ApiError::bad_request(
+            "`group` is a failure group's fingerprint: 16 hexadecimal digits, as \
+             /api/failure-groups lists them",
+        ))
+    }
+}
+
 /// One outbox or inbox row in full: envelope, payload, headers, attempts, last error, lease.
 #[utoipa::path(get, path = "/api/dead-letters/{id}", tag = "dead letters",
     params(("id" = String, Path, description = "`outbox:12` or `inbox:7`", example = "outbox:12")),
@@ -412,6 +462,8 @@ pub(super) struct ReplayRequest {
     filter: Option<FilterParams>,
     /// Every dead letter, outbox and inbox.
     all: Option<bool>,
+    /// Every member of this failure group (its fingerprint).
+    group: Option<String>,
     /// Why: recorded in the audit log.
     reason: Option<String>,
 }
@@ -443,6 +495,17 @@ fn selector(
     }
 }
 
+/// `group` names the rows on its own.
+fn only_group(something_else: bool) -> Result<(), ApiError> {
+    if something_else {
+        Err(ApiError::bad_request(
+            "give exactly one of `ids`, `filter`, `group` or `all: true`",
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Give dead letters another chance: outbox DEAD → PENDING, inbox DEAD → RETRY due now, with
 /// their attempts reset. Rows in another state are reported in `skipped`, not touched.
 #[utoipa::path(post, path = "/api/replay", tag = "actions", request_body = ReplayRequest,
@@ -452,6 +515,12 @@ async fn replay(
     State(s): St,
     Write { actor, body: r }: Write<ReplayRequest>,
 ) -> ApiResult<ActionReport> {
+    if let Some(group) = &r.group {
+        only_group(r.ids.is_some() || r.filter.is_some() || r.all.is_some())?;
+        return Ok(Json(
+            admin::replay_group(&s.db, fingerprint(group)?, &actor).await?,
+        ));
+    }
     let selector = selector(r.ids, r.filter, r.all, |id| Ok(id.parse::<Target>()?))?;
     Ok(Json(admin::replay(&s.db, &selector, &actor).await?))
 }
@@ -467,6 +536,8 @@ pub(super) struct IgnoreRequest {
     filter: Option<FilterParams>,
     /// Every dead inbox message.
     all: Option<bool>,
+    /// Every member of this inbox failure group (its fingerprint).
+    group: Option<String>,
     /// Why: recorded in the audit log.
     reason: Option<String>,
 }
@@ -480,6 +551,12 @@ async fn ignore(
     State(s): St,
     Write { actor, body: r }: Write<IgnoreRequest>,
 ) -> ApiResult<ActionReport> {
+    if let Some(group) = &r.group {
+        only_group(r.ids.is_some() || r.filter.is_some() || r.all.is_some())?;
+        return Ok(Json(
+            admin::ignore_group(&s.db, fingerprint(group)?, &actor).await?,
+        ));
+    }
     let selector = selector(r.ids, r.filter, r.all, |id| {
         let target = match id.trim().parse::<i64>() {
             Ok(n) => Target::inbox(n),
@@ -688,6 +765,7 @@ pub(super) fn routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(samples))
         .routes(routes!(dead_letters))
         .routes(routes!(dead_letter))
+        .routes(routes!(failure_groups))
         .routes(routes!(replay))
         .routes(routes!(ignore))
         .routes(routes!(resend))
