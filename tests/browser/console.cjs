@@ -1,7 +1,8 @@
 // Drives the operator console in headless Chromium (playwright-core) for tests/it/console.rs:
 // log in (a wrong token first), read the counts, open a dead letter whose payload holds markup,
 // read its error history, replay it with a reason, ignore a consumer's dead letters by filter,
-// find both in the audit trail, look at the page on a phone's screen.
+// find both in the audit trail, replay the largest group of the dead letters left, look at the
+// page on a phone's screen.
 // Prints one JSON object with what it saw; the Rust test asserts on it and on the database.
 //
 // Environment: PLAYWRIGHT_CORE (the playwright-core package directory), CHROMIUM (executable),
@@ -133,6 +134,23 @@ async function main() {
     seen.audit = await page.$$eval("#audit-list tbody tr[data-action]", (rows) =>
       rows.map((r) => ({ action: r.cells[1].textContent, target: r.cells[2].textContent, actor: r.cells[4].textContent, reason: r.cells[5].textContent })));
     await page.screenshot({ path: path.join(shots, "audit.png"), fullPage: true });
+
+    // The dead letters left, grouped by error; the largest group replayed at once.
+    await byId("nav-groups").click();
+    await page.locator("#group-list tbody tr[data-group]").first().waitFor();
+    seen.groups = await page.$$eval("#group-list tbody tr[data-group]", (rows) =>
+      rows.map((r) => ({ group: r.dataset.group, count: r.cells[1].textContent, source: r.cells[2].textContent, error: r.cells[3].textContent })));
+    await page.screenshot({ path: path.join(shots, "groups.png"), fullPage: true });
+    const first = page.locator("#group-list tbody tr[data-group]").first();
+    const firstGroup = await first.getAttribute("data-group");
+    await first.getByTestId("group-replay").click();
+    await byId("reason-dialog").waitFor();
+    seen.groupQuestion = await page.locator("#reason-title").textContent();
+    await byId("reason").fill("cause fixed");
+    await byId("reason-ok").click();
+    await page.locator(`#group-list tbody tr[data-group="${firstGroup}"]`).waitFor({ state: "detached" });
+    seen.afterGroup = await byId("message").textContent();
+    seen.groupsAfter = await page.$$eval("#group-list tbody tr[data-group]", (rows) => rows.map((r) => r.dataset.group));
 
     // A phone's screen: nothing wider than the screen but the tables' own scroll boxes.
     await page.setViewportSize({ width: 390, height: 844 });

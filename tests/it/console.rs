@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use hyper::{HeaderMap, Method, StatusCode, header::HeaderValue};
+use outbox::admin::Target;
 use outbox::console::{Console, ConsoleAuth, Operator};
 use serde_json::{Value, json};
 
@@ -948,6 +949,26 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         .samples(Duration::from_secs(1), Duration::from_secs(3_600))
         .router();
     let served = Served::start(app).await;
+    let expected = outbox::admin::status(&t.db).await.unwrap();
+    // The groups the page will show once the target is replayed and billing's ignored.
+    let settled = [Target::inbox(html), Target::inbox(f.m5)];
+    let mut expected_groups: Vec<(String, Vec<Target>)> =
+        outbox::admin::failure_groups(&t.db, &Default::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|g| {
+                let members = g
+                    .members
+                    .iter()
+                    .filter(|m| !settled.contains(m))
+                    .cloned()
+                    .collect::<Vec<_>>();
+                (g.fingerprint, members)
+            })
+            .filter(|(_, members)| !members.is_empty())
+            .collect();
+    expected_groups.sort_by(|a, b| a.0.cmp(&b.0));
     // A few samples for the charts.
     tokio::time::sleep(Duration::from_millis(3_500)).await;
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
@@ -979,14 +1000,13 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
             .contains("refused"),
         "{seen}"
     );
-    let expected = outbox::admin::status(&t.db).await.unwrap();
     assert_eq!(
         seen["backlog"],
         expected.outbox.backlog.to_string(),
         "{seen}"
     );
-    // The replayed one and the one ignored by filter were dead then.
-    let dead_before = expected.dead_total() + 2;
+    // What the overview showed is the status before the page changed anything.
+    let dead_before = expected.dead_total();
     assert!(dead_before >= 6);
     assert_eq!(seen["deadTotal"], dead_before.to_string(), "{seen}");
     assert_eq!(seen["scheduled"], "1", "{seen}");
@@ -1123,7 +1143,56 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         "{seen}"
     );
     assert_eq!(inbox_state(&t, f.m5).await.status, "IGNORED");
-    assert_eq!(inbox_state(&t, f.m1).await.status, "DEAD");
+    // The groups of what was left, the largest first; that one replayed at once.
+    let mut groups: Vec<(String, usize)> = seen["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let count = g["count"].as_str().unwrap().parse().unwrap();
+            (g["group"].as_str().unwrap().to_owned(), count)
+        })
+        .collect();
+    let largest = groups[0].clone();
+    assert!(groups.iter().all(|g| g.1 <= largest.1), "{seen}");
+    groups.sort();
+    let expected_counts: Vec<(String, usize)> = expected_groups
+        .iter()
+        .map(|(fp, members)| (fp.clone(), members.len()))
+        .collect();
+    assert_eq!(groups, expected_counts, "{seen}");
+    assert!(
+        seen["afterGroup"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("Replayed {} row", largest.1)),
+        "{seen}"
+    );
+    assert!(
+        !seen["groupsAfter"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(largest.0)),
+        "{seen}"
+    );
+    let replayed = &expected_groups.iter().find(|g| g.0 == largest.0).unwrap().1;
+    let m1 = if replayed.contains(&Target::inbox(f.m1)) {
+        "RETRY"
+    } else {
+        "DEAD"
+    };
+    assert_eq!(inbox_state(&t, f.m1).await.status, m1);
+    let last = &outbox::admin::audit_log(&t.db, 1).await.unwrap()[0];
+    assert_eq!(
+        (last.action.as_str(), last.rows_affected),
+        ("replay", largest.1 as i64)
+    );
+    assert!(
+        last.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(&format!("cause fixed; failure group {}", largest.0))),
+        "{last:?}"
+    );
     assert_eq!(seen["audit"][0]["action"], "ignore");
     assert_eq!(seen["audit"][0]["reason"], "billing retired");
     assert_eq!(
@@ -1143,7 +1212,13 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
 
     // On a phone's screen nothing is wider than the screen.
     assert!(seen["phoneOverflow"].as_i64().unwrap() <= 0, "{seen}");
-    for shot in ["overview.png", "dead-letter.png", "audit.png", "phone.png"] {
+    for shot in [
+        "overview.png",
+        "dead-letter.png",
+        "audit.png",
+        "groups.png",
+        "phone.png",
+    ] {
         assert!(shots.join(shot).exists(), "no screenshot {shot}");
     }
 }

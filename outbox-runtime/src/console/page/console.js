@@ -87,7 +87,7 @@
   // ---- login -------------------------------------------------------------------------------
   function show(view) {
     state.view = view;
-    for (const id of ["login", "overview", "dead", "audit"]) $(id).hidden = id !== view;
+    for (const id of ["login", "overview", "dead", "groups", "audit"]) $(id).hidden = id !== view;
     $("nav").hidden = view === "login";
     for (const b of document.querySelectorAll("nav button[data-view]")) {
       if (b.dataset.view === view) b.setAttribute("aria-current", "page");
@@ -98,6 +98,7 @@
       refreshOverview();
       state.timer = setInterval(refreshOverview, 15000);
     } else if (view === "dead") refreshDead();
+    else if (view === "groups") refreshGroups();
     else if (view === "audit") refreshAudit();
   }
 
@@ -397,7 +398,7 @@
       say(describe(report, done));
       $("detail").hidden = true;
       state.selected = null;
-      await refreshDead();
+      await (state.view === "groups" ? refreshGroups() : refreshDead());
     });
   }
 
@@ -413,6 +414,34 @@
     act("replay", "Replay every dead letter where " + filterText() + "?", "Replayed", { filter: state.filter }));
   $("ignore-matching").addEventListener("click", () =>
     act("ignore", "Ignore every dead inbox message where " + filterText() + "?", "Ignored", { filter: state.filter }));
+
+  // ---- failure groups ----------------------------------------------------------------------
+  function refreshGroups() {
+    return guarded(async () => {
+      const groups = await api("failure-groups");
+      fill("group-list", groups.map((g) => {
+        const actions = el("td");
+        const replay = el("button", "Replay", { type: "button", "data-testid": "group-replay" });
+        replay.addEventListener("click", () =>
+          act("replay", "Replay the " + g.count + " dead letters of group " + g.fingerprint + "?", "Replayed", { group: g.fingerprint }));
+        actions.appendChild(replay);
+        if (g.source === "inbox") {
+          const ignore = el("button", "Ignore", { type: "button", "data-testid": "group-ignore" });
+          ignore.addEventListener("click", () =>
+            act("ignore", "Ignore the " + g.count + " dead messages of group " + g.fingerprint + "?", "Ignored", { group: g.fingerprint }));
+          actions.appendChild(ignore);
+        }
+        const tr = row([
+          { text: g.count, className: "num" }, { text: g.source },
+          { text: firstLine(g.pattern), box: "clip", attrs: { title: g.example } },
+          { text: g.consumers.join(", ") }, { text: g.event_types.join(", ") },
+          { text: when(g.first_seen) }, { text: when(g.last_seen) }, { text: g.fingerprint },
+        ], { "data-group": g.fingerprint });
+        tr.prepend(actions);
+        return tr;
+      }), "no dead letters");
+    });
+  }
 
   // ---- audit -------------------------------------------------------------------------------
   function refreshAudit() {
