@@ -31,6 +31,33 @@ async fn book(_tx: &InboxTransaction, event: Event<ParcelBooked>) -> Result<(), 
     )))
 }
 
+/// Deliver a parcel booking of each `(parcel, kilos)` to Atlantis: each ends DEAD (too heavy, or
+/// an unknown address).
+pub(crate) async fn dead_parcels(db: &outbox::sea_orm::DatabaseConnection, parcels: &[(i64, i64)]) {
+    let consumer = TestConsumer::new("t-groups", db).unwrap();
+    for &(parcel, kilos) in parcels {
+        let booked = ParcelBooked {
+            parcel,
+            kilos,
+            address: "Atlantis".into(),
+        };
+        let outcome = consumer.deliver(&booked).await.unwrap();
+        assert!(outcome.is_dead(), "{outcome:?}");
+    }
+}
+
+/// An audited replay of a failure group, its reason "limit raised".
+pub(crate) fn assert_replayed_a_group(action: &admin::AdminAction) {
+    assert_eq!(action.action, "replay");
+    assert!(
+        action
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("limit raised; failure group ")),
+        "{action:?}"
+    );
+}
+
 async fn grouped_and_settled_as_one(db: KitDb) {
     let consumer = TestConsumer::new("t-groups", &db).unwrap();
     for (parcel, kilos, address) in [
@@ -92,14 +119,7 @@ async fn grouped_and_settled_as_one(db: KitDb) {
             .as_str()
         )
     );
-    assert_eq!(audit[1].action, "replay");
-    assert!(
-        audit[1]
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.starts_with("limit raised; failure group ")),
-        "{audit:?}"
-    );
+    assert_replayed_a_group(&audit[1]);
     // Nothing is dead any more; an unknown group is an error that names it.
     assert!(
         admin::failure_groups(&db, &DeadLetterFilter::default())
@@ -138,18 +158,7 @@ async fn the_cli_lists_and_settles_groups(backend: Backend, test: &str) {
         return;
     };
     let db = t.db.clone();
-    let consumer = TestConsumer::new("t-groups", &db).unwrap();
-    for (parcel, kilos) in [(1, 40), (2, 50), (3, 1)] {
-        let outcome = consumer
-            .deliver(&ParcelBooked {
-                parcel,
-                kilos,
-                address: "Atlantis".into(),
-            })
-            .await
-            .unwrap();
-        assert!(outcome.is_dead(), "{outcome:?}");
-    }
+    dead_parcels(&db, &[(1, 40), (2, 50), (3, 1)]).await;
     let groups = run_json(&t.url, &["dead", "groups"]).await;
     let groups = groups.as_array().unwrap();
     assert_eq!(groups.len(), 2, "{groups:?}");
