@@ -45,7 +45,7 @@ pub mod error;
 pub mod event;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
-pub(crate) mod health;
+pub mod health;
 pub mod inbox;
 pub mod metrics;
 pub(crate) mod operations;

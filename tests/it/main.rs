@@ -33,6 +33,8 @@ mod delayed;
 mod failure_groups;
 mod fast_path;
 mod golden_sql;
+#[cfg(feature = "axum")]
+mod health;
 mod inbox;
 #[cfg(feature = "nats")]
 mod inbox_nats;

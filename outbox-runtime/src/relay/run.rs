@@ -474,6 +474,7 @@ impl Relay {
         };
         let since = Instant::now();
         self.broker.outage_began();
+        self.stats.broker_down.store(true, Ordering::Relaxed);
         self.record_broker(transport.name()).await;
         crate::metrics::broker_available(transport.name(), false);
         tracing::warn!(
@@ -495,6 +496,7 @@ impl Relay {
             }
         }
         self.broker.close(self.config.recovery_trial);
+        self.stats.broker_down.store(false, Ordering::Relaxed);
         crate::metrics::broker_available(transport.name(), true);
         health.success();
         let made_due = match store::relay::retries_due_now(

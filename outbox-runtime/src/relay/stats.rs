@@ -34,6 +34,8 @@ pub struct RelayStats {
     duplicates: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) outages: AtomicU64,
+    /// The relay stopped claiming because the broker is unavailable, and waits for it.
+    pub(super) broker_down: std::sync::atomic::AtomicBool,
 }
 
 /// A snapshot of [`RelayStats`].
@@ -59,6 +61,9 @@ pub struct RelayStatsSnapshot {
     pub errors: u64,
     /// Broker outages: times the relay stopped claiming because the broker was unavailable.
     pub outages: u64,
+    /// The broker is unavailable now: the relay claims nothing and probes it (the breaker is
+    /// open); events wait in the outbox.
+    pub broker_unavailable: bool,
 }
 
 impl RelayStats {
@@ -90,6 +95,7 @@ impl RelayStats {
             duplicates: self.duplicates.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             outages: self.outages.load(Ordering::Relaxed),
+            broker_unavailable: self.broker_down.load(Ordering::Relaxed),
         }
     }
 }

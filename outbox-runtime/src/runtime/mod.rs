@@ -442,6 +442,17 @@ impl Runtime {
         self.relay_stats.as_ref().map(|s| s.snapshot())
     }
 
+    /// The liveness and readiness probes of this runtime, for a platform's health checks (see
+    /// [`Probes`](crate::health::Probes); `health::router` serves them with the `axum` feature).
+    pub fn probes(&self) -> crate::health::Probes {
+        crate::health::Probes::new(
+            self.tasks.iter().map(|(h, _)| h.clone()).collect(),
+            self.external.db().clone(),
+            self.relay_stats.clone(),
+            self.shutdown.clone(),
+        )
+    }
+
     /// Each loop's health.
     pub fn health(&self) -> Health {
         Health {

@@ -15,12 +15,16 @@ struct Loops {
 
 impl Loops {
     /// Spawn the loop `name`, which reports to its health and is marked stopped when it ends.
-    fn spawn<F, Fut>(&mut self, name: String, run: F)
+    /// `cadence`: how often the loop ends a round, when it is periodic (see `health::Probes`).
+    fn spawn<F, Fut>(&mut self, name: String, cadence: Option<std::time::Duration>, run: F)
     where
         F: FnOnce(CancellationToken, Arc<LoopHealth>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let health = Arc::new(LoopHealth::new(name));
+        let health = Arc::new(match cadence {
+            Some(cadence) => LoopHealth::periodic(name, cadence),
+            None => LoopHealth::new(name),
+        });
         let task = run(self.shutdown.clone(), health.clone());
         let stopped = health.clone();
         let task = tokio::spawn(async move {
@@ -177,13 +181,22 @@ impl RuntimeBuilder {
             consumers.insert(*name, consumer.stats.clone());
             if let Some(transport) = self.transport.as_ref().filter(|_| consumer.takes_events()) {
                 let (consumer, transport) = (consumer.clone(), transport.clone());
-                loops.spawn(format!("dispatch:{name}"), |shutdown, health| async move {
-                    consumer.run_dispatcher(transport, shutdown, health).await;
-                });
+                loops.spawn(
+                    format!("dispatch:{name}"),
+                    None,
+                    |shutdown, health| async move {
+                        consumer.run_dispatcher(transport, shutdown, health).await;
+                    },
+                );
             }
-            loops.spawn(format!("worker:{name}"), |shutdown, health| async move {
-                consumer.run_worker(shutdown, health).await;
-            });
+            let cadence = Some(consumer.config.poll_interval);
+            loops.spawn(
+                format!("worker:{name}"),
+                cadence,
+                |shutdown, health| async move {
+                    consumer.run_worker(shutdown, health).await;
+                },
+            );
         }
         (consumers, wakes)
     }
@@ -199,6 +212,7 @@ impl RuntimeBuilder {
         loops: &mut Loops,
     ) -> Option<Arc<RelayStats>> {
         let config = self.relay.clone()?.relay_id(owner);
+        let poll_interval = config.poll_interval;
         let relay = match &self.transport {
             Some(transport) => Relay::new(self.db.clone(), transport.clone()),
             None => {
@@ -224,7 +238,12 @@ impl RuntimeBuilder {
             None => relay,
         };
         let stats = relay.stats_handle();
-        loops.spawn("relay".into(), |shutdown, health| async move {
+        // A WAL relay waits on its stream; a claim loop ends a round every poll interval.
+        #[cfg(feature = "postgres-wal")]
+        let cadence = self.wal.is_none().then_some(poll_interval);
+        #[cfg(not(feature = "postgres-wal"))]
+        let cadence = Some(poll_interval);
+        loops.spawn("relay".into(), cadence, |shutdown, health| async move {
             if let Err(e) = relay.run_with_health(shutdown, &health).await {
                 health.failure(&e.to_string());
                 tracing::error!(error = %e, "outbox relay stopped with an error");
@@ -239,7 +258,8 @@ impl RuntimeBuilder {
             return;
         };
         let (db, instance) = (self.db.clone(), format!("{worker_id}/janitor"));
-        loops.spawn("janitor".into(), |shutdown, health| async move {
+        let cadence = Some(janitor.interval);
+        loops.spawn("janitor".into(), cadence, |shutdown, health| async move {
             run_janitor(db, janitor, instance, shutdown, &health).await;
         });
     }
@@ -250,24 +270,28 @@ impl RuntimeBuilder {
             return;
         };
         let db = self.db.clone();
-        loops.spawn("metrics".into(), |shutdown, health| async move {
-            let mut failures = 0;
-            loop {
-                match crate::metrics::sample(&db).await {
-                    Ok(()) => {
-                        failures = 0;
-                        health.success();
+        loops.spawn(
+            "metrics".into(),
+            Some(interval),
+            |shutdown, health| async move {
+                let mut failures = 0;
+                loop {
+                    match crate::metrics::sample(&db).await {
+                        Ok(()) => {
+                            failures = 0;
+                            health.success();
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            health.failure(&e.to_string());
+                        }
                     }
-                    Err(e) => {
-                        failures += 1;
-                        health.failure(&e.to_string());
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(pause_after(interval, failures)) => {}
                     }
                 }
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(pause_after(interval, failures)) => {}
-                }
-            }
-        });
+            },
+        );
     }
 }
