@@ -28,6 +28,7 @@ mod compact;
 mod conformance;
 #[cfg(feature = "console")]
 mod console;
+mod dashboards;
 mod delayed;
 #[cfg(feature = "testing")]
 mod failure_groups;
