@@ -198,7 +198,7 @@ async fn a_stuck_loop_fails_liveness_and_readiness() {
         .start()
         .await
         .unwrap();
-    let probes = runtime.probes().stuck_after(Duration::from_secs(1));
+    let probes = runtime.probes().stuck_after(Duration::from_secs(2));
     let (base, server) = served(probes).await;
     let (status, live) = probe(&base, "/livez").await;
     assert_eq!(
@@ -227,8 +227,22 @@ async fn a_stuck_loop_fails_liveness_and_readiness() {
             .starts_with("no round ended for"),
         "{live}"
     );
-    // The other loops keep running.
-    assert_eq!(check(&live, "loop:relay")["status"], "pass", "{live}");
+    // The other loops keep running (asked again if a loaded machine held the relay's round back).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut live = live;
+    while check(&live, "loop:relay")["status"] == "fail" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay looks stuck too: {live}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        live = probe(&base, "/livez").await.1;
+    }
+    assert_eq!(
+        check(&live, "loop:worker:t-health-stall")["status"],
+        "fail",
+        "{live}"
+    );
     let (status, ready) = probe(&base, "/readyz").await;
     assert_eq!(status, 503, "{ready}");
     server.abort();
