@@ -73,23 +73,23 @@ async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
         .unwrap()
 }
 
-async fn by_polling(postgres: Option<&str>, run: usize) -> Duration {
+/// The database the polling runs use on PostgreSQL, one run after another.
+const POLLING_DB: &str = "shop_kit_timing_polling";
+const DROP_POLLING_DB: &str = "DROP DATABASE IF EXISTS shop_kit_timing_polling WITH (FORCE)";
+const CREATE_POLLING_DB: &str = "CREATE DATABASE shop_kit_timing_polling";
+
+async fn by_polling(postgres: Option<&str>) -> Duration {
     let started = Instant::now();
     let (db, admin) = match postgres {
         Some(url) => {
             let admin = Database::connect(url).await.unwrap();
-            let name = format!("shop_polling_{}_{run}", std::process::id());
-            admin
-                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .await
-                .unwrap();
-            admin
-                .execute_unprepared(&format!("CREATE DATABASE {name}"))
-                .await
-                .unwrap();
+            admin.execute_unprepared(DROP_POLLING_DB).await.unwrap();
+            admin.execute_unprepared(CREATE_POLLING_DB).await.unwrap();
             let base = url.rsplit_once('/').map_or(url, |(base, _)| base);
-            let db = Database::connect(format!("{base}/{name}")).await.unwrap();
-            (db, Some((admin, name)))
+            let db = Database::connect(format!("{base}/{POLLING_DB}"))
+                .await
+                .unwrap();
+            (db, Some(admin))
         }
         None => {
             let mut options = ConnectOptions::new("sqlite::memory:");
@@ -127,11 +127,8 @@ async fn by_polling(postgres: Option<&str>, run: usize) -> Duration {
     runtime.shutdown().await;
     let took = started.elapsed();
     db.close().await.ok();
-    if let Some((admin, name)) = admin {
-        admin
-            .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .await
-            .unwrap();
+    if let Some(admin) = admin {
+        admin.execute_unprepared(DROP_POLLING_DB).await.unwrap();
     }
     took
 }
@@ -155,9 +152,9 @@ async fn main() {
         ("PostgreSQL", Some(url.as_str())),
     ] {
         let (mut kit, mut polling) = (Vec::new(), Vec::new());
-        for run in 0..RUNS {
+        for _ in 0..RUNS {
             kit.push(with_kit(postgres).await);
-            polling.push(by_polling(postgres, run).await);
+            polling.push(by_polling(postgres).await);
         }
         let (k, p) = (median(kit), median(polling));
         println!(
