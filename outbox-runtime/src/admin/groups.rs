@@ -254,13 +254,8 @@ pub async fn replay_group(
     fingerprint: &str,
     actor: &Actor,
 ) -> Result<ActionReport, AdminError> {
-    let group = group(db, &DeadLetterFilter::default(), fingerprint).await?;
-    super::replay(
-        db,
-        &Selector::Ids(group.members.clone()),
-        &for_group(actor, &group),
-    )
-    .await
+    let (members, actor) = members_of(db, fingerprint, actor).await?;
+    super::replay(db, &members, &actor).await
 }
 
 /// Ignore every member of the inbox group `fingerprint` (see [`ignore`](super::ignore)), in one
@@ -270,13 +265,19 @@ pub async fn ignore_group(
     fingerprint: &str,
     actor: &Actor,
 ) -> Result<ActionReport, AdminError> {
+    let (members, actor) = members_of(db, fingerprint, actor).await?;
+    super::ignore(db, &members, &actor).await
+}
+
+/// The members of group `fingerprint` as a selector, and the actor whose reason names the group.
+async fn members_of(
+    db: &DatabaseConnection,
+    fingerprint: &str,
+    actor: &Actor,
+) -> Result<(Selector, Actor), AdminError> {
     let group = group(db, &DeadLetterFilter::default(), fingerprint).await?;
-    super::ignore(
-        db,
-        &Selector::Ids(group.members.clone()),
-        &for_group(actor, &group),
-    )
-    .await
+    let actor = for_group(actor, &group);
+    Ok((Selector::Ids(group.members), actor))
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ pub enum MessageState {
 }
 
 impl MessageState {
-    fn parse(status: &str, due: Option<chrono::DateTime<chrono::Utc>>) -> MessageState {
+    pub(super) fn parse(status: &str, due: Option<chrono::DateTime<chrono::Utc>>) -> MessageState {
         match status {
             "PENDING" => MessageState::Pending,
             "PROCESSING" => MessageState::Processing,

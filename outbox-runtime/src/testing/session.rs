@@ -61,14 +61,7 @@ pub struct Message {
 impl Message {
     fn from_row(row: KitMessageRow) -> Message {
         Message {
-            state: match row.status.as_str() {
-                "PENDING" => MessageState::Pending,
-                "PROCESSING" => MessageState::Processing,
-                "DONE" => MessageState::Done,
-                "RETRY" => MessageState::Retry(row.due_at),
-                "IGNORED" => MessageState::Ignored,
-                _ => MessageState::Dead,
-            },
+            state: MessageState::parse(&row.status, row.due_at),
             consumer: row.consumer,
             message_id: row.message_id,
             event_type: row.event_type,
