@@ -13,7 +13,7 @@
 //! - [`registry`]: start-up checks over everything the macros registered;
 //! - [`relay`]: moves committed events to a [`transport`]; [`inbox`]: handles each delivered
 //!   message effectively once; [`runtime`]: starts both from `main`;
-//! - [`admin`], [`retention`], [`metrics`]: operations.
+//! - [`admin`], [`retention`], [`metrics`], [`telemetry`], [`health`]: operations.
 //!
 //! `docs/ARCHITECTURE.md` in the repository shows the layers and one event's path through them.
 //! - `failpoints` (feature `failpoints`): named places where fault-injection tests crash the SDK.
@@ -61,6 +61,7 @@ pub mod store;
 #[cfg(not(feature = "test-util"))]
 #[allow(unreachable_pub)]
 pub(crate) mod store;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;

@@ -30,6 +30,19 @@
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | `handled`, `retried`, `dead`, `duplicate`, `stored`, `stale`, `conflict`, `unrecorded` (a database error while recording a delivery; it is tried again) |
 //! | `inbox_handler_duration_seconds` | histogram | `consumer`, `event_type` | handler run time |
 //! | `inbox_backlog_messages` | gauge | `consumer`, `status` | unfinished inbox rows per status (the retry backlog is `RETRY`) |
+//! | `inbox_end_to_end_seconds` | histogram | `consumer` | from the producer's commit (the event's enqueue time, by the producer database's clock) to the commit of the handler's transaction (by this process's clock): the figure to page on |
+//!
+//! Beside these, the OpenTelemetry messaging conventions' own metrics are recorded under their
+//! names (`messaging.client.sent.messages`, `messaging.client.operation.duration`,
+//! `messaging.client.consumed.messages`, `messaging.process.duration`; see
+//! [`telemetry`](crate::telemetry)). Where a series of the SDK has a counterpart there:
+//!
+//! | SDK series | OpenTelemetry messaging metric (unit) |
+//! |---|---|
+//! | `outbox_events_published_total` + `outbox_publish_failures_total` | `messaging.client.sent.messages` (`{message}`; failures carry `error.type`) |
+//! | `inbox_messages_total` | `messaging.client.consumed.messages` (`{message}`) counts each delivery received; the outcome stays the SDK's |
+//! | `inbox_handler_duration_seconds` | `messaging.process.duration` (`s`) |
+//! | `outbox_publish_lag_seconds`, `inbox_end_to_end_seconds` | none (the conventions time single operations; these are the pipeline's ages) |
 
 use std::time::Duration;
 
@@ -89,6 +102,8 @@ pub const INBOX_MESSAGES: &str = "inbox_messages_total";
 pub const HANDLER_DURATION: &str = "inbox_handler_duration_seconds";
 /// Unfinished inbox rows per consumer and status.
 pub const INBOX_BACKLOG: &str = "inbox_backlog_messages";
+/// From the producer's commit to the handler's commit, per consumer.
+pub const END_TO_END: &str = "inbox_end_to_end_seconds";
 
 /// Inbox backlog series reported so far, so an emptied one can be set back to 0.
 static REPORTED_INBOX: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>> =
@@ -202,6 +217,12 @@ pub fn describe() {
         "Inbox messages per consumer and outcome"
     );
     describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Handler run time");
+    describe_histogram!(
+        END_TO_END,
+        Unit::Seconds,
+        "From the producer's commit to the handler's commit, per consumer"
+    );
+    crate::telemetry::describe();
     describe_gauge!(
         INBOX_BACKLOG,
         Unit::Count,
@@ -290,6 +311,10 @@ pub(crate) fn inbox(consumer: &'static str, outcome: &'static str) {
 /// message (`outcome`: `received_new`, `received_duplicate`, …).
 pub(crate) fn inbox_received(consumer: &str, outcome: &'static str) {
     counter!(INBOX_MESSAGES, "consumer" => consumer.to_owned(), "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn end_to_end(consumer: &'static str, age: Duration) {
+    histogram!(END_TO_END, "consumer" => consumer).record(age.as_secs_f64());
 }
 
 pub(crate) fn handler_duration(consumer: &'static str, event_type: &str, elapsed: Duration) {

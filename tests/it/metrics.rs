@@ -250,3 +250,80 @@ fn the_claim_loop_reports_its_claim_time() {
         assert!(sum.is_some_and(|s| s > 0.0), "{body}");
     });
 }
+
+#[inbox_handler(consumer = "t-metrics-otel")]
+async fn handle_conventions(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
+/// Beside the SDK's series, OpenTelemetry's messaging metrics are recorded under their names
+/// (a Prometheus exporter writes the dots as underscores), with the broker's system, the
+/// destination and the consumer group; and each handled event's time from its producer's commit
+/// to its handler's commit, per consumer.
+#[cfg(feature = "nats")]
+#[test]
+fn the_conventions_metrics_and_the_end_to_end_time_are_recorded() {
+    recorded(|handle| async move {
+        let Some(t) = test_db(Backend::SqliteFile, "metrics_conventions").await else {
+            return;
+        };
+        let Some(nats) = crate::common::nats::transport("metrics_conventions").await else {
+            return;
+        };
+        let destination = outbox::transport::Transport::routing(&nats.0)
+            .unwrap()
+            .address(LineAdded::EVENT_TYPE, LineAdded::AGGREGATE_TYPE);
+        let runtime = Runtime::builder(t.db.clone())
+            .source("carts")
+            .transport(nats.0.clone())
+            .consumers(["t-metrics-otel"])
+            .start()
+            .await
+            .unwrap();
+        commit_lines(
+            runtime.outbox().begin(&t.db).await.unwrap(),
+            &[("c-otel", 0), ("c-otel", 1), ("c-otel", 2)],
+        )
+        .await;
+        assert!(
+            eventually(Duration::from_secs(30), || async {
+                effects(&t.db).await.len() == 3
+            })
+            .await
+        );
+        runtime.shutdown().await;
+        let body = handle.render();
+        let sent = format!(
+            "messaging_client_sent_messages{{messaging_system=\"nats\",\
+             messaging_operation_name=\"send\",messaging_destination_name=\"{destination}\"}}"
+        );
+        assert_eq!(value(&body, &sent), Some(3.0), "{body}");
+        let consumed = "messaging_client_consumed_messages{messaging_system=\"nats\",\
+             messaging_operation_name=\"receive\",messaging_consumer_group_name=\"t-metrics-otel\"}";
+        assert_eq!(value(&body, consumed), Some(3.0), "{body}");
+        let processed = "messaging_process_duration_count{messaging_system=\"nats\",\
+             messaging_operation_name=\"process\",messaging_consumer_group_name=\"t-metrics-otel\"}";
+        assert_eq!(value(&body, processed), Some(3.0), "{body}");
+        assert!(
+            value(
+                &body,
+                "messaging_client_operation_duration_count{messaging_system=\"nats\""
+            )
+            .is_some_and(|calls| calls >= 1.0),
+            "{body}"
+        );
+        let end_to_end = "inbox_end_to_end_seconds_count{consumer=\"t-metrics-otel\"}";
+        assert_eq!(value(&body, end_to_end), Some(3.0), "{body}");
+        let slowest = value(
+            &body,
+            "inbox_end_to_end_seconds{consumer=\"t-metrics-otel\",quantile=\"1\"}",
+        );
+        assert!(
+            slowest.is_some_and(|s| s > 0.0 && s < 30.0),
+            "the end-to-end time is the seconds between commit and handling: {body}"
+        );
+    });
+}

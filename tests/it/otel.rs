@@ -1,8 +1,12 @@
-//! With the `opentelemetry` feature, the producer's OpenTelemetry span travels in the envelope
-//! through a real broker (NATS JetStream), and the consumer's `outbox.handle` span is its child:
-//! one trace from the request that committed the event to the handler that consumed it.
+//! With the `opentelemetry` feature, every road of an event shows in OpenTelemetry, named after
+//! the messaging semantic conventions: the relay's `send` span (claim loop, fast path, WAL relay,
+//! database-local transport) is a child of the span that enqueued the event, however much later
+//! and from whichever task the relay sends it; the consumer's `receive` and `process` spans carry
+//! the consumer group, the destination and the message id; the worker's retries and the external
+//! messages received are spans of their own. The spans come from a real broker (NATS JetStream)
+//! or database (PostgreSQL, SQLite) run, read back from an in-memory exporter.
 //!
-//! The tracing subscriber is the test's own, set on every thread of the test's tokio runtime:
+//! The tracing subscriber is each test's own, set on every thread of the test's tokio runtime:
 //! the spans of the other tests in the process do not reach its exporter.
 
 use std::time::Duration;
@@ -10,21 +14,39 @@ use std::time::Duration;
 use crate::common::carts::*;
 use crate::common::nats::transport;
 use crate::common::*;
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+use opentelemetry::trace::{SpanKind, Status, TracerProvider as _};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use outbox::inbox::{InboxConfig, IncomingMessage};
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
 use outbox::runtime::Runtime;
+use outbox::transport::Transport;
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 
-#[inbox_handler(consumer = "t-otel")]
+#[inbox_handler(consumer = "t-otel", backoff = "10ms")]
 async fn handle(_tx: &InboxTransaction, _event: Event<LineAdded>) -> Result<(), HandlerError> {
     Ok(())
 }
 
-#[test]
-fn the_handler_span_continues_the_producers_trace() {
+#[derive(Debug, serde::Deserialize)]
+struct Payment {
+    #[allow(dead_code)]
+    amount: i64,
+}
+
+#[inbox_handler(
+    consumer = "t-otel-hooks",
+    source = "otel-psp",
+    message_type = "payment.succeeded"
+)]
+async fn payment(_tx: &InboxTransaction, _message: Event<Payment>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+/// Run `body` with an OpenTelemetry pipeline of its own (a `tracing` subscriber with the
+/// `tracing-opentelemetry` layer, exporting into memory), and return the spans it exported.
+fn traced<F: std::future::Future<Output = ()>>(body: F) -> Vec<SpanData> {
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
@@ -35,79 +57,457 @@ fn the_handler_span_continues_the_producers_trace() {
     // Each thread keeps the subscriber until it ends.
     on_own_runtime(
         move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)),
-        one_trace_across_the_broker(exporter, provider),
+        async {
+            outbox::trace::otel::install();
+            body.await
+        },
+    );
+    // The test thread's subscriber goes now, while the thread's locals are there to export
+    // what it still holds (SQLite's connection threads keep the span of their last statement).
+    std::mem::forget(tracing::dispatcher::set_default(&tracing::Dispatch::none()));
+    provider.force_flush().unwrap();
+    exporter.get_finished_spans().unwrap()
+}
+
+/// The attribute `key` of `span`, as text.
+fn attr(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.to_string())
+}
+
+/// The spans with `outbox.road` = `road` and `messaging.operation.type` = `operation`.
+fn on_road<'a>(spans: &'a [SpanData], road: &str, operation: &str) -> Vec<&'a SpanData> {
+    spans
+        .iter()
+        .filter(|s| {
+            attr(s, "outbox.road").as_deref() == Some(road)
+                && attr(s, "messaging.operation.type").as_deref() == Some(operation)
+        })
+        .collect()
+}
+
+/// Check the attributes every span of the conventions carries.
+fn check(span: &SpanData, kind: SpanKind, expected: &[(&str, &str)]) {
+    assert_eq!(span.span_kind, kind, "{span:#?}");
+    for (key, value) in expected {
+        assert_eq!(
+            attr(span, key).as_deref(),
+            Some(*value),
+            "{key} of {}: {:#?}",
+            span.name,
+            span.attributes
+        );
+    }
+}
+
+/// `span` is a child of the context the event was enqueued under: the outbox row's
+/// `traceparent` (trace id, and the enqueuing span's id).
+fn in_trace_of(span: &SpanData, traceparent: &str) {
+    let mut parts = traceparent.split('-').skip(1);
+    let (trace, parent) = (parts.next().unwrap(), parts.next().unwrap());
+    assert_eq!(
+        span.span_context.trace_id().to_string(),
+        trace,
+        "{} in the producer's trace",
+        span.name
+    );
+    assert_eq!(
+        span.parent_span_id.to_string(),
+        parent,
+        "{}'s parent is the producer's span",
+        span.name
     );
 }
 
-async fn one_trace_across_the_broker(exporter: InMemorySpanExporter, provider: SdkTracerProvider) {
-    let Some(t) = test_db(Backend::Postgres, "otel_trace_pg").await else {
-        return;
-    };
-    let Some(nats) = transport("otel_pg").await else {
-        return;
-    };
-    assert!(outbox::trace::otel::install());
+/// The event id and `traceparent` of the first outbox row.
+async fn first_event(db: &outbox::sea_orm::DatabaseConnection) -> (String, String) {
+    let row = &outbox_rows(db).await[0];
+    let traceparent = row.headers["traceparent"].as_str().expect("a traceparent");
+    (row.event_id.to_string(), traceparent.to_owned())
+}
 
-    let runtime = Runtime::builder(t.db.clone())
-        .source("carts")
-        .transport(nats.0.clone())
-        .consumers(["t-otel"])
-        .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
-        .start()
-        .await
-        .unwrap();
-    let outbox = runtime.outbox().clone();
-    let checkout = tracing::info_span!("checkout");
+/// Enqueue one line for `cart` in a transaction of `outbox`, inside a span named `root`.
+async fn commit_one(db: &outbox::sea_orm::DatabaseConnection, outbox: &Outbox, cart: &str) {
+    let root = tracing::info_span!("checkout", cart);
     async {
-        let tx = outbox.begin(&t.db).await.unwrap();
+        let tx = outbox.begin(db).await.unwrap();
         tx.enqueue(&LineAdded {
-            cart: "otel".into(),
+            cart: cart.into(),
             seq: 1,
         })
         .unwrap();
         let _ = tx.commit().await.unwrap();
     }
-    .instrument(checkout)
+    .instrument(root)
     .await;
+}
 
-    let handled = eventually(Duration::from_secs(30), || async {
-        inbox_rows(&t.db, "t-otel")
+fn nats_destination(transport: &dyn Transport) -> String {
+    transport
+        .routing()
+        .unwrap()
+        .address(LineAdded::EVENT_TYPE, LineAdded::AGGREGATE_TYPE)
+}
+
+/// The claim loop publishes an event committed through a handle without a fast path: its
+/// `send` span is in the producer's trace; the consumer's `receive` and `process` spans carry
+/// the consumer group and the same destination and message id, and the handler's span continues
+/// the producer's trace across the broker.
+#[test]
+fn the_claim_loop_and_the_consumer_follow_the_conventions() {
+    let mut context = None;
+    let spans = traced(async {
+        let Some(t) = test_db(Backend::Postgres, "otel_claim_loop").await else {
+            return;
+        };
+        let Some(nats) = transport("otel_claim").await else {
+            return;
+        };
+        let runtime = Runtime::builder(t.db.clone())
+            .source("carts")
+            .transport(nats.0.clone())
+            .consumers(["t-otel"])
+            .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
+            .start()
             .await
-            .iter()
-            .any(|r| r.status == "DONE")
-    })
-    .await;
-    runtime.shutdown().await;
-    assert!(handled, "the event was handled");
-    provider.force_flush().unwrap();
-    let spans = exporter.get_finished_spans().unwrap();
+            .unwrap();
+        // A handle of its own: no fast path, the claim loop finds the event.
+        commit_one(&t.db, &Outbox::new("carts"), "otel-claim").await;
+        let handled = eventually(Duration::from_secs(30), || async {
+            inbox_rows(&t.db, "t-otel")
+                .await
+                .iter()
+                .any(|r| r.status == "DONE")
+        })
+        .await;
+        runtime.shutdown().await;
+        assert!(handled, "the event was handled");
+        let (event_id, traceparent) = first_event(&t.db).await;
+        context = Some((event_id, traceparent, nats_destination(&nats.0)));
+    });
+    let Some((event_id, traceparent, destination)) = context else {
+        return;
+    };
+    let sends = on_road(&spans, "claim_loop", "send");
+    assert_eq!(sends.len(), 1, "one send span: {spans:#?}");
+    let send = sends[0];
+    assert_eq!(send.name, format!("send {destination}"));
+    check(
+        send,
+        SpanKind::Producer,
+        &[
+            ("messaging.system", "nats"),
+            ("messaging.operation.name", "send"),
+            ("messaging.destination.name", &destination),
+            ("messaging.message.id", &event_id),
+            ("outbox.event_type", LineAdded::EVENT_TYPE),
+            ("outbox.aggregate.id", "otel-claim"),
+        ],
+    );
+    assert_eq!(send.status, Status::Unset);
+    in_trace_of(send, &traceparent);
     let checkout = spans
         .iter()
         .find(|s| s.name == "checkout")
         .expect("the producer's span");
-    let handle = spans
-        .iter()
-        .find(|s| s.name == "outbox.handle")
-        .expect("the handler's span");
-    assert_eq!(
-        handle.span_context.trace_id(),
-        checkout.span_context.trace_id(),
-        "one trace across the broker"
-    );
-    let producer_side: Vec<_> = spans
-        .iter()
-        .filter(|s| s.span_context.trace_id() == checkout.span_context.trace_id())
-        .map(|s| s.span_context.span_id())
-        .collect();
     assert!(
-        producer_side.contains(&handle.parent_span_id),
-        "the handler's parent is a span of the producer"
+        traceparent.contains(&checkout.span_context.trace_id().to_string()),
+        "the event carries the trace of the request that enqueued it"
     );
-    assert_ne!(
-        handle.span_context.span_id(),
-        checkout.span_context.span_id()
+
+    let consumer = [
+        ("messaging.system", "nats"),
+        ("messaging.consumer.group.name", "t-otel"),
+        ("messaging.destination.name", destination.as_str()),
+        ("messaging.message.id", event_id.as_str()),
+    ];
+    let receive = on_road(&spans, "consumer", "receive");
+    assert_eq!(receive.len(), 1, "{spans:#?}");
+    assert_eq!(receive[0].name, format!("receive {destination}"));
+    check(receive[0], SpanKind::Consumer, &consumer);
+    assert_eq!(
+        attr(receive[0], "outbox.delivery_count").as_deref(),
+        Some("1")
     );
-    let row = &outbox_rows(&t.db).await[0];
-    let traceparent = row.headers["traceparent"].as_str().unwrap();
-    assert!(traceparent.contains(&checkout.span_context.trace_id().to_string()));
+
+    let process = on_road(&spans, "consumer", "process");
+    assert_eq!(process.len(), 1, "{spans:#?}");
+    assert_eq!(process[0].name, format!("process {destination}"));
+    check(process[0], SpanKind::Consumer, &consumer);
+    assert_eq!(attr(process[0], "outbox.attempt").as_deref(), Some("1"));
+    in_trace_of(process[0], &traceparent);
+}
+
+/// The fast path publishes what a commit through the runtime's handle wrote: its `send` span
+/// is in the producer's trace. A handler that fails once is a failed `process` span (`error.type`
+/// `retry`, status error) on the consumer's road, then a `process` span of the worker, attempt 2.
+#[test]
+fn the_fast_path_and_the_workers_retry_follow_the_conventions() {
+    let mut context = None;
+    let spans = traced(async {
+        let Some(t) = test_db(Backend::Postgres, "otel_fast_path").await else {
+            return;
+        };
+        let Some(nats) = transport("otel_fast").await else {
+            return;
+        };
+        let faults = outbox::testing::HandlerFaults::new();
+        faults.fail("t-otel", LineAdded::EVENT_TYPE, 1);
+        let runtime = Runtime::builder(t.db.clone())
+            .source("carts")
+            .transport(nats.0.clone())
+            .consumers(["t-otel"])
+            .inbox_config(InboxConfig::default().faults(&faults))
+            .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
+            .start()
+            .await
+            .unwrap();
+        commit_one(&t.db, runtime.outbox(), "otel-fast").await;
+        let handled = eventually(Duration::from_secs(30), || async {
+            inbox_rows(&t.db, "t-otel")
+                .await
+                .iter()
+                .any(|r| r.status == "DONE")
+        })
+        .await;
+        runtime.shutdown().await;
+        assert!(handled, "the event was handled");
+        assert_eq!(faults.injected(), 1);
+        let (event_id, traceparent) = first_event(&t.db).await;
+        context = Some((event_id, traceparent, nats_destination(&nats.0)));
+    });
+    let Some((event_id, traceparent, destination)) = context else {
+        return;
+    };
+    let sends = on_road(&spans, "fast_path", "send");
+    assert_eq!(sends.len(), 1, "one send span: {spans:#?}");
+    check(
+        sends[0],
+        SpanKind::Producer,
+        &[
+            ("messaging.system", "nats"),
+            ("messaging.destination.name", &destination),
+            ("messaging.message.id", &event_id),
+        ],
+    );
+    in_trace_of(sends[0], &traceparent);
+    assert!(on_road(&spans, "claim_loop", "send").is_empty());
+
+    let first = on_road(&spans, "consumer", "process");
+    assert_eq!(first.len(), 1, "{spans:#?}");
+    check(
+        first[0],
+        SpanKind::Consumer,
+        &[
+            ("messaging.message.id", &event_id),
+            ("outbox.attempt", "1"),
+            ("error.type", "retry"),
+        ],
+    );
+    assert!(matches!(first[0].status, Status::Error { .. }));
+    let retry = on_road(&spans, "worker", "process");
+    assert_eq!(retry.len(), 1, "{spans:#?}");
+    check(
+        retry[0],
+        SpanKind::Consumer,
+        &[
+            ("messaging.system", "nats"),
+            ("messaging.consumer.group.name", "t-otel"),
+            ("messaging.message.id", &event_id),
+            ("outbox.attempt", "2"),
+        ],
+    );
+    assert_eq!(attr(retry[0], "error.type"), None);
+    in_trace_of(retry[0], &traceparent);
+}
+
+/// The database-local transport moves the event into the consumer's inbox in a `send` span of
+/// the producer's trace; the worker handles it in a `process` span.
+#[test]
+fn the_local_transport_follows_the_conventions() {
+    let mut context = None;
+    let spans = traced(async {
+        let Some(t) = test_db(Backend::SqliteFile, "otel_local").await else {
+            return;
+        };
+        let runtime = Runtime::builder(t.db.clone())
+            .source("carts")
+            .consumers(["t-otel"])
+            .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
+            .start()
+            .await
+            .unwrap();
+        commit_one(&t.db, runtime.outbox(), "otel-local").await;
+        let handled = eventually(Duration::from_secs(30), || async {
+            inbox_rows(&t.db, "t-otel")
+                .await
+                .iter()
+                .any(|r| r.status == "DONE")
+        })
+        .await;
+        runtime.shutdown().await;
+        assert!(handled, "the event was handled");
+        context = Some(first_event(&t.db).await);
+    });
+    let Some((event_id, traceparent)) = context else {
+        return;
+    };
+    let sends = on_road(&spans, "local", "send");
+    assert_eq!(sends.len(), 1, "{spans:#?}");
+    check(
+        sends[0],
+        SpanKind::Producer,
+        &[
+            ("messaging.system", "database-local"),
+            ("messaging.destination.name", LineAdded::EVENT_TYPE),
+            ("messaging.message.id", &event_id),
+        ],
+    );
+    in_trace_of(sends[0], &traceparent);
+    let process = on_road(&spans, "worker", "process");
+    assert_eq!(process.len(), 1, "{spans:#?}");
+    check(
+        process[0],
+        SpanKind::Consumer,
+        &[
+            ("messaging.system", "database-local"),
+            ("messaging.consumer.group.name", "t-otel"),
+            ("messaging.message.id", &event_id),
+        ],
+    );
+    in_trace_of(process[0], &traceparent);
+}
+
+/// An external message (what a webhook endpoint hands to the inbox) is received in a `receive`
+/// span with its consumer, id and receipt, and handled by the worker in a `process` span whose
+/// system is `webhook`; the same message again is a `duplicate` receipt.
+#[test]
+fn external_messages_received_follow_the_conventions() {
+    let mut ran = false;
+    let spans = traced(async {
+        let Some(t) = test_db(Backend::SqliteFile, "otel_webhook").await else {
+            return;
+        };
+        let runtime = Runtime::builder(t.db.clone())
+            .consumers(["t-otel-hooks"])
+            .start()
+            .await
+            .unwrap();
+        let message = IncomingMessage::new(
+            "t-otel-hooks",
+            "otel-psp",
+            "evt_otel_1",
+            "payment.succeeded",
+            br#"{"amount": 5}"#.to_vec(),
+        )
+        .ordering_key("cus_1");
+        let inbox = runtime.external_inbox();
+        assert!(inbox.receive(&message).await.unwrap().is_new());
+        assert!(!inbox.receive(&message).await.unwrap().is_new());
+        let handled = eventually(Duration::from_secs(30), || async {
+            inbox_rows(&t.db, "t-otel-hooks")
+                .await
+                .iter()
+                .any(|r| r.status == "DONE")
+        })
+        .await;
+        runtime.shutdown().await;
+        assert!(handled, "the message was handled");
+        ran = true;
+    });
+    if !ran {
+        return;
+    }
+    let received = on_road(&spans, "webhook", "receive");
+    assert_eq!(received.len(), 2, "{spans:#?}");
+    for (span, receipt) in received.iter().zip(["new", "duplicate"]) {
+        check(
+            span,
+            SpanKind::Consumer,
+            &[
+                ("messaging.system", "webhook"),
+                ("messaging.consumer.group.name", "t-otel-hooks"),
+                ("messaging.message.id", "evt_otel_1"),
+                ("outbox.event_type", "payment.succeeded"),
+                ("outbox.aggregate.id", "cus_1"),
+                ("outbox.receipt", receipt),
+            ],
+        );
+    }
+    let process = on_road(&spans, "worker", "process");
+    assert_eq!(process.len(), 1, "{spans:#?}");
+    check(
+        process[0],
+        SpanKind::Consumer,
+        &[
+            ("messaging.system", "webhook"),
+            ("messaging.consumer.group.name", "t-otel-hooks"),
+            ("messaging.message.id", "evt_otel_1"),
+        ],
+    );
+}
+
+/// The WAL relay publishes what it reads from the slot in a `send` span of the producer's trace.
+#[cfg(feature = "postgres-wal")]
+#[test]
+fn the_wal_relay_follows_the_conventions() {
+    let mut context = None;
+    let spans = traced(async {
+        let Some(t) = logical_test_db("otel_wal").await else {
+            return;
+        };
+        let Some(nats) = transport("otel_wal").await else {
+            return;
+        };
+        let wal = outbox::relay::WalConfig::new(t.url.clone())
+            .slot("outbox_otel_wal")
+            .table_grace(Duration::from_secs(60));
+        let runtime = Runtime::builder(t.db.clone())
+            .source("carts")
+            .transport(nats.0.clone())
+            .consumers(["t-otel"])
+            .relay_config(RelayConfig::default().listen(false))
+            .wal(wal)
+            .start()
+            .await
+            .unwrap();
+        let streaming = eventually(Duration::from_secs(20), || async {
+            outbox::store::wal::slot(&t.db, "outbox_otel_wal")
+                .await
+                .unwrap()
+                .is_some_and(|s| s.active)
+        })
+        .await;
+        assert!(streaming, "the relay streams from its slot");
+        // A handle of its own: no fast path, the WAL stream finds the event.
+        commit_one(&t.db, &Outbox::new("carts"), "otel-wal").await;
+        let handled = eventually(Duration::from_secs(30), || async {
+            inbox_rows(&t.db, "t-otel")
+                .await
+                .iter()
+                .any(|r| r.status == "DONE")
+        })
+        .await;
+        runtime.shutdown().await;
+        assert!(handled, "the event was handled");
+        let (event_id, traceparent) = first_event(&t.db).await;
+        context = Some((event_id, traceparent, nats_destination(&nats.0)));
+    });
+    let Some((event_id, traceparent, destination)) = context else {
+        return;
+    };
+    let sends = on_road(&spans, "wal", "send");
+    assert_eq!(sends.len(), 1, "one send span: {spans:#?}");
+    check(
+        sends[0],
+        SpanKind::Producer,
+        &[
+            ("messaging.system", "nats"),
+            ("messaging.destination.name", &destination),
+            ("messaging.message.id", &event_id),
+        ],
+    );
+    in_trace_of(sends[0], &traceparent);
 }

@@ -71,8 +71,16 @@ enum Outcome {
 impl Consumer {
     /// Record and handle several deliveries in one transaction, then ack them all.
     pub(super) async fn deliver_batch(&self, run: Vec<Inline>, shutdown: &CancellationToken) {
+        let spans: Vec<tracing::Span> = run
+            .iter()
+            .map(|inline| self.receive_span(&inline.delivery, Some(&inline.envelope)))
+            .collect();
         match self.process_batch(&run).await {
             Ok(()) => {
+                for _ in &run {
+                    crate::telemetry::consumed(self.system, self.name);
+                }
+                drop(spans);
                 failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
                 let acks = run.into_iter().map(|inline| inline.delivery.ack());
                 for settled in futures_util::future::join_all(acks).await {
@@ -85,6 +93,10 @@ impl Consumer {
                 #[cfg(feature = "failpoints")]
                 if crate::failpoints::is_injected(&error) {
                     return; // the process "died" here: neither ack nor nack
+                }
+                // Each delivery is recorded again on its own, in a span of its own.
+                for span in spans {
+                    crate::telemetry::failed(&span, "database");
                 }
                 tracing::debug!(consumer = self.name, error = %error, deliveries = run.len(), "could not record a batch; recording its deliveries one by one");
                 for inline in run {
@@ -235,7 +247,16 @@ impl Consumer {
         let mark = tx.mark();
         let itx = self.attempt_tx(tx, &inline.envelope.id, 1);
         let result = self
-            .run_handler(inline.reg, &itx, &inline.envelope, 1)
+            .run_handler(
+                inline.reg,
+                &itx,
+                &inline.envelope,
+                1,
+                super::settle::Via {
+                    road: crate::telemetry::Road::Consumer,
+                    destination: &inline.delivery.subject,
+                },
+            )
             .await;
         let tx = itx.into_inner();
         if result.is_err() && savepoints {
@@ -258,7 +279,7 @@ impl Consumer {
         let mut seen_before = Vec::new();
         for ((inline, row), outcome) in run.iter().zip(rows).zip(outcomes) {
             match outcome {
-                Outcome::Handled => self.count(Counter::handled),
+                Outcome::Handled => self.count_handled(inline.reg, &inline.envelope),
                 Outcome::Stored => {
                     self.count(Counter::stored);
                     wake = true;

@@ -41,6 +41,8 @@ use crate::{
 /// A consumer's handlers and settings, shared by its dispatcher and worker.
 pub(crate) struct Consumer {
     pub(crate) name: &'static str,
+    /// The `messaging.system` its messages come through (the transport's name).
+    pub(crate) system: &'static str,
     /// Handlers of this SDK's events, by event type and schema version.
     handlers: ByEventType,
     /// Handlers of external messages, by source and message type.
@@ -107,6 +109,7 @@ impl Consumer {
         };
         Consumer {
             name,
+            system: "database-local",
             handlers,
             external,
             event_types,

@@ -25,7 +25,7 @@ use super::{
     HandlerMode,
     consumer::{Consumer, inbox_row},
     digest::{digest, legacy_digest},
-    settle::Place,
+    settle::{Place, Via},
     stats::Counter,
 };
 use crate::{
@@ -35,6 +35,7 @@ use crate::{
         self, Failure,
         inbox::{InboxState, MAX_MESSAGE_ID_CHARS, NewInboxRow, Recorded},
     },
+    telemetry::{self, Road},
     transport::Delivery,
     util::text::truncate,
 };
@@ -47,6 +48,29 @@ const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
 const RECORD_ATTEMPTS_ON_OTHER_ERRORS: u32 = 3;
 
 impl Consumer {
+    /// The consumer span of recording `delivery` (`envelope`: decoded, when it could be).
+    pub(super) fn receive_span(
+        &self,
+        delivery: &Delivery,
+        envelope: Option<&Envelope>,
+    ) -> tracing::Span {
+        let broker_id = delivery.message_id.as_deref().unwrap_or("");
+        let span = telemetry::receive_span(&telemetry::Consume {
+            road: Road::Consumer,
+            system: self.system,
+            consumer: self.name,
+            destination: &delivery.subject,
+            message_id: &envelope.map_or(broker_id, |e| e.id.as_str()),
+            event_type: envelope.map_or("", |e| e.event_type.as_str()),
+            aggregate_id: envelope.and_then(|e| e.subject.as_deref()).unwrap_or(""),
+        });
+        span.record("outbox.delivery_count", delivery.delivery_count);
+        if envelope.is_none() {
+            telemetry::failed(&span, "undecodable");
+        }
+        span
+    }
+
     /// Record and handle one delivery, then ack it. When recording fails on the database, try
     /// again here, in the delivery's lane, so that later messages of its aggregate keep waiting
     /// behind it: while the database is unreachable (or the error is a deadlock) until it
@@ -58,19 +82,8 @@ impl Consumer {
         decoded: Result<Envelope, String>,
         shutdown: &CancellationToken,
     ) {
-        let span = match &decoded {
-            Ok(e) => tracing::debug_span!(
-                "outbox.dispatch", consumer = self.name, event_id = %e.id,
-                event_type = %e.event_type, aggregate_id = e.subject.as_deref().unwrap_or(""),
-                delivery_count = delivery.delivery_count,
-            ),
-            Err(_) => tracing::debug_span!(
-                "outbox.dispatch",
-                consumer = self.name,
-                undecodable = true,
-                delivery_count = delivery.delivery_count,
-            ),
-        };
+        telemetry::consumed(self.system, self.name);
+        let span = self.receive_span(&delivery, decoded.as_ref().ok());
         let mut delay = RECORD_RETRY_FIRST;
         let mut other_errors = 0;
         let settle = loop {
@@ -177,7 +190,11 @@ impl Consumer {
             }
         }
         let itx = self.attempt_tx(tx, &envelope.id, 1);
-        let Err(error) = self.handle_and_commit(reg, itx, envelope).await? else {
+        let via = Via {
+            road: Road::Consumer,
+            destination: &delivery.subject,
+        };
+        let Err(error) = self.handle_and_commit(reg, itx, envelope, via).await? else {
             return Ok(());
         };
         let failure = self.failure(Some(reg), &error, 1);

@@ -25,6 +25,7 @@ use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use super::{deliver::conflict_id, digest::digest};
 use crate::{
@@ -337,6 +338,19 @@ impl ExternalInbox {
     /// a key was taken, the reads that say which. A deadlock or a busy database is tried again a
     /// few times.
     pub async fn receive(&self, message: &IncomingMessage) -> Result<Receipt, ReceiveError> {
+        let span = receive_span(message);
+        let result = self
+            .receive_with_retries(message)
+            .instrument(span.clone())
+            .await;
+        received(&span, &message.consumer, &result);
+        result
+    }
+
+    async fn receive_with_retries(
+        &self,
+        message: &IncomingMessage,
+    ) -> Result<Receipt, ReceiveError> {
         message.validate()?;
         let mut attempt = 0;
         loop {
@@ -363,12 +377,19 @@ impl ExternalInbox {
         conn: &C,
         message: &IncomingMessage,
     ) -> Result<Receipt, ReceiveError> {
-        message.validate()?;
-        let receipt = record(conn, message)
-            .await
-            .map_err(|e| e.into_receive_error(message))?;
-        self.after(message, &receipt);
-        Ok(receipt)
+        let span = receive_span(message);
+        let result = async {
+            message.validate()?;
+            let receipt = record(conn, message)
+                .await
+                .map_err(|e| e.into_receive_error(message))?;
+            self.after(message, &receipt);
+            Ok(receipt)
+        }
+        .instrument(span.clone())
+        .await;
+        received(&span, &message.consumer, &result);
+        result
     }
 
     fn after(&self, message: &IncomingMessage, receipt: &Receipt) {
@@ -391,6 +412,37 @@ impl ExternalInbox {
             ),
         }
     }
+}
+
+/// The consumer span of receiving an external message (see [`crate::telemetry`]).
+fn receive_span(message: &IncomingMessage) -> tracing::Span {
+    crate::telemetry::receive_span(&crate::telemetry::Consume {
+        road: crate::telemetry::Road::Webhook,
+        system: "webhook",
+        consumer: &message.consumer,
+        destination: &message.consumer,
+        message_id: &message.message_id,
+        event_type: &message.message_type,
+        aggregate_id: message.ordering_key.as_deref().unwrap_or(""),
+    })
+}
+
+/// Close the span of a receive with its outcome, and count the message received.
+fn received(span: &tracing::Span, consumer: &str, result: &Result<Receipt, ReceiveError>) {
+    match result {
+        Ok(receipt) => {
+            span.record("outbox.receipt", receipt.as_str());
+        }
+        Err(e) => crate::telemetry::failed(
+            span,
+            if e.is_unavailable() {
+                "database"
+            } else {
+                "invalid"
+            },
+        ),
+    }
+    crate::telemetry::consumed("webhook", consumer);
 }
 
 enum RecordError {

@@ -19,9 +19,18 @@ use crate::{
         self, Failure,
         inbox::{InboxState, NewInboxRow},
     },
+    telemetry::{self, Road},
     trace::TraceContext,
     transaction::OutboxTransaction,
 };
+
+/// Where a handler's run comes from: the road and destination its `process` span names.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Via<'a> {
+    pub(super) road: Road,
+    /// The subject, topic or stream it was delivered from; the event type for the worker.
+    pub(super) destination: &'a str,
+}
 
 /// Where a failed message is recorded.
 pub(super) enum Place<'a> {
@@ -63,6 +72,7 @@ impl Consumer {
         itx: &InboxTransaction,
         envelope: &Envelope,
         attempt: u32,
+        via: Via<'_>,
     ) -> Result<(), HandlerError> {
         // A payload of an earlier version goes through the upcasters to the handler's.
         let upcast;
@@ -75,14 +85,23 @@ impl Consumer {
             } else {
                 envelope
             };
-        let span = tracing::info_span!(
-            "outbox.handle",
-            consumer = self.name,
-            event_type = %envelope.event_type,
-            event_id = %envelope.id,
-            aggregate_id = envelope.subject.as_deref().unwrap_or(""),
+        // External messages come from a webhook or `ExternalInbox::receive`.
+        let system = if reg.source.is_some() {
+            "webhook"
+        } else {
+            self.system
+        };
+        let span = telemetry::process_span(
+            &telemetry::Consume {
+                road: via.road,
+                system,
+                consumer: self.name,
+                destination: via.destination,
+                message_id: &envelope.id,
+                event_type: &envelope.event_type,
+                aggregate_id: envelope.subject.as_deref().unwrap_or(""),
+            },
             attempt,
-            traceparent = envelope.traceparent.as_deref().unwrap_or(""),
         );
         #[cfg(feature = "testing")]
         let injected = self
@@ -92,7 +111,10 @@ impl Consumer {
             .and_then(|faults| faults.take(self.name, &envelope.event_type));
         #[cfg(feature = "testing")]
         let injected = match injected {
-            Some(fault) if !fault.after_running => return Err(fault.error),
+            Some(fault) if !fault.after_running => {
+                telemetry::failed(&span, "retry");
+                return Err(fault.error);
+            }
             other => other,
         };
         let handler = AssertUnwindSafe((reg.handler)(itx, envelope, attempt)).catch_unwind();
@@ -100,6 +122,7 @@ impl Consumer {
             .traceparent
             .as_deref()
             .and_then(|tp| TraceContext::new(tp, envelope.tracestate.clone()).ok());
+        let span_handle = span.clone();
         let started = std::time::Instant::now();
         let outcome = match parent {
             // With OpenTelemetry the handler's own span is the child, and `enqueue` reads it.
@@ -111,11 +134,23 @@ impl Consumer {
             Some(parent) => parent.child().scope(handler.instrument(span)).await,
             None => handler.instrument(span).await,
         };
-        crate::metrics::handler_duration(self.name, &envelope.event_type, started.elapsed());
+        let took = started.elapsed();
+        crate::metrics::handler_duration(self.name, &envelope.event_type, took);
         #[cfg(feature = "testing")]
-        if let (Some(fault), Ok(Ok(()))) = (injected, &outcome) {
-            return Err(fault.error);
+        let outcome = match (injected, outcome) {
+            (Some(fault), Ok(Ok(()))) => Ok(Err(fault.error)),
+            (_, outcome) => outcome,
+        };
+        let error_type = match &outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) if e.is_permanent() => Some("permanent"),
+            Ok(Err(_)) => Some("retry"),
+            Err(_) => Some("panic"),
+        };
+        if let Some(error_type) = error_type {
+            telemetry::failed(&span_handle, error_type);
         }
+        telemetry::processed(system, self.name, took, error_type);
         match outcome {
             Ok(result) => result,
             Err(panic) => {
@@ -140,16 +175,17 @@ impl Consumer {
         reg: &HandlerRegistration,
         itx: InboxTransaction,
         envelope: &Envelope,
+        via: Via<'_>,
     ) -> Result<Result<(), HandlerError>, DbErr> {
         let attempt = itx.context().attempt;
-        let result = self.run_handler(reg, &itx, envelope, attempt).await;
+        let result = self.run_handler(reg, &itx, envelope, attempt, via).await;
         if result.is_ok() {
             failpoint!(error crate::failpoints::INBOX_AFTER_HANDLER);
         }
         let error = match result {
             Ok(()) => match itx.into_inner().commit().await {
                 Ok(_) => {
-                    self.count(Counter::handled);
+                    self.count_handled(reg, envelope);
                     return Ok(Ok(()));
                 }
                 Err(e) => HandlerError::retry(format!("commit failed: {e}")),
@@ -160,6 +196,19 @@ impl Consumer {
             }
         };
         Ok(Err(error))
+    }
+
+    /// Count a message handled and committed, with the time from its producer's commit (its
+    /// envelope's `time`) to now: the end-to-end figure per consumer. External messages carry
+    /// their sender's time, not a commit's: they are counted without it.
+    pub(super) fn count_handled(&self, reg: &HandlerRegistration, envelope: &Envelope) {
+        self.count(Counter::handled);
+        if reg.source.is_none()
+            && let Some(time) = envelope.time
+        {
+            let age = (chrono::Utc::now() - time).to_std().unwrap_or_default();
+            crate::metrics::end_to_end(self.name, age);
+        }
     }
 
     /// Record a failed attempt at `message_id` where it lives, then count it (a claimed message

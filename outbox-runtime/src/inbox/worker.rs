@@ -160,7 +160,11 @@ impl Consumer {
             }
         }
         let itx = self.attempt_tx(tx, &message.message_id, attempt);
-        match self.handle_and_commit(reg, itx, &envelope).await {
+        let via = super::settle::Via {
+            road: crate::telemetry::Road::Worker,
+            destination: &envelope.event_type,
+        };
+        match self.handle_and_commit(reg, itx, &envelope, via).await {
             Ok(Ok(())) => Outcome::Done,
             Ok(Err(error)) => {
                 self.fail_claimed(message, token, Some(reg), error).await;

@@ -56,6 +56,7 @@ use crate::{
         claim::ClaimParams,
         relay::{Claim, ClaimedEvent, Settlement},
     },
+    telemetry,
     transport::{
         IntoTransport, OutgoingMessage, PublishError, Transport, TransportError,
         local::LocalDelivery,

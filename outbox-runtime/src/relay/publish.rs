@@ -139,7 +139,7 @@ impl Relay {
             settlement,
             transient_error,
             outage,
-        } = self.publish(transport, &claim, shutdown).await;
+        } = self.publish(transport, &claim, shutdown, source).await;
         failpoint!(error source.failpoint_after_publish());
         if !settlement.sent.is_empty() {
             self.broker.confirmed();
@@ -240,6 +240,7 @@ impl Relay {
         transport: &dyn Transport,
         claim: &Claim,
         shutdown: &CancellationToken,
+        source: Source,
     ) -> Published {
         let policy = decide::Policy {
             max_attempts: self.config.max_attempts,
@@ -265,7 +266,7 @@ impl Relay {
                 waves.release_rest(settlement);
                 break;
             }
-            let outcomes = publish_wave(transport, wave).await;
+            let outcomes = publish_wave(transport, wave, source).await;
             let outage = match decide::suspicion(&outcomes) {
                 decide::Suspicion::None => None,
                 decide::Suspicion::Lost(reason) => Some(decide::Outage {
@@ -314,6 +315,7 @@ impl Relay {
 async fn publish_wave<'a>(
     transport: &dyn Transport,
     wave: Vec<&'a ClaimedEvent>,
+    source: Source,
 ) -> Vec<decide::Outcome<'a>> {
     let mut published: Vec<&ClaimedEvent> = Vec::with_capacity(wave.len());
     let mut messages: Vec<OutgoingMessage> = Vec::with_capacity(wave.len());
@@ -329,18 +331,64 @@ async fn publish_wave<'a>(
     }
     let mut results = Vec::new();
     if !messages.is_empty() {
-        for message in &messages {
-            tracing::trace!(
-                event_id = %message.event_id, event_type = %message.event_type,
-                aggregate_id = %message.aggregate_id, "publishing"
-            );
-        }
+        let system = transport.name();
+        let routing = transport.routing();
+        let destinations: Vec<String> = messages
+            .iter()
+            .map(|m| match &routing {
+                Some(routing) => routing.address(&m.event_type, &m.aggregate_type),
+                None => m.event_type.clone(),
+            })
+            .collect();
+        // One producer span per message, each in the trace of the request that enqueued it.
+        let spans: Vec<tracing::Span> = messages
+            .iter()
+            .zip(&destinations)
+            .map(|(message, destination)| {
+                let header = |name: &str| {
+                    message
+                        .headers
+                        .iter()
+                        .find(|(k, _)| k == name)
+                        .map(|(_, v)| v.as_str())
+                };
+                telemetry::send_span(&telemetry::Send {
+                    road: source.road(),
+                    system,
+                    destination,
+                    message_id: &message.event_id,
+                    event_type: &message.event_type,
+                    aggregate_type: &message.aggregate_type,
+                    aggregate_id: &message.aggregate_id,
+                    body_size: message.body.len(),
+                    traceparent: header("traceparent"),
+                    tracestate: header("tracestate"),
+                })
+            })
+            .collect();
         let span = tracing::debug_span!(
             "outbox.publish",
-            transport = transport.name(),
+            transport = system,
             messages = messages.len()
         );
+        let started = Instant::now();
         results = transport.publish(&messages).instrument(span).await;
+        let errors = (0..messages.len()).map(|i| match results.get(i) {
+            Some(Ok(())) => None,
+            Some(Err(e)) => Some(e.error_type()),
+            None => Some("rejected"),
+        });
+        let errors: Vec<Option<&'static str>> = errors.collect();
+        for (span, error) in spans.iter().zip(&errors) {
+            if let Some(error) = error {
+                telemetry::failed(span, error);
+            }
+        }
+        telemetry::sent(
+            system,
+            destinations.into_iter().zip(errors),
+            started.elapsed(),
+        );
     }
     let mut results = results.into_iter();
     let mut outcomes: Vec<_> = published
@@ -391,6 +439,15 @@ pub(super) enum Source {
 }
 
 impl Source {
+    /// The `outbox.road` its spans carry.
+    fn road(self) -> telemetry::Road {
+        match self {
+            Source::Claim => telemetry::Road::ClaimLoop,
+            Source::FastPath => telemetry::Road::FastPath,
+            Source::Wal => telemetry::Road::Wal,
+        }
+    }
+
     /// Which rows the write-back may change: those under the batch's claim `token`, or, for
     /// the WAL's rows that no relay claimed, those still PENDING.
     fn fence(self, token: uuid::Uuid) -> store::relay::Fence {

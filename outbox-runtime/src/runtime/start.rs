@@ -169,7 +169,7 @@ impl RuntimeBuilder {
         for (name, regs) in by_consumer {
             let wake = Arc::new(Notify::new());
             wakes.insert(*name, wake.clone());
-            let consumer = Arc::new(Consumer::new(
+            let mut consumer = Consumer::new(
                 name,
                 regs,
                 self.inbox.clone(),
@@ -177,7 +177,11 @@ impl RuntimeBuilder {
                 outbox.clone(),
                 wake,
                 format!("{worker_id}/{name}"),
-            ));
+            );
+            if let Some(transport) = &self.transport {
+                consumer.system = transport.name();
+            }
+            let consumer = Arc::new(consumer);
             consumers.insert(*name, consumer.stats.clone());
             if let Some(transport) = self.transport.as_ref().filter(|_| consumer.takes_events()) {
                 let (consumer, transport) = (consumer.clone(), transport.clone());

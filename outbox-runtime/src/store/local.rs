@@ -41,6 +41,9 @@ pub async fn move_to_inbox(
     let queue = outbox_queue(dialect);
     let mut moved = Moved::default();
     let mut sent = Vec::new();
+    let mut types = Vec::new();
+    let mut spans = Vec::new();
+    let mut took = std::time::Duration::ZERO;
     let mut dead_aggregates = std::collections::HashSet::new();
     for candidate in select_claimable(&txn, &queue, params.batch_size, params.ordering)
         .await?
@@ -59,12 +62,47 @@ pub async fn move_to_inbox(
                 continue;
             }
         };
+        // The producer span of this event's move, in the trace of the request that enqueued it.
+        spans.push(crate::telemetry::send_span(&crate::telemetry::Send {
+            road: crate::telemetry::Road::Local,
+            system: "database-local",
+            destination: &event.event_type,
+            message_id: &event.event_id,
+            event_type: &event.event_type,
+            aggregate_type: &event.aggregate_type,
+            aggregate_id: &event.aggregate_id,
+            body_size: event.payload.len(),
+            traceparent: envelope.traceparent.as_deref(),
+            tracestate: envelope.tracestate.as_deref(),
+        }));
+        let started = std::time::Instant::now();
         insert_pending(&txn, &event, &envelope, consumers, &mut moved).await?;
+        took += started.elapsed();
         sent.push(event.id);
+        types.push(event.event_type);
     }
-    mark_sent(&txn, &sent, params.owner).await?;
+    if sent.is_empty() {
+        txn.commit().await?;
+        return Ok(moved);
+    }
+    let started = std::time::Instant::now();
+    let written = match mark_sent(&txn, &sent, params.owner).await {
+        Ok(()) => txn.commit().await,
+        Err(e) => Err(e),
+    };
+    let error = written.as_ref().err().map(|_| "database");
+    if let Some(error) = error {
+        spans
+            .iter()
+            .for_each(|span| crate::telemetry::failed(span, error));
+    }
+    crate::telemetry::sent(
+        "database-local",
+        types.into_iter().map(|t| (t, error)),
+        took + started.elapsed(),
+    );
+    written?;
     moved.events = sent.len();
-    txn.commit().await?;
     Ok(moved)
 }
 

@@ -165,6 +165,17 @@ pub enum PublishError {
 }
 
 impl PublishError {
+    /// The failure's class as OpenTelemetry's `error.type`: `timeout`, `connection`,
+    /// `rejected` or `rejected_permanently`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            PublishError::Timeout(_) => "timeout",
+            PublishError::Connection(_) => "connection",
+            PublishError::Rejected(_) => "rejected",
+            PublishError::Permanent(_) => "rejected_permanently",
+        }
+    }
+
     /// Whether retrying cannot help.
     pub fn is_permanent(&self) -> bool {
         matches!(self, PublishError::Permanent(_))
