@@ -36,6 +36,7 @@ mod m0011_claim_floor;
 mod m0012_open_idx;
 mod m0013_sent_rotation;
 mod m0014_inbox_rotation;
+mod m0015_pause;
 
 /// Every migration of the SDK, in order, for composing into an application's `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -54,6 +55,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         Box::new(m0012_open_idx::MIGRATION),
         Box::new(m0013_sent_rotation::Migration),
         Box::new(m0014_inbox_rotation::Migration),
+        Box::new(m0015_pause::MIGRATION),
     ]
 }
 

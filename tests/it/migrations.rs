@@ -54,7 +54,7 @@ async fn up_down_up(t: TestDb) {
         "outbox::migrate keeps to its own table"
     );
     let applied = scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await;
-    assert_eq!(applied, 14);
+    assert_eq!(applied, 15);
 
     let indexes = index_names(&t.db, "outbox_event").await;
     for expected in ["outbox_event_dedup_key_idx", "outbox_event_event_id_key"] {
@@ -127,7 +127,7 @@ async fn up_down_up(t: TestDb) {
     Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(
         scalar_i64(&t.db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        14
+        15
     );
 }
 
@@ -206,7 +206,8 @@ async fn composed_into_an_app_migrator(t: TestDb) {
             "outbox_0011_claim_floor",
             "outbox_0012_open_idx",
             "outbox_0013_sent_rotation",
-            "outbox_0014_inbox_rotation"
+            "outbox_0014_inbox_rotation",
+            "outbox_0015_pause"
         ]
     );
     AppMigrator::down(&t.db, None).await.unwrap();
@@ -316,7 +317,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     Migrator::up(db, None).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
-        14
+        15
     );
     assert_eq!(
         inbox.receive(&message("psp-b", "evt_1")).await.unwrap(),

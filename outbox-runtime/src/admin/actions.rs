@@ -57,6 +57,10 @@ pub enum ActionKind {
     Resend,
     /// Retention purge.
     Purge,
+    /// A consumer or a destination paused.
+    Pause,
+    /// A consumer or a destination resumed.
+    Resume,
 }
 
 impl ActionKind {
@@ -67,6 +71,8 @@ impl ActionKind {
             ActionKind::Ignore => "ignore",
             ActionKind::Resend => "resend",
             ActionKind::Purge => "purge",
+            ActionKind::Pause => "pause",
+            ActionKind::Resume => "resume",
         }
     }
 }

@@ -48,6 +48,7 @@ mod dead_letters;
 mod doctor;
 mod duration;
 mod groups;
+mod pause;
 mod status;
 mod storage;
 
@@ -70,6 +71,7 @@ pub use groups::{
     FailureGroup, GROUP_SCAN_LIMIT, error_fingerprint, failure_groups, ignore_group,
     normalise_error, replay_group,
 };
+pub use pause::{MAX_PAUSE_NAME_CHARS, PauseKind, PauseReport, Paused, pause, pauses, resume};
 pub use status::{
     ConsumerStatus, OutboxStatus, RelayStatus, Status, StatusCounts, WalSlotStatus, status,
 };

@@ -42,6 +42,7 @@ pub mod local;
 pub mod mysql;
 pub(crate) mod notify;
 pub(crate) mod outbox;
+pub mod pause;
 pub mod postgres;
 pub mod relay;
 pub mod retention;
