@@ -50,6 +50,7 @@ pub mod inbox;
 pub mod metrics;
 pub(crate) mod operations;
 pub mod outbox;
+pub mod pause;
 pub mod registry;
 pub mod relay;
 pub mod retention;

@@ -30,6 +30,7 @@
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | `handled`, `retried`, `dead`, `duplicate`, `stored`, `stale`, `conflict`, `unrecorded` (a database error while recording a delivery; it is tried again) |
 //! | `inbox_handler_duration_seconds` | histogram | `consumer`, `event_type` | handler run time |
 //! | `inbox_backlog_messages` | gauge | `consumer`, `status` | unfinished inbox rows per status (the retry backlog is `RETRY`) |
+//! | `outbox_paused` | gauge | `kind`, `name` | 1 while an operator has paused the consumer or destination (`outbox pause`), 0 once resumed |
 //! | `inbox_end_to_end_seconds` | histogram | `consumer` | from the producer's commit (the event's enqueue time, by the producer database's clock) to the commit of the handler's transaction (by this process's clock): the figure to page on |
 //!
 //! Beside these, the OpenTelemetry messaging conventions' own metrics are recorded under their
@@ -102,6 +103,8 @@ pub const INBOX_MESSAGES: &str = "inbox_messages_total";
 pub const HANDLER_DURATION: &str = "inbox_handler_duration_seconds";
 /// Unfinished inbox rows per consumer and status.
 pub const INBOX_BACKLOG: &str = "inbox_backlog_messages";
+/// 1 while a consumer or destination is paused.
+pub const PAUSED: &str = "outbox_paused";
 /// From the producer's commit to the handler's commit, per consumer.
 pub const END_TO_END: &str = "inbox_end_to_end_seconds";
 
@@ -222,6 +225,11 @@ pub fn describe() {
         Unit::Seconds,
         "From the producer's commit to the handler's commit, per consumer"
     );
+    describe_gauge!(
+        PAUSED,
+        Unit::Count,
+        "1 while an operator has paused the consumer or destination"
+    );
     crate::telemetry::describe();
     describe_gauge!(
         INBOX_BACKLOG,
@@ -311,6 +319,10 @@ pub(crate) fn inbox(consumer: &'static str, outcome: &'static str) {
 /// message (`outcome`: `received_new`, `received_duplicate`, …).
 pub(crate) fn inbox_received(consumer: &str, outcome: &'static str) {
     counter!(INBOX_MESSAGES, "consumer" => consumer.to_owned(), "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn paused(kind: &'static str, name: &str, paused: bool) {
+    gauge!(PAUSED, "kind" => kind, "name" => name.to_owned()).set(if paused { 1.0 } else { 0.0 });
 }
 
 pub(crate) fn end_to_end(consumer: &'static str, age: Duration) {

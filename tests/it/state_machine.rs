@@ -1298,7 +1298,7 @@ impl OutboxModel {
         let params = self.params("relay-local", batch);
         let routes = |_: &str| vec!["local"];
         let started = db_now(&self.db).await?;
-        let moved = move_to_inbox(&self.db, &params, &routes)
+        let moved = move_to_inbox(&self.db, &params, &routes, &[])
             .await
             .map_err(fail)?;
         let window = Window::new(started, db_now(&self.db).await?);

@@ -35,6 +35,8 @@ pub struct Status {
     /// The queue tables (rows, dead row versions, bytes, vacuum) and the oldest holder of the
     /// xmin horizon; empty on SQLite.
     pub storage: super::StorageStatus,
+    /// The consumers and destinations an operator paused (`outbox pause`), with who and why.
+    pub paused: Vec<super::Paused>,
 }
 
 /// A WAL relay's replication slot in [`Status`].
@@ -298,6 +300,11 @@ pub async fn status(db: &DatabaseConnection) -> Result<Status, AdminError> {
         relays,
         wal_slots,
         storage: super::storage_status(db).await?,
+        paused: match super::pauses(db).await {
+            // Before migration outbox_0015 nothing can be paused.
+            Err(AdminError::NotMigrated(_)) => Vec::new(),
+            other => other?,
+        },
     };
     if status.broker_unavailable() {
         status.outbox.delayed_by_outage = status.outbox.backlog;

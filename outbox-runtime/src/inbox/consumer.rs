@@ -27,6 +27,7 @@ use std::{
 
 use sea_orm::DatabaseConnection;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     HandlerMode, HandlerRegistration, InboxConfig,
@@ -43,6 +44,8 @@ pub(crate) struct Consumer {
     pub(crate) name: &'static str,
     /// The `messaging.system` its messages come through (the transport's name).
     pub(crate) system: &'static str,
+    /// Whether an operator paused it (see `pause.rs`).
+    pub(crate) pauses: Arc<crate::pause::Pauses>,
     /// Handlers of this SDK's events, by event type and schema version.
     handlers: ByEventType,
     /// Handlers of external messages, by source and message type.
@@ -79,6 +82,27 @@ impl fmt::Debug for Consumer {
 pub(crate) type Decoded = (Delivery, Result<Envelope, String>);
 
 impl Consumer {
+    /// Wait while an operator has this consumer paused (reading `outbox_pause` as due); false
+    /// once shutdown is asked for.
+    pub(crate) async fn wait_while_paused(&self, shutdown: &CancellationToken) -> bool {
+        loop {
+            self.pauses.refresh_if_due(&self.db).await;
+            if !self.pauses.consumer_paused(self.name) {
+                return !shutdown.is_cancelled();
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(PAUSED_CHECK) => {}
+            }
+        }
+    }
+}
+
+/// How often a paused consumer looks whether it was resumed (the table itself is read every
+/// [`PAUSE_REFRESH`](crate::pause::PAUSE_REFRESH)).
+const PAUSED_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Consumer {
     pub(crate) fn new(
         name: &'static str,
         registrations: &[&'static HandlerRegistration],
@@ -110,6 +134,7 @@ impl Consumer {
         Consumer {
             name,
             system: "database-local",
+            pauses: Default::default(),
             handlers,
             external,
             event_types,

@@ -94,6 +94,10 @@ impl Consumer {
             workers.push(tokio::spawn(async move {
                 let mut arrived = Vec::with_capacity(batch);
                 while rx.recv_many(&mut arrived, batch).await > 0 {
+                    // Paused: what arrived waits here, neither handled nor nacked.
+                    if !consumer.wait_while_paused(&shutdown).await {
+                        break;
+                    }
                     consumer
                         .deliver_all(std::mem::take(&mut arrived), &shutdown)
                         .await;
@@ -113,6 +117,10 @@ impl Consumer {
         shutdown: &CancellationToken,
     ) -> Pumped {
         loop {
+            // Paused: take nothing more from the broker (what was taken waits in the lanes).
+            if !self.wait_while_paused(shutdown).await {
+                return Pumped::Shutdown;
+            }
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return Pumped::Shutdown,
                 next = subscription.next() => next,

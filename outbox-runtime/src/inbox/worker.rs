@@ -32,6 +32,16 @@ impl Consumer {
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            self.pauses.refresh_if_due(&self.db).await;
+            if self.pauses.consumer_paused(self.name) {
+                // Paused: nothing claimed; the loop is alive and says so.
+                health.success();
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(self.config.poll_interval) => {}
+                }
+                continue;
+            }
             match self.work_once(&shutdown).await {
                 Ok(claimed) => {
                     health.success();

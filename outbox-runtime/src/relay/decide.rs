@@ -64,6 +64,32 @@ impl<'a> Waves<'a> {
         }
     }
 
+    /// Hand back, unpublished and with no attempt counted, the events `held` says must wait
+    /// (their destination is paused) and, with ordering, everything behind each in its
+    /// aggregate. Returns the events held (not those behind them).
+    pub(super) fn hold(
+        &mut self,
+        held: impl Fn(&ClaimedEvent) -> bool,
+        settlement: &mut Settlement,
+    ) -> Vec<&'a ClaimedEvent> {
+        let mut first_held = Vec::new();
+        for queue in &mut self.queues {
+            if self.ordering {
+                if let Some(at) = queue.iter().position(|e| held(e)) {
+                    first_held.push(queue[at]);
+                    release(settlement, queue.drain(at..));
+                }
+            } else {
+                let (stay, go): (Vec<&ClaimedEvent>, Vec<&ClaimedEvent>) =
+                    queue.drain(..).partition(|e| !held(e));
+                first_held.extend(go.iter().copied());
+                release(settlement, go.into_iter());
+                queue.extend(stay);
+            }
+        }
+        first_held
+    }
+
     /// Hand back what waits behind `failed` in its aggregate (nothing without ordering).
     pub(super) fn release_behind(&mut self, failed: &ClaimedEvent, settlement: &mut Settlement) {
         if !self.ordering {

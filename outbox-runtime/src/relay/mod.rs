@@ -58,7 +58,7 @@ use crate::{
     },
     telemetry,
     transport::{
-        IntoTransport, OutgoingMessage, PublishError, Transport, TransportError,
+        IntoTransport, OutgoingMessage, PublishError, Routing, Transport, TransportError,
         local::LocalDelivery,
     },
 };
@@ -122,6 +122,11 @@ pub struct Relay {
     floor: Arc<std::sync::Mutex<store::floor::Floor>>,
     /// What the listener of other processes' commits heard (see `store/notify.rs`).
     heard: Arc<store::notify::Heard>,
+    /// The paused destinations (see `pause.rs`), shared with the runtime's consumers.
+    pauses: Arc<crate::pause::Pauses>,
+    /// Event types met in a claim whose destination was paused, with their aggregate type:
+    /// held back in the claims that follow while it stays paused (beside the linked types).
+    held_seen: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>>,
 }
 
 impl fmt::Debug for Relay {
@@ -151,6 +156,8 @@ impl Relay {
             promoted_at: Default::default(),
             floor: Default::default(),
             heard: Default::default(),
+            pauses: Default::default(),
+            held_seen: Default::default(),
         }
     }
 
@@ -171,6 +178,8 @@ impl Relay {
             promoted_at: Default::default(),
             floor: Default::default(),
             heard: Default::default(),
+            pauses: Default::default(),
+            held_seen: Default::default(),
         }
     }
 
@@ -178,6 +187,58 @@ impl Relay {
     pub fn with_config(mut self, config: RelayConfig) -> Self {
         self.config = config;
         self
+    }
+
+    /// Honour the pauses `pauses` reads (the runtime shares one between its relay and
+    /// consumers; a relay on its own reads its own).
+    pub(crate) fn with_pauses(mut self, pauses: Arc<crate::pause::Pauses>) -> Self {
+        self.pauses = pauses;
+        self
+    }
+
+    /// Where this relay publishes an event of `event_type` of `aggregate_type`: the
+    /// transport's address, or the event type without a broker.
+    fn destination(
+        &self,
+        routing: Option<&Routing>,
+        event_type: &str,
+        aggregate_type: &str,
+    ) -> String {
+        match routing {
+            Some(routing) => routing.address(event_type, aggregate_type),
+            None => event_type.to_owned(),
+        }
+    }
+
+    /// The event types whose destination is paused now: those of the linked events and those
+    /// met in earlier claims. Empty while nothing is paused.
+    fn held_types(&self) -> Vec<String> {
+        if !self.pauses.any_destination() {
+            return Vec::new();
+        }
+        let routing = match &self.sink {
+            Sink::Broker(transport) => transport.routing(),
+            Sink::Local(_) => None,
+        };
+        let seen = self
+            .held_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let linked = inventory::iter::<crate::event::EventRegistration>
+            .into_iter()
+            .map(|r| (r.event_type.to_owned(), r.aggregate_type.to_owned()));
+        let mut held: Vec<String> = linked
+            .chain(seen)
+            .filter(|(t, a)| {
+                self.pauses
+                    .destination_paused(&self.destination(routing.as_ref(), t, a))
+            })
+            .map(|(t, _)| t)
+            .collect();
+        held.sort();
+        held.dedup();
+        held
     }
 
     /// Read committed events from PostgreSQL's write-ahead log by logical replication instead

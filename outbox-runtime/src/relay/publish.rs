@@ -52,6 +52,8 @@ impl Relay {
 
     /// Claim a batch; for the database-local sink, the whole round.
     pub(super) async fn claim_step(&self) -> Result<Claimed<'_>, RelayError> {
+        self.pauses.refresh_if_due(&self.db).await;
+        let held = self.held_types();
         // Delayed events that cannot be moved must not stop the outbox: warn, and claim.
         if let Err(e) = self.promote_due().await {
             tracing::warn!(
@@ -67,7 +69,8 @@ impl Relay {
             max_attempts: self.config.max_attempts,
         };
         if let Sink::Local(delivery) = &self.sink {
-            let moved = with_transient_retries(|| delivery.deliver(&self.db, &params)).await?;
+            let moved =
+                with_transient_retries(|| delivery.deliver(&self.db, &params, &held)).await?;
             crate::metrics::relay_round("database-local", moved.events, 0, moved.dead, 0);
             let report = RoundReport {
                 claimed: moved.events,
@@ -91,7 +94,7 @@ impl Relay {
         .await;
         let started = Instant::now();
         let claim = with_transient_retries(|| {
-            store::relay::claim_from(&self.db, &params, pending_age, floor)
+            store::relay::claim_held(&self.db, &params, pending_age, floor, &held)
         })
         .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
         .await?;
@@ -253,6 +256,31 @@ impl Relay {
         };
         let settlement = &mut published.settlement;
         let mut waves = decide::Waves::new(&claim.events, self.config.ordering);
+        if self.pauses.any_destination() {
+            // The fast path's and the WAL's batches were never claimed by destination; a claim
+            // may predate the pause: what goes to a paused destination waits, no attempt spent.
+            let routing = transport.routing();
+            let held = waves.hold(
+                |e| {
+                    self.pauses.destination_paused(&self.destination(
+                        routing.as_ref(),
+                        &e.event_type,
+                        &e.aggregate_type,
+                    ))
+                },
+                settlement,
+            );
+            if !held.is_empty() {
+                let mut seen = self.held_seen.lock().unwrap_or_else(|p| p.into_inner());
+                for event in &held {
+                    seen.insert((event.event_type.clone(), event.aggregate_type.clone()));
+                }
+                tracing::debug!(
+                    relay = %self.config.relay_id, events = settlement.released.len(),
+                    "events for a paused destination handed back unpublished"
+                );
+            }
+        }
         loop {
             let wave = waves.next_wave();
             if wave.is_empty() {

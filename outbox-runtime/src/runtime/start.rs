@@ -11,6 +11,8 @@ type ByConsumer = BTreeMap<&'static str, Vec<&'static HandlerRegistration>>;
 struct Loops {
     shutdown: CancellationToken,
     tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)>,
+    /// The pauses every loop of this runtime honours, read once per interval for all of them.
+    pauses: Arc<crate::pause::Pauses>,
 }
 
 impl Loops {
@@ -51,6 +53,7 @@ impl RuntimeBuilder {
         let mut loops = Loops {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
+            pauses: Default::default(),
         };
         let owner = self.owner_name();
         let (consumers, wakes) = self.start_consumers(&by_consumer, &outbox, &owner, &mut loops);
@@ -181,6 +184,7 @@ impl RuntimeBuilder {
             if let Some(transport) = &self.transport {
                 consumer.system = transport.name();
             }
+            consumer.pauses = loops.pauses.clone();
             let consumer = Arc::new(consumer);
             consumers.insert(*name, consumer.stats.clone());
             if let Some(transport) = self.transport.as_ref().filter(|_| consumer.takes_events()) {
@@ -235,7 +239,8 @@ impl RuntimeBuilder {
             }
         }
         .with_config(config)
-        .with_outbox(outbox);
+        .with_outbox(outbox)
+        .with_pauses(loops.pauses.clone());
         #[cfg(feature = "postgres-wal")]
         let relay = match self.wal.clone() {
             Some(wal) => relay.with_wal(wal),

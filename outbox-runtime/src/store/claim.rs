@@ -51,6 +51,9 @@ pub struct Queue<'a> {
     pub pending_age: Option<Duration>,
     /// Where the scans of unfinished rows start (see `floor.rs`); `None`: at the first.
     pub floor: Option<Bound>,
+    /// Event types held back (their destination is paused): not claimable, and with ordering
+    /// the later rows of their aggregates wait behind them.
+    pub held: &'a [String],
 }
 
 impl Queue<'_> {
@@ -299,7 +302,11 @@ async fn add_runs(
         if !open.contains(&key) {
             continue;
         }
-        if run_row_claimable(queue.dialect, &row, now)? {
+        let held = !queue.held.is_empty() && {
+            let event_type: String = row.try_get("", "event_type")?;
+            queue.held.contains(&event_type)
+        };
+        if !held && run_row_claimable(queue.dialect, &row, now)? {
             rows.push(Candidate { id, row });
         } else {
             open.remove(&key);
@@ -466,6 +473,10 @@ fn push_claimable(sql: &mut Sql, queue: &Queue<'_>) {
     ))
     .time(DbTime::NOW)
     .push("))");
+    if !queue.held.is_empty() {
+        sql.push(" AND o.event_type NOT IN ")
+            .bind_list(queue.held.iter().map(|t| Value::from(t.clone())));
+    }
 }
 
 /// ` AND {alias}created_at <= <now - pending_age>`, when the queue has a `pending_age`.

@@ -35,10 +35,14 @@ pub async fn move_to_inbox(
     db: &DatabaseConnection,
     params: &ClaimParams<'_>,
     routes: &(dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
+    held: &[String],
 ) -> Result<Moved, DbErr> {
     let txn = begin_work(db).await?;
     let dialect = Dialect::of(&txn);
-    let queue = outbox_queue(dialect);
+    let queue = super::claim::Queue {
+        held,
+        ..outbox_queue(dialect)
+    };
     let mut moved = Moved::default();
     let mut sent = Vec::new();
     let mut types = Vec::new();

@@ -152,6 +152,7 @@ pub(super) fn outbox_queue(dialect: Dialect) -> Queue<'static> {
         predicate: |dialect, prefix| dialect.unsent(prefix),
         pending_age: None,
         floor: None,
+        held: &[],
     }
 }
 
@@ -192,11 +193,24 @@ pub async fn claim_from(
     pending_age: Option<std::time::Duration>,
     floor: Option<super::floor::Bound>,
 ) -> Result<Claim, DbErr> {
+    claim_held(db, params, pending_age, floor, &[]).await
+}
+
+/// [`claim_from`], leaving the events of the types in `held` (their destination is paused)
+/// and, with ordering, everything behind them in their aggregates.
+pub async fn claim_held(
+    db: &DatabaseConnection,
+    params: &ClaimParams<'_>,
+    pending_age: Option<std::time::Duration>,
+    floor: Option<super::floor::Bound>,
+    held: &[String],
+) -> Result<Claim, DbErr> {
     let txn = begin_work(db).await?;
     let dialect = Dialect::of(&txn);
     let queue = Queue {
         pending_age,
         floor,
+        held,
         ..outbox_queue(dialect)
     };
     let claimable = select_claimable(&txn, &queue, params.batch_size, params.ordering).await?;

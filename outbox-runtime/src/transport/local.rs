@@ -61,8 +61,10 @@ impl LocalDelivery {
         &self,
         db: &DatabaseConnection,
         params: &ClaimParams<'_>,
+        held: &[String],
     ) -> Result<Moved, DbErr> {
-        let moved = crate::store::local::move_to_inbox(db, params, self.routes.as_ref()).await?;
+        let moved =
+            crate::store::local::move_to_inbox(db, params, self.routes.as_ref(), held).await?;
         if moved.inbox_rows > 0 {
             self.delivered.notify_waiters();
         }

@@ -82,6 +82,7 @@ fn inbox_queue(dialect: Dialect, consumer: &str) -> Queue<'_> {
         predicate: unfinished,
         pending_age: None,
         floor: None,
+        held: &[],
     }
 }
 
