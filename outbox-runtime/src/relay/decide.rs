@@ -278,6 +278,55 @@ mod tests {
         }
     }
 
+    /// An event of `event_type` (the destination in these tests).
+    fn typed(id: i64, aggregate: &str, event_type: &str) -> ClaimedEvent {
+        ClaimedEvent {
+            event_type: event_type.into(),
+            ..event(id, aggregate, 0, false)
+        }
+    }
+
+    #[test]
+    fn a_paused_destination_holds_its_events_and_what_follows_them() {
+        let events = vec![
+            typed(1, "a", "paused"),
+            typed(2, "a", "open"),
+            typed(3, "b", "open"),
+            typed(4, "b", "paused"),
+            typed(5, "b", "open"),
+            typed(6, "c", "open"),
+        ];
+        let mut settlement = Settlement::default();
+        let mut waves = Waves::new(&events, true);
+        let held = waves.hold(|e| e.event_type == "paused", &mut settlement);
+        let held: Vec<i64> = held.iter().map(|e| e.id).collect();
+        assert_eq!(held, [1, 4]);
+        // Behind each held event its aggregate's later events wait; the rest goes out.
+        let mut released = settlement.released.clone();
+        released.sort_unstable();
+        assert_eq!(released, [1, 2, 4, 5]);
+        let mut published = Vec::new();
+        loop {
+            let wave = waves.next_wave();
+            if wave.is_empty() {
+                break;
+            }
+            published.extend(wave.iter().map(|e| e.id));
+        }
+        published.sort_unstable();
+        assert_eq!(published, [3, 6]);
+
+        // Without ordering only the paused destination's events wait.
+        let mut settlement = Settlement::default();
+        let mut waves = Waves::new(&events, false);
+        waves.hold(|e| e.event_type == "paused", &mut settlement);
+        assert_eq!(settlement.released, [1, 4]);
+        assert_eq!(
+            waves.next_wave().iter().map(|e| e.id).collect::<Vec<_>>(),
+            [2, 3, 5, 6]
+        );
+    }
+
     fn policy() -> Policy {
         Policy {
             max_attempts: 3,

@@ -109,6 +109,27 @@ pub(crate) fn named_or_user(name: Option<String>) -> Option<String> {
     name.or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
 }
 
+/// What `pause` and `resume` apply to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PauseTarget {
+    /// A consumer, by name (`#[inbox_handler(consumer = "…")]`).
+    Consumer,
+    /// A destination: the subject, topic, routing key or stream events are published to (the
+    /// event type for the database-local transport).
+    Destination,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PauseArgs {
+    /// `consumer` or `destination`.
+    #[arg(value_enum)]
+    pub(crate) kind: PauseTarget,
+    /// Its name.
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) who: Who,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
     /// Rows to replay (`outbox:ID`, `inbox:ID`); repeatable.

@@ -11,7 +11,10 @@ use serde::Serialize;
 
 use crate::{
     Failure,
-    args::{FilterArgs, IgnoreArgs, PurgeArgs, ReplayArgs, ResendArgs, parse_inbox_id, selection},
+    args::{
+        FilterArgs, IgnoreArgs, PauseArgs, PauseTarget, PurgeArgs, ReplayArgs, ResendArgs,
+        parse_inbox_id, selection,
+    },
     render::{self, printable, show},
     usage,
 };
@@ -198,5 +201,31 @@ fn report_action(report: &ActionReport, json: bool, verb: &str) -> Outcome {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(3)
+    })
+}
+
+/// `pause` (with `pausing`) or `resume`.
+pub(crate) async fn pause(
+    db: &DatabaseConnection,
+    json: bool,
+    args: &PauseArgs,
+    pausing: bool,
+) -> Outcome {
+    let kind = match args.kind {
+        PauseTarget::Consumer => admin::PauseKind::Consumer,
+        PauseTarget::Destination => admin::PauseKind::Destination,
+    };
+    let actor = args.who.actor();
+    let report = if pausing {
+        admin::pause(db, kind, &args.name, &actor).await?
+    } else {
+        admin::resume(db, kind, &args.name, &actor).await?
+    };
+    emit(json, &report, render::render_pause)
+}
+
+pub(crate) async fn pauses(db: &DatabaseConnection, json: bool) -> Outcome {
+    emit(json, &admin::pauses(db).await?, |p| {
+        render::render_pauses(p)
     })
 }

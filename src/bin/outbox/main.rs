@@ -12,6 +12,10 @@
 //! outbox resend --type order.placed --sent-after 2026-12-03T10:00:00Z --sent-before 2026-12-03T11:00:00Z
 //! outbox purge --sent-after 7d --done-after 14d
 //! outbox doctor
+//! outbox pause consumer inventory --reason "stock service down"
+//! outbox pause destination shop.order.placed
+//! outbox resume consumer inventory
+//! outbox pauses
 //! outbox audit --limit 20
 //! outbox migrate
 //! OUTBOX_CONSOLE_TOKEN=… outbox serve --listen 127.0.0.1:8080   # feature `console`
@@ -45,7 +49,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 #[cfg(feature = "console")]
 use args::ServeArgs;
-use args::{DeadCommand, IgnoreArgs, PurgeArgs, ReplayArgs, ResendArgs};
+use args::{DeadCommand, IgnoreArgs, PauseArgs, PurgeArgs, ReplayArgs, ResendArgs};
 use render::printable;
 
 const AFTER_HELP: &str = "Exit status: 0 done, 1 error, 2 bad command line, \
@@ -93,6 +97,14 @@ enum Command {
     Resend(ResendArgs),
     /// Delete SENT outbox events and DONE/IGNORED inbox messages older than the retention now.
     Purge(PurgeArgs),
+    /// Pause a consumer (it takes no message; nothing is nacked) or the publishing of a
+    /// destination (its events wait PENDING, no attempt spent). Every instance honours it within
+    /// seconds; audited.
+    Pause(PauseArgs),
+    /// Resume a paused consumer or destination; audited.
+    Resume(PauseArgs),
+    /// The consumers and destinations paused now, with who paused them, when and why.
+    Pauses,
     /// Check tables, columns, indexes, migrations, stuck rows and dead letters.
     Doctor,
     /// Show the latest admin actions.
@@ -204,6 +216,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Ignore(args) => commands::ignore(&db, json, &args).await,
         Command::Resend(args) => commands::resend(&db, json, &args).await,
         Command::Purge(args) => commands::purge(&db, json, &args).await,
+        Command::Pause(args) => commands::pause(&db, json, &args, true).await,
+        Command::Resume(args) => commands::pause(&db, json, &args, false).await,
+        Command::Pauses => commands::pauses(&db, json).await,
         Command::Doctor => commands::doctor(&db, json).await,
         Command::Audit { limit } => commands::audit(&db, json, limit).await,
         Command::Migrate => commands::migrate(&db, json).await,

@@ -5,7 +5,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use outbox::{
     admin::{
-        AdminAction, DeadLetter, DeadLetterDetail, DoctorReport, FailureGroup, HumanBytes,
+        self, AdminAction, DeadLetter, DeadLetterDetail, DoctorReport, FailureGroup, HumanBytes,
         HumanDuration, Severity, Source, Status,
     },
     retention::PurgeReport,
@@ -144,6 +144,10 @@ pub(crate) fn render_status(status: &Status) -> String {
         );
     }
     out.push('\n');
+    if !status.paused.is_empty() {
+        out.push_str(&render_pauses(&status.paused));
+        out.push('\n');
+    }
     out.push_str(&render_relays(status));
     out.push('\n');
     if !status.wal_slots.is_empty() {
@@ -573,4 +577,44 @@ mod tests {
         let text = table(&["A", "B"], vec![vec!["1\n2".into(), "\u{1b}c".into()]]);
         assert_eq!(text, "A     B\n1\\n2  \\x1bc\n");
     }
+}
+
+/// The pauses in force, or that there are none.
+pub(crate) fn render_pauses(paused: &[admin::Paused]) -> String {
+    if paused.is_empty() {
+        return "PAUSED  nothing\n".to_owned();
+    }
+    let mut out = String::from("PAUSED\n");
+    let rows = paused
+        .iter()
+        .map(|p| {
+            vec![
+                p.kind.to_string(),
+                p.name.clone(),
+                p.since.to_rfc3339(),
+                p.by.clone().unwrap_or_else(|| "-".into()),
+                clip(p.reason.as_deref().unwrap_or("-"), 60),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["KIND", "NAME", "SINCE", "BY", "REASON"], rows));
+    out.push_str(
+        "        a paused consumer takes no message; a paused destination's events wait PENDING \
+         (outbox resume KIND NAME)\n",
+    );
+    out
+}
+
+/// What `pause` or `resume` did.
+pub(crate) fn render_pause(report: &admin::PauseReport) -> String {
+    let what = format!("{} {}", report.kind, printable(&report.name, false));
+    let done = match (report.action, report.changed) {
+        (admin::ActionKind::Pause, true) => {
+            format!("paused {what}: every instance honours it within seconds")
+        }
+        (admin::ActionKind::Pause, false) => format!("{what} was paused already"),
+        (_, true) => format!("resumed {what}: every instance takes it up within seconds"),
+        (_, false) => format!("{what} was not paused"),
+    };
+    format!("{done} (audit #{})\n", report.audit_id)
 }
