@@ -216,7 +216,8 @@ fn check(name: impl Into<String>, status: CheckStatus, detail: Option<String>) -
 ///   [`database_timeout`](Self::database_timeout) (default 2 s), when the runtime is shutting
 ///   down, or when liveness fails. A broker outage is a `warn`: the relay's breaker is open,
 ///   events wait in the outbox, and the service keeps taking requests, which is the point of an
-///   outbox.
+///   outbox. So is a WAL relay's reader that is not streaming (check `wal`: reconnecting, or
+///   polling the table after its slot was lost): the claim loop publishes from the table.
 #[derive(Debug, Clone)]
 pub struct Probes {
     loops: Vec<Arc<LoopHealth>>,
@@ -333,6 +334,35 @@ impl Probes {
             } else {
                 check("broker", CheckStatus::Pass, None)
             });
+            use crate::relay::WalReader;
+            let wal = match relay.snapshot().wal {
+                WalReader::Off => None,
+                WalReader::Streaming => Some(check("wal", CheckStatus::Pass, None)),
+                WalReader::Starting => Some(check(
+                    "wal",
+                    CheckStatus::Warn,
+                    Some("preparing the replication slot".into()),
+                )),
+                WalReader::Reconnecting => Some(check(
+                    "wal",
+                    CheckStatus::Warn,
+                    Some(
+                        "the stream ended and is being opened again; the claim loop publishes \
+                         what waits past the table grace"
+                            .into(),
+                    ),
+                )),
+                WalReader::Polling => Some(check(
+                    "wal",
+                    CheckStatus::Warn,
+                    Some(
+                        "cannot stream from the slot: the relay polls the table until it is \
+                         restarted (nothing is lost)"
+                            .into(),
+                    ),
+                )),
+            };
+            checks.extend(wal);
         }
         checks.extend(self.loop_checks(CheckStatus::Warn));
         HealthReport::of(checks)

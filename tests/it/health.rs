@@ -248,3 +248,64 @@ async fn a_stuck_loop_fails_liveness_and_readiness() {
     server.abort();
     drop(runtime);
 }
+
+/// A WAL relay's reader shows in readiness: `pass` while it streams; once its slot is gone it
+/// polls the table, reported as a `warn`, and the pod stays ready (the claim loop publishes).
+#[cfg(feature = "postgres-wal")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_readers_state_is_in_readiness() {
+    let Some(t) = logical_test_db("health_wal").await else {
+        return;
+    };
+    let slot = "outbox_health_wal";
+    let runtime = Runtime::builder(t.db.clone())
+        .source("health")
+        .consumers(Vec::<String>::new())
+        .transport(MemoryTransport::new())
+        .relay_config(
+            RelayConfig::default()
+                .listen(false)
+                .poll_interval(Duration::from_millis(100)),
+        )
+        .wal(outbox::relay::WalConfig::new(t.url.clone()).slot(slot))
+        .start()
+        .await
+        .unwrap();
+    let (base, server) = served(runtime.probes()).await;
+    let streaming = eventually(Duration::from_secs(20), || async {
+        check(&probe(&base, "/readyz").await.1, "wal")["status"] == "pass"
+    })
+    .await;
+    assert!(streaming, "{}", probe(&base, "/readyz").await.1);
+    assert_eq!(
+        runtime.relay_stats().unwrap().wal,
+        outbox::relay::WalReader::Streaming
+    );
+
+    // The slot goes (an operator dropped it): the relay cannot stream again.
+    outbox::store::wal::drop_slot(&t.db, slot, true)
+        .await
+        .unwrap();
+    let polling = eventually(Duration::from_secs(30), || async {
+        runtime.relay_stats().unwrap().wal == outbox::relay::WalReader::Polling
+    })
+    .await;
+    assert!(polling, "{:?}", runtime.relay_stats());
+    let (status, ready) = probe(&base, "/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    let wal = check(&ready, "wal");
+    assert_eq!(wal["status"], "warn", "{ready}");
+    assert!(
+        wal["detail"].as_str().unwrap().contains("polls the table"),
+        "{ready}"
+    );
+    // Still published, from the table.
+    commit(&t.db, runtime.outbox(), 7).await;
+    let sent = eventually(Duration::from_secs(20), || async {
+        outbox_rows(&t.db).await.iter().all(|r| r.status == "SENT")
+    })
+    .await;
+    assert!(sent, "{:?}", outbox_rows(&t.db).await);
+    server.abort();
+    runtime.shutdown().await;
+}

@@ -77,7 +77,7 @@ mod watch;
 
 pub use config::{RelayConfig, RelayError};
 use publish::{Claimed, InFlight, Round, Source};
-pub use stats::{RelayStats, RelayStatsSnapshot, RoundReport};
+pub use stats::{RelayStats, RelayStatsSnapshot, RoundReport, WalReader};
 
 #[cfg(feature = "postgres-wal")]
 pub use wal::WalConfig;

@@ -36,6 +36,39 @@ pub struct RelayStats {
     pub(super) outages: AtomicU64,
     /// The relay stopped claiming because the broker is unavailable, and waits for it.
     pub(super) broker_down: std::sync::atomic::AtomicBool,
+    /// The WAL reader's state, as [`WalReader`] numbers it.
+    pub(super) wal: std::sync::atomic::AtomicU8,
+}
+
+/// What a WAL relay's reader is doing (see `Relay::with_wal`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WalReader {
+    /// No WAL mode: the relay polls the table (or the fast path publishes).
+    #[default]
+    Off,
+    /// Preparing the slot, or waiting for the broker before streaming.
+    Starting,
+    /// Streaming from the replication slot.
+    Streaming,
+    /// The stream ended (a connection lost, another relay holds the slot) and is being
+    /// opened again; the claim loop publishes what waits longer than the table grace.
+    Reconnecting,
+    /// The slot cannot be streamed from (dropped, invalidated, `wal_level` not `logical`): the
+    /// relay polls the table until it is restarted. Nothing is lost.
+    Polling,
+}
+
+impl WalReader {
+    fn from_u8(n: u8) -> WalReader {
+        match n {
+            1 => WalReader::Starting,
+            2 => WalReader::Streaming,
+            3 => WalReader::Reconnecting,
+            4 => WalReader::Polling,
+            _ => WalReader::Off,
+        }
+    }
 }
 
 /// A snapshot of [`RelayStats`].
@@ -64,6 +97,8 @@ pub struct RelayStatsSnapshot {
     /// The broker is unavailable now: the relay claims nothing and probes it (the breaker is
     /// open); events wait in the outbox.
     pub broker_unavailable: bool,
+    /// What the WAL reader is doing.
+    pub wal: WalReader,
 }
 
 impl RelayStats {
@@ -96,6 +131,12 @@ impl RelayStats {
             errors: self.errors.load(Ordering::Relaxed),
             outages: self.outages.load(Ordering::Relaxed),
             broker_unavailable: self.broker_down.load(Ordering::Relaxed),
+            wal: WalReader::from_u8(self.wal.load(Ordering::Relaxed)),
         }
+    }
+
+    #[cfg_attr(not(feature = "postgres-wal"), allow(dead_code))]
+    pub(super) fn set_wal(&self, state: WalReader) {
+        self.wal.store(state as u8, Ordering::Relaxed);
     }
 }

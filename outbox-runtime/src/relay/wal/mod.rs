@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use self::pgoutput::{Message, Relations};
-use super::{Relay, RoundReport, Source};
+use super::{Relay, RoundReport, Source, WalReader};
 use crate::{
     store::{
         self, OUTBOX_TABLE,
@@ -371,12 +371,13 @@ impl Relay {
         shutdown: &CancellationToken,
     ) {
         let relay_id = self.config.relay_id.as_str();
+        self.stats.set_wal(WalReader::Starting);
         let replication = match mode.config.replication() {
             Ok(config) => config,
-            Err(e) => return mode.fall_back(relay_id, &e),
+            Err(e) => return self.fall_back(mode, &e),
         };
         if let Err(e) = self.prepare_slot(mode).await {
-            return mode.fall_back(relay_id, &e);
+            return self.fall_back(mode, &e);
         }
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
@@ -387,7 +388,11 @@ impl Relay {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
                 }
             }
+            self.stats.set_wal(WalReader::Streaming);
             let end = self.stream(&replication, batches, shutdown).await;
+            if !matches!(end, StreamEnd::Shutdown) {
+                self.stats.set_wal(WalReader::Reconnecting);
+            }
             match end {
                 StreamEnd::Shutdown => break,
                 StreamEnd::Outage => failures = 0,
@@ -396,14 +401,14 @@ impl Relay {
                     let state = store::wal::slot(&self.db, &mode.config.slot).await;
                     match &state {
                         Ok(None) => {
-                            return mode.fall_back(
-                                relay_id,
+                            return self.fall_back(
+                                mode,
                                 &format!("the replication slot was dropped ({error})"),
                             );
                         }
                         Ok(Some(slot)) if slot.lost() => {
-                            return mode.fall_back(
-                                relay_id,
+                            return self.fall_back(
+                                mode,
                                 &format!(
                                     "the replication slot is invalidated: the WAL it needs was removed ({error})"
                                 ),
@@ -433,6 +438,12 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// Poll the table from now on (see `WalMode::fall_back`), and say so in the stats.
+    fn fall_back(&self, mode: &WalMode, reason: &str) {
+        self.stats.set_wal(WalReader::Polling);
+        mode.fall_back(&self.config.relay_id, reason);
     }
 
     /// The publication and the slot, created where missing.
