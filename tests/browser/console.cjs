@@ -1,5 +1,6 @@
 // Drives the operator console in headless Chromium (playwright-core) for tests/it/console.rs:
-// log in (a wrong token first), read the counts, open a dead letter whose payload holds markup,
+// log in (a wrong token first), read the counts, pause a consumer and a destination and resume
+// them, open a dead letter whose payload holds markup,
 // read its error history, replay it with a reason, ignore a consumer's dead letters by filter,
 // find both in the audit trail, replay the largest group of the dead letters left, look at the
 // page on a phone's screen.
@@ -8,7 +9,8 @@
 // Environment: PLAYWRIGHT_CORE (the playwright-core package directory), CHROMIUM (executable),
 // CONSOLE_URL, CONSOLE_TOKEN, TARGET_ID (the dead letter to replay), BULK_ID (a dead letter of
 // the consumer `billing`, ignored by filter), LONG_ID (a dead letter whose error is 100 KB),
-// SCREENSHOTS (a directory).
+// PAUSE_CONSUMER (a consumer to pause and resume), PAUSE_DESTINATION (a destination to pause and
+// resume), SCREENSHOTS (a directory).
 "use strict";
 
 const path = require("path");
@@ -65,6 +67,64 @@ async function main() {
     seen.storage = await page.$$eval("#storage tbody tr", (rows) =>
       rows.map((r) => Array.from(r.cells).map((c) => c.textContent)));
     await page.screenshot({ path: path.join(shots, "overview.png"), fullPage: true });
+
+    // Pause a consumer from its row, with a reason; a destination from the form, without one.
+    const consumer = process.env.PAUSE_CONSUMER;
+    const destination = process.env.PAUSE_DESTINATION;
+    const pausesApi = () => page.evaluate(async (token) => {
+      const response = await fetch("api/pauses", { headers: { Authorization: "Bearer " + token } });
+      return response.json();
+    }, process.env.CONSOLE_TOKEN);
+    const consumerRow = page.locator(`#consumers tbody tr[data-consumer="${consumer}"]`);
+    const consumerState = async () => ({
+      paused: await consumerRow.getAttribute("data-paused"),
+      state: await consumerRow.getByTestId("consumer-state").textContent(),
+      button: await consumerRow.getByTestId("consumer-pause").textContent(),
+    });
+    const pauseRows = () => page.$$eval("#pauses tbody tr", (rows) => rows.map((r) =>
+      r.dataset.pause
+        ? { pause: r.dataset.pause, kind: r.cells[0].textContent, name: r.cells[1].textContent, since: r.cells[2].textContent, by: r.cells[3].textContent, reason: r.cells[4].textContent }
+        : { empty: r.textContent }));
+    seen.consumerBeforePause = await consumerState();
+    seen.pausesBefore = await pauseRows();
+    await consumerRow.getByTestId("consumer-pause").click();
+    await byId("reason-dialog").waitFor();
+    seen.pauseQuestion = await page.locator("#reason-title").textContent();
+    seen.pauseReasonLabel = await page.locator("#reason-label").textContent();
+    await byId("reason").fill("stock v2 deploy");
+    await byId("reason-ok").click();
+    await page.locator(`#consumers tbody tr[data-consumer="${consumer}"][data-paused="true"]`).waitFor();
+    seen.afterPause = await byId("message").textContent();
+    seen.consumerWhilePaused = await consumerState();
+    await byId("pause-destination-name").fill(destination);
+    await byId("pause-destination-submit").click();
+    await byId("reason-dialog").waitFor();
+    seen.pauseDestinationQuestion = await page.locator("#reason-title").textContent();
+    await byId("reason-ok").click();
+    await page.locator(`#pauses tbody tr[data-pause="destination ${destination}"]`).waitFor();
+    seen.afterPauseDestination = await byId("message").textContent();
+    seen.destinationFieldAfter = await byId("pause-destination-name").inputValue();
+    seen.pausesListed = await pauseRows();
+    seen.pausesFromApi = await pausesApi();
+    await byId("consumers-and-pauses").screenshot({ path: path.join(shots, "pauses.png") });
+
+    // Resume the destination from the list of pauses, the consumer from its row.
+    await page.locator(`#pauses tbody tr[data-pause="destination ${destination}"]`).getByTestId("pause-resume").click();
+    await byId("reason-dialog").waitFor();
+    seen.resumeDestinationQuestion = await page.locator("#reason-title").textContent();
+    await byId("reason").fill("broker back");
+    await byId("reason-ok").click();
+    await page.locator(`#pauses tbody tr[data-pause="destination ${destination}"]`).waitFor({ state: "detached" });
+    await consumerRow.getByTestId("consumer-pause").click();
+    await byId("reason-dialog").waitFor();
+    seen.resumeQuestion = await page.locator("#reason-title").textContent();
+    await byId("reason").fill("deployed");
+    await byId("reason-ok").click();
+    await page.locator(`#consumers tbody tr[data-consumer="${consumer}"][data-paused="false"]`).waitFor();
+    seen.afterResume = await byId("message").textContent();
+    seen.consumerAfterResume = await consumerState();
+    seen.pausesAfter = await pauseRows();
+    seen.pausesFromApiAfter = await pausesApi();
 
     // The dead letter with markup in its payload and error.
     const target = process.env.TARGET_ID;

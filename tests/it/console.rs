@@ -1,8 +1,8 @@
 //! The operator console's REST API over a real HTTP server and client, on PostgreSQL, MariaDB
 //! and SQLite, with the admin tests' fixture: authentication on every route (401, nothing
 //! changed), the cross-site check on writes (403, nothing changed), what the reads answer
-//! against the rows, the guarded and audited writes, malformed parameters (400 with a message),
-//! and the OpenAPI document.
+//! against the rows, the guarded and audited writes, consumers and destinations paused and
+//! resumed, malformed parameters (400 with a message), and the OpenAPI document.
 
 use std::time::Duration;
 
@@ -148,6 +148,7 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
         (Method::GET, "/api/audit", None),
         (Method::GET, "/api/doctor", None),
         (Method::GET, "/api/failure-groups", None),
+        (Method::GET, "/api/pauses", None),
         (Method::GET, "/api/openapi.json", None),
         (Method::GET, detail.as_str(), None),
         (
@@ -169,6 +170,16 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
             Method::POST,
             "/api/purge",
             Some(json!({"sent_after": "0s", "done_after": "30d", "reason": "try"})),
+        ),
+        (
+            Method::POST,
+            "/api/pause",
+            Some(json!({"kind": "consumer", "name": "inventory", "reason": "try"})),
+        ),
+        (
+            Method::POST,
+            "/api/resume",
+            Some(json!({"kind": "consumer", "name": "inventory"})),
         ),
     ];
     for token in [None, Some("wrong-token-0123456789abcdef")] {
@@ -203,6 +214,10 @@ async fn nothing_is_served_without_authentication(t: TestDb) {
     assert_eq!(statuses(&t, &f).await, before, "nothing changed");
     assert_eq!(audit_rows(&t).await, 0, "nothing audited");
     assert_eq!(count_events(&t.db).await, 8, "nothing purged");
+    assert!(
+        outbox::admin::pauses(&t.db).await.unwrap().is_empty(),
+        "nothing paused"
+    );
 }
 
 async fn cross_site_writes_are_refused(t: TestDb) {
@@ -764,7 +779,304 @@ async fn samples_follow_the_status_over_time(t: TestDb) {
     assert_eq!(none["samples"], json!([]));
 }
 
+/// An audited action: action, target, rows, actor, reason.
+type Audited = (String, String, i64, String, Option<String>);
+
+/// The newest `n` audited actions, newest first, as `GET /api/audit` answers them.
+async fn audited(served: &Served, n: u32) -> Vec<Audited> {
+    let answer = served.get(&format!("/api/audit?limit={n}")).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    json_of(&answer)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap().to_owned(),
+                a["target"].as_str().unwrap().to_owned(),
+                a["rows_affected"].as_i64().unwrap(),
+                a["actor"].as_str().unwrap_or_default().to_owned(),
+                a["reason"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+/// A consumer and a destination paused and resumed through the API: listed with the operator
+/// and the reason while in force (in `/api/pauses` and in the status), a second pause or resume
+/// answered `changed: false`, every call audited; bad kinds and names refused with a 4xx and a
+/// message, nothing written; nothing without a token.
+async fn pauses_are_set_listed_and_lifted_through_the_api(t: TestDb) {
+    let _ = fixture(&t).await;
+    let served = Served::start(console(&t)).await;
+    let audit_before = audit_rows(&t).await;
+
+    let answer = served
+        .post(
+            "/api/pause",
+            json!({"kind": "consumer", "name": "inventory", "reason": "stock v2 deploy"}),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_private(&answer);
+    let report = json_of(&answer);
+    assert_eq!(report["action"], "pause");
+    assert_eq!(report["kind"], "consumer");
+    assert_eq!(report["name"], "inventory");
+    assert_eq!(report["changed"], true);
+    assert!(report["audit_id"].as_i64().unwrap() > 0, "{report}");
+
+    let listed = served.get("/api/pauses").await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    assert_private(&listed);
+    let listed = json_of(&listed);
+    let list = listed.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{listed}");
+    assert_eq!(list[0]["kind"], "consumer");
+    assert_eq!(list[0]["name"], "inventory");
+    assert_eq!(list[0]["by"], "ops");
+    assert_eq!(list[0]["reason"], "stock v2 deploy");
+    assert!(
+        list[0]["since"]
+            .as_str()
+            .unwrap()
+            .parse::<chrono::DateTime<chrono::Utc>>()
+            .is_ok(),
+        "{listed}"
+    );
+    // The status says so too.
+    let status = json_of(&served.get("/api/status").await);
+    assert_eq!(status["paused"], listed, "{status}");
+
+    // Pausing it again changes nothing, and is audited all the same.
+    let again = json_of(
+        &served
+            .post(
+                "/api/pause",
+                json!({"kind": "consumer", "name": "inventory", "reason": "twice"}),
+            )
+            .await,
+    );
+    assert_eq!(again["changed"], false, "{again}");
+    let still = json_of(&served.get("/api/pauses").await);
+    assert_eq!(
+        still[0]["reason"], "stock v2 deploy",
+        "the first pause stands"
+    );
+
+    // A destination, without a reason (optional for a pause); consumers are listed first.
+    let destination = served
+        .post(
+            "/api/pause",
+            json!({"kind": "destination", "name": "carts.line_added"}),
+        )
+        .await;
+    assert_eq!(destination.status, StatusCode::OK, "{}", destination.body);
+    assert_eq!(json_of(&destination)["changed"], true);
+    let both = json_of(&served.get("/api/pauses").await);
+    let kinds: Vec<(&str, &str, Option<&str>)> = both
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["kind"].as_str().unwrap(),
+                p["name"].as_str().unwrap(),
+                p["reason"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("consumer", "inventory", Some("stock v2 deploy")),
+            ("destination", "carts.line_added", None),
+        ]
+    );
+
+    // Resumed: gone from the list; resuming again changes nothing.
+    let resumed = served
+        .post(
+            "/api/resume",
+            json!({"kind": "consumer", "name": "inventory", "reason": "deployed"}),
+        )
+        .await;
+    assert_eq!(resumed.status, StatusCode::OK, "{}", resumed.body);
+    let resumed = json_of(&resumed);
+    assert_eq!(resumed["action"], "resume");
+    assert_eq!(resumed["changed"], true);
+    let again = json_of(
+        &served
+            .post(
+                "/api/resume",
+                json!({"kind": "consumer", "name": "inventory"}),
+            )
+            .await,
+    );
+    assert_eq!(again["changed"], false, "{again}");
+    let left = json_of(&served.get("/api/pauses").await);
+    assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
+    assert_eq!(left[0]["name"], "carts.line_added");
+    let resumed = served
+        .post(
+            "/api/resume",
+            json!({"kind": "destination", "name": "carts.line_added", "reason": "broker back"}),
+        )
+        .await;
+    assert_eq!(json_of(&resumed)["changed"], true, "{}", resumed.body);
+    assert_eq!(json_of(&served.get("/api/pauses").await), json!([]));
+    assert_eq!(
+        json_of(&served.get("/api/status").await)["paused"],
+        json!([])
+    );
+
+    // Every call is in the audit log, newest first, with the operator and the reason given.
+    let some = |r: &str| Some(r.to_owned());
+    let expected = [
+        (
+            "resume",
+            "destination carts.line_added",
+            1,
+            some("broker back"),
+        ),
+        ("resume", "consumer inventory", 0, None),
+        ("resume", "consumer inventory", 1, some("deployed")),
+        ("pause", "destination carts.line_added", 1, None),
+        ("pause", "consumer inventory", 0, some("twice")),
+        ("pause", "consumer inventory", 1, some("stock v2 deploy")),
+    ];
+    assert_eq!(
+        audited(&served, 6).await,
+        expected
+            .into_iter()
+            .map(|(a, t, n, r)| (a.to_owned(), t.to_owned(), n, "ops".to_owned(), r))
+            .collect::<Vec<_>>()
+    );
+    let log = outbox::admin::audit_log(&t.db, 6).await.unwrap();
+    assert!(
+        log.iter().all(|a| a.actor.as_deref() == Some("ops")),
+        "{log:?}"
+    );
+    assert_eq!(audit_rows(&t).await, audit_before + 6);
+
+    // Bad input: a 400 with a message, nothing paused, nothing audited.
+    let long = "x".repeat(300);
+    let bad = [
+        (
+            "/api/pause",
+            json!({"kind": "queue", "name": "inventory"}),
+            "unknown variant `queue`",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": 1, "name": "inventory"}),
+            "kind",
+        ),
+        ("/api/pause", json!({"name": "inventory"}), "kind"),
+        (
+            "/api/resume",
+            json!({"kind": "Consumer", "name": "inventory"}),
+            "kind",
+        ),
+        ("/api/pause", json!({"kind": "consumer"}), "name"),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": ""}),
+            "`name` is empty",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": "  "}),
+            "`name` is empty",
+        ),
+        (
+            "/api/resume",
+            json!({"kind": "consumer", "name": ""}),
+            "`name` is empty",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": long}),
+            "`name` = \"xxx",
+        ),
+        (
+            "/api/resume",
+            json!({"kind": "destination", "name": long}),
+            "1 to 255 characters",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": "in\u{1}ventory"}),
+            "no control characters",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": "in\u{0}ventory"}),
+            "no control characters",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": "inventory", "reason": "r".repeat(1_001)}),
+            "longer than",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": "inventory", "reason": "a\u{0}b"}),
+            "NUL",
+        ),
+        (
+            "/api/pause",
+            json!({"kind": "consumer", "name": "inventory", "until": "tomorrow"}),
+            "until",
+        ),
+    ];
+    for (path, body, needle) in bad {
+        let answer = served.post(path, body.clone()).await;
+        assert_bad_request(&answer, needle);
+        assert_private(&answer);
+    }
+    let answer = served
+        .call(Method::POST, "/api/pause", Some(TOKEN), &[], None)
+        .await;
+    assert_bad_request(&answer, "");
+
+    // Without a token, or from another site: refused, nothing written.
+    let body = json!({"kind": "consumer", "name": "inventory", "reason": "r"});
+    for (method, path) in [
+        (Method::GET, "/api/pauses"),
+        (Method::POST, "/api/pause"),
+        (Method::POST, "/api/resume"),
+    ] {
+        let answer = served
+            .call(method.clone(), path, None, &[], Some(body.clone()))
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNAUTHORIZED,
+            "{path}: {}",
+            answer.body
+        );
+    }
+    let answer = served
+        .call(
+            Method::POST,
+            "/api/pause",
+            Some(TOKEN),
+            &[("sec-fetch-site", "cross-site")],
+            Some(body),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(outbox::admin::pauses(&t.db).await.unwrap().is_empty());
+    assert_eq!(
+        audit_rows(&t).await,
+        audit_before + 6,
+        "nothing more audited"
+    );
+}
+
 backend_tests! {
+    pauses_through_the_api => pauses_are_set_listed_and_lifted_through_the_api;
     samples_over_time => samples_follow_the_status_over_time;
     nothing_served_without_authentication => nothing_is_served_without_authentication;
     cross_site_writes_refused => cross_site_writes_are_refused;
@@ -794,12 +1106,15 @@ fn the_openapi_document_describes_every_route() {
             "GET /api/dead-letters/{id}",
             "GET /api/doctor",
             "GET /api/failure-groups",
+            "GET /api/pauses",
             "GET /api/samples",
             "GET /api/status",
             "POST /api/ignore",
+            "POST /api/pause",
             "POST /api/purge",
             "POST /api/replay",
             "POST /api/resend",
+            "POST /api/resume",
         ]
     );
     assert_eq!(
@@ -832,6 +1147,10 @@ fn the_openapi_document_describes_every_route() {
         "ActionReport",
         "ApiError",
         "PurgeReport",
+        "Paused",
+        "PauseReport",
+        "PauseKind",
+        "PauseRequest",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),
@@ -983,6 +1302,8 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         .env("TARGET_ID", &target)
         .env("BULK_ID", format!("inbox:{}", f.m5))
         .env("LONG_ID", &long_id)
+        .env("PAUSE_CONSUMER", "inventory")
+        .env("PAUSE_DESTINATION", "line.added")
         .env("SCREENSHOTS", &shots);
     let output = output_of(command).await;
     assert!(
@@ -1033,6 +1354,145 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         seen["storage"],
         json!([["the database keeps no table statistics (SQLite)"]]),
         "{seen}"
+    );
+
+    // Paused from the page and resumed: the consumer's row says so and offers the other
+    // action; the list of pauses shows both pauses with the operator and the reason while they
+    // are in force, as the API does; both are gone afterwards.
+    assert_eq!(
+        seen["consumerBeforePause"],
+        json!({"paused": "false", "state": "running", "button": "Pause"}),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["pausesBefore"],
+        json!([{"empty": "nothing is paused"}])
+    );
+    assert_eq!(seen["pauseQuestion"], "Pause consumer inventory?");
+    assert_eq!(
+        seen["pauseReasonLabel"],
+        "Reason (optional, recorded in the audit log)"
+    );
+    assert_eq!(seen["afterPause"], "Paused consumer inventory.");
+    assert_eq!(
+        seen["consumerWhilePaused"],
+        json!({"paused": "true", "state": "paused", "button": "Resume"}),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["pauseDestinationQuestion"],
+        "Pause destination line.added?"
+    );
+    assert_eq!(
+        seen["afterPauseDestination"],
+        "Paused destination line.added."
+    );
+    assert_eq!(seen["destinationFieldAfter"], "", "the form is cleared");
+    let listed: Vec<(&str, &str, &str, &str)> = seen["pausesListed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            assert!(!p["since"].as_str().unwrap().is_empty(), "{p}");
+            (
+                p["kind"].as_str().unwrap(),
+                p["name"].as_str().unwrap(),
+                p["by"].as_str().unwrap(),
+                p["reason"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("consumer", "inventory", "ops", "stock v2 deploy"),
+            ("destination", "line.added", "ops", ""),
+        ],
+        "{seen}"
+    );
+    let from_api: Vec<(&str, &str, &Value, &Value)> = seen["pausesFromApi"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["kind"].as_str().unwrap(),
+                p["name"].as_str().unwrap(),
+                &p["by"],
+                &p["reason"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        from_api,
+        [
+            (
+                "consumer",
+                "inventory",
+                &json!("ops"),
+                &json!("stock v2 deploy")
+            ),
+            ("destination", "line.added", &json!("ops"), &Value::Null),
+        ],
+        "{seen}"
+    );
+    assert_eq!(
+        seen["resumeDestinationQuestion"],
+        "Resume destination line.added?"
+    );
+    assert_eq!(seen["resumeQuestion"], "Resume consumer inventory?");
+    assert_eq!(seen["afterResume"], "Resumed consumer inventory.");
+    assert_eq!(
+        seen["consumerAfterResume"],
+        json!({"paused": "false", "state": "running", "button": "Pause"}),
+        "{seen}"
+    );
+    assert_eq!(seen["pausesAfter"], json!([{"empty": "nothing is paused"}]));
+    assert_eq!(seen["pausesFromApiAfter"], json!([]));
+    assert!(outbox::admin::pauses(&t.db).await.unwrap().is_empty());
+    // Each step audited with the operator and the reason given (none for the destination's
+    // pause); the dead-letter actions came after them.
+    let log = outbox::admin::audit_log(&t.db, 100).await.unwrap();
+    let pausing: Vec<_> = log
+        .iter()
+        .rev()
+        .filter(|a| a.action == "pause" || a.action == "resume")
+        .map(|a| {
+            (
+                a.action.as_str(),
+                a.target.as_str(),
+                a.rows_affected,
+                a.actor.as_deref(),
+                a.reason.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pausing,
+        [
+            (
+                "pause",
+                "consumer inventory",
+                1,
+                Some("ops"),
+                Some("stock v2 deploy")
+            ),
+            ("pause", "destination line.added", 1, Some("ops"), None),
+            (
+                "resume",
+                "destination line.added",
+                1,
+                Some("ops"),
+                Some("broker back")
+            ),
+            (
+                "resume",
+                "consumer inventory",
+                1,
+                Some("ops"),
+                Some("deployed")
+            ),
+        ]
     );
 
     // The markup is text: shown as written, nothing parsed, nothing run.
@@ -1217,6 +1677,7 @@ async fn the_page_works_in_a_real_browser(t: TestDb) {
         "dead-letter.png",
         "audit.png",
         "groups.png",
+        "pauses.png",
         "phone.png",
     ] {
         assert!(shots.join(shot).exists(), "no screenshot {shot}");
@@ -1281,7 +1742,7 @@ async fn generated_requests_get_no_server_error(t: TestDb) {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        report.contains("Tested: 11"),
+        report.contains("Tested: 14"),
         "not every operation was tested:\n{report}"
     );
 }

@@ -27,8 +27,8 @@ use super::{
 use crate::{
     admin::{
         self, ActionReport, Actor, AdminAction, AdminError, DeadLetter, DeadLetterDetail,
-        DeadLetterFilter, DoctorOptions, DoctorReport, FailureGroup, HumanDuration, Page, Resend,
-        Selector, SentFilter, Source, Status, Target,
+        DeadLetterFilter, DoctorOptions, DoctorReport, FailureGroup, HumanDuration, Page,
+        PauseKind, PauseReport, Paused, Resend, Selector, SentFilter, Source, Status, Target,
     },
     retention::{self, PurgeReport, RetentionError, RetentionPolicy},
 };
@@ -175,7 +175,7 @@ fn text(name: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
 }
 
 /// A write's request body, with the actor it is audited under: the authenticated operator and
-/// the body's reason (required).
+/// the body's reason (required, but for a pause or a resume).
 pub(super) struct Write<T> {
     actor: Actor,
     body: T,
@@ -183,6 +183,9 @@ pub(super) struct Write<T> {
 
 /// A write's body, which carries the reason for the audit log.
 trait Reasoned {
+    /// Whether the write is refused without a reason.
+    const REASON_REQUIRED: bool = true;
+
     fn take_reason(&mut self) -> Option<String>;
 }
 
@@ -212,17 +215,22 @@ where
             .cloned()
             .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "authentication required"))?;
         let Json(mut body) = Json::<T>::from_request(request, state).await?;
-        let actor = actor(&operator, body.take_reason())?;
+        let actor = actor(&operator, body.take_reason(), T::REASON_REQUIRED)?;
         Ok(Write { actor, body })
     }
 }
 
-/// The actor of a write: the authenticated operator, with the request's reason (required).
-fn actor(operator: &Operator, reason: Option<String>) -> Result<Actor, ApiError> {
-    let reason = text("reason", reason)?.ok_or_else(|| {
-        ApiError::bad_request("a `reason` is required: it is recorded in the audit log")
-    })?;
-    Ok(Actor::new(operator.0.clone()).reason(reason))
+/// The actor of a write: the authenticated operator, with the request's reason (refused
+/// without one when it is `required`).
+fn actor(operator: &Operator, reason: Option<String>, required: bool) -> Result<Actor, ApiError> {
+    let actor = Actor::new(operator.0.clone());
+    match text("reason", reason)? {
+        Some(reason) => Ok(actor.reason(reason)),
+        None if required => Err(ApiError::bad_request(
+            "a `reason` is required: it is recorded in the audit log",
+        )),
+        None => Ok(actor),
+    }
 }
 
 fn ids_within_limit(n: usize) -> Result<(), ApiError> {
@@ -728,6 +736,73 @@ async fn audit(
     Ok(Json(admin::audit_log(&s.db, limit).await?))
 }
 
+/// Every pause in force, consumers first, by name: who paused it, since when, why.
+#[utoipa::path(get, path = "/api/pauses", tag = "pauses",
+    responses((status = 200, body = Vec<Paused>), (status = 401, body = ApiError)))]
+async fn pauses(State(s): St) -> ApiResult<Vec<Paused>> {
+    Ok(Json(admin::pauses(&s.db).await?))
+}
+
+/// A consumer or a destination, to pause or resume.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PauseRequest {
+    /// `consumer` or `destination`.
+    kind: PauseKind,
+    /// The consumer's name, or the destination's: the subject, topic, routing key or stream
+    /// its events are published to (the event type for the database-local transport).
+    #[schema(min_length = 1, max_length = 255)]
+    name: String,
+    /// Why (optional): recorded in the audit log, and shown with the pause.
+    reason: Option<String>,
+}
+
+impl Reasoned for PauseRequest {
+    const REASON_REQUIRED: bool = false;
+
+    fn take_reason(&mut self) -> Option<String> {
+        self.reason.take()
+    }
+}
+
+impl PauseRequest {
+    /// The name, refused when blank (the admin API checks its length and characters).
+    fn name(&self) -> Result<&str, ApiError> {
+        if self.name.trim().is_empty() {
+            return Err(ApiError::bad_request(
+                "`name` is empty: give the consumer's or the destination's name",
+            ));
+        }
+        Ok(&self.name)
+    }
+}
+
+/// Pause a consumer (it takes no message: deliveries wait in the broker, stored ones stay
+/// PENDING or RETRY) or a destination (nothing is published to it: its events stay PENDING, no
+/// attempt spent). Every service honours it within a few seconds. Pausing what is paused
+/// already changes nothing (`changed: false`); both are audited.
+#[utoipa::path(post, path = "/api/pause", tag = "pauses", request_body = PauseRequest,
+    responses((status = 200, body = PauseReport), (status = 400, body = ApiError),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)))]
+async fn pause(
+    State(s): St,
+    Write { actor, body: r }: Write<PauseRequest>,
+) -> ApiResult<PauseReport> {
+    Ok(Json(admin::pause(&s.db, r.kind, r.name()?, &actor).await?))
+}
+
+/// Resume a paused consumer or destination: every service takes it up again within a few
+/// seconds. Resuming what is not paused changes nothing (`changed: false`); both are audited.
+#[utoipa::path(post, path = "/api/resume", tag = "pauses", request_body = PauseRequest,
+    responses((status = 200, body = PauseReport), (status = 400, body = ApiError),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)))]
+async fn resume(
+    State(s): St,
+    Write { actor, body: r }: Write<PauseRequest>,
+) -> ApiResult<PauseReport> {
+    Ok(Json(admin::resume(&s.db, r.kind, r.name()?, &actor).await?))
+}
+
 /// The OpenAPI document.
 pub(super) async fn openapi_json(State(s): St) -> Response {
     (
@@ -772,6 +847,9 @@ pub(super) fn routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(purge))
         .routes(routes!(doctor))
         .routes(routes!(audit))
+        .routes(routes!(pauses))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
 }
 

@@ -27,10 +27,13 @@
 //! | `POST /api/purge` | the retention purge, now |
 //! | `GET /api/doctor` | tables, indexes, migrations, stuck rows |
 //! | `GET /api/audit` | the audit log, newest first |
+//! | `GET /api/pauses` | the consumers and destinations paused, who paused them, since when, why |
+//! | `POST /api/pause` | pause a consumer (it takes no message) or a destination (nothing is published to it) |
+//! | `POST /api/resume` | resume a paused consumer or destination |
 //!
 //! Every write is the admin API's: guarded by the row's expected status (a row in another state
-//! is reported in `skipped`, not touched), requires a `reason`, and is recorded in the audit
-//! table with the authenticated operator as its actor.
+//! is reported in `skipped`, not touched), requires a `reason` (optional for a pause or a
+//! resume), and is recorded in the audit table with the authenticated operator as its actor.
 //!
 //! **Security.** Every route, the OpenAPI document included, answers 401 without an
 //! authenticated operator ([`ConsoleAuth`]): a bearer token from the service's configuration, or

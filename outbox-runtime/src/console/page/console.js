@@ -151,14 +151,27 @@
       $("c-next-due").textContent = o.next_due_at ? "next " + when(o.next_due_at) : "";
       fill("outbox-counts", Object.entries(o.counts).map(([s, n]) =>
         row([{ text: s }, { text: n, className: "num" }], { "data-status": s })), "no events");
-      fill("consumers", status.consumers.map((c) => row([
-        { text: c.consumer },
-        { text: c.backlog, className: "num" },
-        { text: age(c.lag_secs), className: "num" },
-        { text: c.dead, className: "num" + (c.dead > 0 ? " bad" : "") },
-        { text: c.stuck, className: "num" },
-        { text: c.counts.DONE || 0, className: "num" },
-      ], { "data-consumer": c.consumer })), "no consumer has received anything yet");
+      const paused = status.paused || [];
+      const pausedConsumers = new Set(paused.filter((p) => p.kind === "consumer").map((p) => p.name));
+      fill("consumers", status.consumers.map((c) => {
+        const isPaused = pausedConsumers.has(c.consumer);
+        const tr = row([
+          { text: c.consumer },
+          { text: c.backlog, className: "num" },
+          { text: age(c.lag_secs), className: "num" },
+          { text: c.dead, className: "num" + (c.dead > 0 ? " bad" : "") },
+          { text: c.stuck, className: "num" },
+          { text: c.counts.DONE || 0, className: "num" },
+        ], { "data-consumer": c.consumer, "data-paused": String(isPaused) });
+        const state = el("td", null, { class: "state" });
+        state.appendChild(el("span", isPaused ? "paused" : "running", { class: isPaused ? "bad" : "good", "data-testid": "consumer-state" }));
+        const button = el("button", isPaused ? "Resume" : "Pause", { type: "button", "data-testid": "consumer-pause" });
+        button.addEventListener("click", () => pauseOrResume(isPaused ? "resume" : "pause", "consumer", c.consumer));
+        state.appendChild(button);
+        tr.appendChild(state);
+        return tr;
+      }), "no consumer has received anything yet");
+      showPauses(paused);
       fill("relays", status.relays.filter((r) => r.current).map((r) => row([
         { text: r.relay_id },
         { text: r.transport },
@@ -170,6 +183,46 @@
       drawCharts(samples.samples);
     });
   }
+
+  // Every pause in force, each with its Resume button.
+  function showPauses(paused) {
+    fill("pauses", paused.map((p) => {
+      const tr = row([
+        { text: p.kind }, { text: p.name }, { text: when(p.since) }, { text: p.by || "" },
+        { text: firstLine(p.reason), box: "clip", attrs: { title: p.reason || "" } },
+      ], { "data-pause": p.kind + " " + p.name });
+      const actions = el("td");
+      const resume = el("button", "Resume", { type: "button", "data-testid": "pause-resume" });
+      resume.addEventListener("click", () => pauseOrResume("resume", p.kind, p.name));
+      actions.appendChild(resume);
+      tr.appendChild(actions);
+      return tr;
+    }), "nothing is paused");
+  }
+
+  // Pause or resume a consumer or a destination, with an optional reason, then show the
+  // overview again.
+  async function pauseOrResume(verb, kind, name) {
+    const question = (verb === "pause" ? "Pause " : "Resume ") + kind + " " + name + "?";
+    const reason = await askReason(question, true);
+    if (reason === null) return;
+    await guarded(async () => {
+      const body = { kind, name };
+      if (reason) body.reason = reason;
+      const report = await api(verb, { method: "POST", body });
+      const what = report.kind + " " + report.name;
+      if (report.changed) say((verb === "pause" ? "Paused " : "Resumed ") + what + ".");
+      else say(what + (verb === "pause" ? " was paused already." : " was not paused."));
+      if (verb === "pause" && kind === "destination") $("pause-destination").reset();
+      await refreshOverview();
+    });
+  }
+
+  $("pause-destination").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const name = String(new FormData($("pause-destination")).get("name") || "").trim();
+    if (name) pauseOrResume("pause", "destination", name);
+  });
 
   // The queue tables as the server counts them, and what holds vacuum back (`outbox doctor`
   // says what to do about either).
@@ -358,10 +411,14 @@
     });
   }
 
-  function askReason(title) {
+  // Asks for the reason of an action: resolves to it, or to null when cancelled. An `optional`
+  // reason may be left empty ("").
+  function askReason(title, optional) {
     return new Promise((resolve) => {
       const dialog = $("reason-dialog");
       $("reason-title").textContent = title;
+      $("reason-label").textContent = optional ? "Reason (optional, recorded in the audit log)" : "Reason (recorded in the audit log)";
+      $("reason").required = !optional;
       $("reason").value = "";
       const done = (value) => {
         $("reason-form").removeEventListener("submit", onSubmit);
@@ -372,7 +429,7 @@
       const onSubmit = (event) => {
         event.preventDefault();
         const reason = $("reason").value.trim();
-        if (reason) done(reason);
+        if (reason || optional) done(reason);
       };
       const onCancel = () => done(null);
       $("reason-form").addEventListener("submit", onSubmit);
