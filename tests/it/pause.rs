@@ -358,3 +358,66 @@ async fn the_cli_pauses_and_resumes() {
         "an unknown kind is a usage error"
     );
 }
+
+#[inbox_handler(consumer = "t-pause-local")]
+async fn handle_local(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
+/// With the database-local transport the relay still moves events into a paused consumer's
+/// inbox (that is their delivery), and its worker claims none of them until it is resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_local_consumer_claims_nothing() {
+    let Some(t) = test_db(Backend::SqliteFile, "pause_local").await else {
+        return;
+    };
+    admin::pause(
+        &t.db,
+        PauseKind::Consumer,
+        "t-pause-local",
+        &Actor::new("alice"),
+    )
+    .await
+    .unwrap();
+    let runtime = Runtime::builder(t.db.clone())
+        .source("carts")
+        .consumers(["t-pause-local"])
+        .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
+        .start()
+        .await
+        .unwrap();
+    commit(&t, runtime.outbox(), "cart-l", 0..3).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            inbox_rows(&t.db, "t-pause-local").await.len() == 3
+        })
+        .await,
+        "delivered into the inbox"
+    );
+    tokio::time::sleep(HONOURED).await;
+    let rows = inbox_rows(&t.db, "t-pause-local").await;
+    assert!(
+        rows.iter()
+            .all(|r| r.status == "PENDING" && r.attempts == 0),
+        "{rows:?}"
+    );
+    assert!(effects(&t.db).await.is_empty());
+    admin::resume(
+        &t.db,
+        PauseKind::Consumer,
+        "t-pause-local",
+        &Actor::new("alice"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            effects(&t.db).await.len() == 3
+        })
+        .await,
+        "handled once resumed"
+    );
+    runtime.shutdown().await;
+    let seqs: Vec<i64> = effects(&t.db).await.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [0, 1, 2]);
+}
