@@ -309,5 +309,10 @@ async fn the_wal_readers_state_is_in_readiness() {
     server.abort();
     runtime.shutdown().await;
     // The relay did not create it again while polling; nothing is left to keep the WAL.
-    assert!(outbox::store::wal::slot(&t.db, slot).await.unwrap().is_none());
+    assert!(
+        outbox::store::wal::slot(&t.db, slot)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

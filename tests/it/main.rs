@@ -55,10 +55,15 @@ mod otel;
 ))]
 mod outages;
 mod outbox_transaction;
-#[cfg(all(feature = "postgres", feature = "nats", feature = "sqlite", feature = "cli"))]
-mod pause;
 #[cfg(all(feature = "postgres", feature = "nats", feature = "redis"))]
 mod partitions;
+#[cfg(all(
+    feature = "postgres",
+    feature = "nats",
+    feature = "sqlite",
+    feature = "cli"
+))]
+mod pause;
 #[cfg(all(feature = "postgres", feature = "kafka"))]
 mod rebalance;
 mod relay;

@@ -542,43 +542,6 @@ pub(crate) fn render_audit(actions: &[AdminAction]) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn control_characters_print_escaped() {
-        let hostile = "a\u{1b}[2Jb\u{1b}]0;t\u{7}\u{9b}1m\u{7f}\u{202e}x\r\n\ty";
-        assert_eq!(
-            printable(hostile, false),
-            "a\\x1b[2Jb\\x1b]0;t\\x07\\x9b1m\\x7f\\u{202e}x\\r\\n\\ty"
-        );
-        assert_eq!(
-            printable(hostile, true),
-            "a\\x1b[2Jb\\x1b]0;t\\x07\\x9b1m\\x7f\\u{202e}x\\r\n\ty"
-        );
-        assert!(matches!(
-            printable("plain text, ünïcødé", false),
-            std::borrow::Cow::Borrowed(_)
-        ));
-    }
-
-    #[test]
-    fn lists_show_the_first_line_cut() {
-        assert_eq!(clip("timeout", 10), "timeout");
-        assert_eq!(clip("timeout\ncaused by: reset", 10), "timeout…");
-        assert_eq!(clip("  \nsecond", 10), "second");
-        assert_eq!(clip(&"x".repeat(100_000), 10), "xxxxxxxxx…");
-        assert_eq!(clip("\u{1b}[2J", 80), "\\x1b[2J");
-    }
-
-    #[test]
-    fn table_cells_stay_on_their_line() {
-        let text = table(&["A", "B"], vec![vec!["1\n2".into(), "\u{1b}c".into()]]);
-        assert_eq!(text, "A     B\n1\\n2  \\x1bc\n");
-    }
-}
-
 /// The pauses in force, or that there are none.
 pub(crate) fn render_pauses(paused: &[admin::Paused]) -> String {
     if paused.is_empty() {
@@ -617,4 +580,41 @@ pub(crate) fn render_pause(report: &admin::PauseReport) -> String {
         (_, false) => format!("{what} was not paused"),
     };
     format!("{done} (audit #{})\n", report.audit_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_print_escaped() {
+        let hostile = "a\u{1b}[2Jb\u{1b}]0;t\u{7}\u{9b}1m\u{7f}\u{202e}x\r\n\ty";
+        assert_eq!(
+            printable(hostile, false),
+            "a\\x1b[2Jb\\x1b]0;t\\x07\\x9b1m\\x7f\\u{202e}x\\r\\n\\ty"
+        );
+        assert_eq!(
+            printable(hostile, true),
+            "a\\x1b[2Jb\\x1b]0;t\\x07\\x9b1m\\x7f\\u{202e}x\\r\n\ty"
+        );
+        assert!(matches!(
+            printable("plain text, ünïcødé", false),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn lists_show_the_first_line_cut() {
+        assert_eq!(clip("timeout", 10), "timeout");
+        assert_eq!(clip("timeout\ncaused by: reset", 10), "timeout…");
+        assert_eq!(clip("  \nsecond", 10), "second");
+        assert_eq!(clip(&"x".repeat(100_000), 10), "xxxxxxxxx…");
+        assert_eq!(clip("\u{1b}[2J", 80), "\\x1b[2J");
+    }
+
+    #[test]
+    fn table_cells_stay_on_their_line() {
+        let text = table(&["A", "B"], vec![vec!["1\n2".into(), "\u{1b}c".into()]]);
+        assert_eq!(text, "A     B\n1\\n2  \\x1bc\n");
+    }
 }
