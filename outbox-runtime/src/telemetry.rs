@@ -174,39 +174,29 @@ pub(crate) struct Consume<'a> {
 
 /// A consumer span for recording a delivered or received message.
 pub(crate) fn receive_span(consume: &Consume<'_>) -> Span {
-    tracing::info_span!(
-        target: TARGET,
-        "outbox.receive",
-        otel.name = format!("receive {}", consume.destination),
-        otel.kind = "consumer",
-        otel.status_code = Empty,
-        messaging.system = consume.system,
-        messaging.operation.type = "receive",
-        messaging.operation.name = "receive",
-        messaging.destination.name = consume.destination,
-        messaging.consumer.group.name = consume.consumer,
-        messaging.message.id = %consume.message_id,
-        error.type = Empty,
-        outbox.road = consume.road.as_str(),
-        outbox.event_type = consume.event_type,
-        outbox.aggregate.id = consume.aggregate_id,
-        outbox.delivery_count = Empty,
-        outbox.receipt = Empty,
-    )
+    consume_span(consume, "receive")
 }
 
 /// A consumer span for one handler run; its parent is set by the caller (the producer's span
 /// with OpenTelemetry).
 pub(crate) fn process_span(consume: &Consume<'_>, attempt: u32) -> Span {
+    let span = consume_span(consume, "process");
+    span.record("outbox.attempt", attempt);
+    span
+}
+
+/// The consumer's span of `operation` (`receive` or `process`): its fields are declared here
+/// once, those of one operation only recorded by its caller.
+fn consume_span(consume: &Consume<'_>, operation: &'static str) -> Span {
     tracing::info_span!(
         target: TARGET,
-        "outbox.handle",
-        otel.name = format!("process {}", consume.destination),
+        "outbox.consume",
+        otel.name = format!("{operation} {}", consume.destination),
         otel.kind = "consumer",
         otel.status_code = Empty,
         messaging.system = consume.system,
-        messaging.operation.type = "process",
-        messaging.operation.name = "process",
+        messaging.operation.type = operation,
+        messaging.operation.name = operation,
         messaging.destination.name = consume.destination,
         messaging.consumer.group.name = consume.consumer,
         messaging.message.id = %consume.message_id,
@@ -214,7 +204,9 @@ pub(crate) fn process_span(consume: &Consume<'_>, attempt: u32) -> Span {
         outbox.road = consume.road.as_str(),
         outbox.event_type = consume.event_type,
         outbox.aggregate.id = consume.aggregate_id,
-        outbox.attempt = attempt,
+        outbox.attempt = Empty,
+        outbox.delivery_count = Empty,
+        outbox.receipt = Empty,
     )
 }
 

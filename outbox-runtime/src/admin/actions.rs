@@ -251,17 +251,19 @@ pub async fn replay(
 }
 
 /// Record the action in the audit table and commit it with the change.
-async fn finish(
+/// Append the action's audit row in `txn` and commit it; returns the row's id.
+pub(super) async fn audit_and_commit(
     txn: sea_orm::DatabaseTransaction,
-    report: &mut ActionReport,
+    action: ActionKind,
     target: &str,
+    affected: u64,
     actor: &Actor,
-) -> Result<(), AdminError> {
-    report.audit_id = sql::record_action(
+) -> Result<i64, AdminError> {
+    let audit_id = sql::record_action(
         &txn,
-        report.action.as_str(),
+        action.as_str(),
         target,
-        report.affected(),
+        affected,
         actor.name.as_deref(),
         actor.reason.as_deref(),
     )
@@ -270,6 +272,17 @@ async fn finish(
     txn.commit()
         .await
         .map_err(db_error("committing the action"))?;
+    Ok(audit_id)
+}
+
+async fn finish(
+    txn: sea_orm::DatabaseTransaction,
+    report: &mut ActionReport,
+    target: &str,
+    actor: &Actor,
+) -> Result<(), AdminError> {
+    report.audit_id =
+        audit_and_commit(txn, report.action, target, report.affected(), actor).await?;
     tracing::info!(
         action = report.action.as_str(),
         target,

@@ -20,7 +20,7 @@ use sea_orm::DatabaseConnection;
 use serde::{Deserialize, Serialize};
 
 use super::{Actor, AdminError, actions::ActionKind, db_error};
-use crate::store::{admin as audit, pause as sql};
+use crate::store::pause as sql;
 
 /// What a pause applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -96,6 +96,17 @@ pub struct PauseReport {
 /// The longest name a pause takes (the column's width).
 pub const MAX_PAUSE_NAME_CHARS: usize = 255;
 
+/// The transaction of a pause or resume of `name`, once the name is one a pause can have.
+async fn begin(
+    db: &DatabaseConnection,
+    name: &str,
+) -> Result<sea_orm::DatabaseTransaction, AdminError> {
+    check_name(name)?;
+    crate::store::tx::begin_admin(db)
+        .await
+        .map_err(db_error("beginning the action"))
+}
+
 fn check_name(name: &str) -> Result<(), AdminError> {
     let chars = name.chars().count();
     if chars == 0 || chars > MAX_PAUSE_NAME_CHARS || name.chars().any(char::is_control) {
@@ -115,10 +126,7 @@ pub async fn pause(
     name: &str,
     actor: &Actor,
 ) -> Result<PauseReport, AdminError> {
-    check_name(name)?;
-    let txn = crate::store::tx::begin_admin(db)
-        .await
-        .map_err(db_error("beginning the pause"))?;
+    let txn = begin(db, name).await?;
     let existing = sql::find(&txn, kind.as_str(), name)
         .await
         .map_err(db_error("reading outbox_pause"))?;
@@ -151,10 +159,7 @@ pub async fn resume(
     name: &str,
     actor: &Actor,
 ) -> Result<PauseReport, AdminError> {
-    check_name(name)?;
-    let txn = crate::store::tx::begin_admin(db)
-        .await
-        .map_err(db_error("beginning the resume"))?;
+    let txn = begin(db, name).await?;
     let removed = sql::delete(&txn, kind.as_str(), name)
         .await
         .map_err(db_error("writing outbox_pause"))?;
@@ -189,19 +194,8 @@ async fn finish(
     actor: &Actor,
 ) -> Result<PauseReport, AdminError> {
     let target = format!("{kind} {name}");
-    let audit_id = audit::record_action(
-        &txn,
-        action.as_str(),
-        &target,
-        u64::from(changed),
-        actor.name.as_deref(),
-        actor.reason.as_deref(),
-    )
-    .await
-    .map_err(db_error("recording the action in outbox_admin_action"))?;
-    txn.commit()
-        .await
-        .map_err(db_error("committing the action"))?;
+    let audit_id =
+        super::actions::audit_and_commit(txn, action, &target, u64::from(changed), actor).await?;
     tracing::info!(
         action = action.as_str(),
         target,
