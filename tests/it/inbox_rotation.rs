@@ -285,7 +285,7 @@ async fn a_populated_inbox_rotates_once_switched_on() {
     let Some(t) = test_db(Backend::Postgres, "inbox_rotation_upgrade").await else {
         return;
     };
-    outbox::Migrator::down(&t.db, Some(1)).await.unwrap();
+    outbox::Migrator::down(&t.db, Some(2)).await.unwrap();
     assert!(record_done(&t, "before").await);
     outbox::Migrator::up(&t.db, None).await.unwrap();
     assert_eq!(

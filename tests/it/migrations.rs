@@ -264,7 +264,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     use outbox::inbox::{ExternalInbox, IncomingMessage, Receipt, ReceiveError};
     let db = &t.db;
     // Back to the schema of the release before `outbox_0006`.
-    Migrator::down(db, Some(9)).await.unwrap();
+    Migrator::down(db, Some(10)).await.unwrap();
     assert_eq!(
         scalar_i64(db, "SELECT COUNT(*) AS n FROM outbox_migrations").await,
         5
@@ -373,7 +373,7 @@ async fn upgrade_keeps_rows_and_a_rolling_upgrade_working(t: TestDb) {
     db.execute_unprepared("DELETE FROM inbox_event WHERE origin = 'psp-b'")
         .await
         .unwrap();
-    Migrator::down(db, Some(8)).await.unwrap();
+    Migrator::down(db, Some(9)).await.unwrap();
     assert_eq!(
         old_release_insert(db, "billing", id9, b"{}").await.unwrap(),
         0

@@ -45,33 +45,50 @@ async fn payment(_tx: &InboxTransaction, _message: Event<Payment>) -> Result<(),
 }
 
 /// Run `body` with an OpenTelemetry pipeline of its own (a `tracing` subscriber with the
-/// `tracing-opentelemetry` layer, exporting into memory), and return the spans it exported.
-fn traced<F: std::future::Future<Output = ()>>(
-    body: impl FnOnce(InMemorySpanExporter) -> F,
-) -> Vec<SpanData> {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
-    let dispatch = tracing::Dispatch::new(subscriber);
-    // Each thread keeps the subscriber until it ends.
-    on_own_runtime(
-        move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)),
-        async {
-            outbox::trace::otel::install();
-            // The callsites' cached interest, as the process's live subscribers see it now
-            // (another test's subscriber may have been alone when a callsite was first hit).
-            tracing::callsite::rebuild_interest_cache();
-            body(exporter.clone()).await
-        },
-    );
-    // The test thread's subscriber goes now, while the thread's locals are there to export
-    // what it still holds (SQLite's connection threads keep the span of their last statement).
-    std::mem::forget(tracing::dispatcher::set_default(&tracing::Dispatch::none()));
-    provider.force_flush().unwrap();
-    exporter.get_finished_spans().unwrap()
+/// `tracing-opentelemetry` layer, exporting into memory); return the spans it exported and what
+/// `body` returned. It runs on a thread of its own that is parked afterwards, never ended: a
+/// span something still holds (SQLite's connection threads keep the span of their last
+/// statement) would be exported while the thread's locals are torn down, which aborts.
+fn traced<T, F>(body: impl FnOnce(InMemorySpanExporter) -> F + Send + 'static) -> (Vec<SpanData>, T)
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T>,
+{
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test")));
+        let dispatch = tracing::Dispatch::new(subscriber);
+        // Each thread keeps the subscriber until it ends.
+        let run = std::panic::AssertUnwindSafe(|| {
+            on_own_runtime(
+                move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)),
+                async {
+                    outbox::trace::otel::install();
+                    // The callsites' cached interest, as the process's live subscribers see it
+                    // now (another test's subscriber may have been alone when a callsite was
+                    // first hit).
+                    tracing::callsite::rebuild_interest_cache();
+                    body(exporter.clone()).await
+                },
+            )
+        });
+        let outcome = std::panic::catch_unwind(run);
+        let _ = provider.force_flush();
+        let spans = exporter.get_finished_spans().unwrap_or_default();
+        let _ = done.send(outcome.map(|value| (spans, value)));
+        loop {
+            std::thread::park();
+        }
+    });
+    match result.recv().expect("the traced thread reports") {
+        Ok(pair) => pair,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
 }
 
 /// The attribute `key` of `span`, as text.
@@ -162,14 +179,9 @@ fn nats_destination(transport: &dyn Transport) -> String {
 /// the producer's trace across the broker.
 #[test]
 fn the_claim_loop_and_the_consumer_follow_the_conventions() {
-    let mut context = None;
-    let spans = traced(|_| async {
-        let Some(t) = test_db(Backend::Postgres, "otel_claim_loop").await else {
-            return;
-        };
-        let Some(nats) = transport("otel_claim").await else {
-            return;
-        };
+    let (spans, context) = traced(|_| async move {
+        let t = test_db(Backend::Postgres, "otel_claim_loop").await?;
+        let nats = transport("otel_claim").await?;
         let runtime = Runtime::builder(t.db.clone())
             .source("carts")
             .transport(nats.0.clone())
@@ -190,7 +202,7 @@ fn the_claim_loop_and_the_consumer_follow_the_conventions() {
         runtime.shutdown().await;
         assert!(handled, "the event was handled");
         let (event_id, traceparent) = first_event(&t.db).await;
-        context = Some((event_id, traceparent, nats_destination(&nats.0)));
+        Some((event_id, traceparent, nats_destination(&nats.0)))
     });
     let Some((event_id, traceparent, destination)) = context else {
         return;
@@ -250,15 +262,9 @@ fn the_claim_loop_and_the_consumer_follow_the_conventions() {
 /// `retry`, status error) on the consumer's road, then a `process` span of the worker, attempt 2.
 #[test]
 fn the_fast_path_and_the_workers_retry_follow_the_conventions() {
-    let mut context = None;
-    let slot = &mut context;
-    let spans = traced(|exporter| async move {
-        let Some(t) = test_db(Backend::Postgres, "otel_fast_path").await else {
-            return;
-        };
-        let Some(nats) = transport("otel_fast").await else {
-            return;
-        };
+    let (spans, context) = traced(|exporter| async move {
+        let t = test_db(Backend::Postgres, "otel_fast_path").await?;
+        let nats = transport("otel_fast").await?;
         let faults = outbox::testing::HandlerFaults::new();
         faults.fail("t-otel", LineAdded::EVENT_TYPE, 1);
         let runtime = Runtime::builder(t.db.clone())
@@ -300,11 +306,11 @@ fn the_fast_path_and_the_workers_retry_follow_the_conventions() {
             row.headers["traceparent"].as_str().unwrap().to_owned()
         };
         let first = rows[0].event_id.to_string();
-        *slot = Some((
+        Some((
             (traceparent_of(&fast), fast),
             (traceparent_of(&first), first),
             nats_destination(&nats.0),
-        ));
+        ))
     });
     let Some(((fast_traceparent, fast), (traceparent, event_id), destination)) = context else {
         return;
@@ -360,11 +366,8 @@ fn the_fast_path_and_the_workers_retry_follow_the_conventions() {
 /// the producer's trace; the worker handles it in a `process` span.
 #[test]
 fn the_local_transport_follows_the_conventions() {
-    let mut context = None;
-    let spans = traced(|_| async {
-        let Some(t) = test_db(Backend::SqliteFile, "otel_local").await else {
-            return;
-        };
+    let (spans, context) = traced(|_| async move {
+        let t = test_db(Backend::SqliteFile, "otel_local").await?;
         let runtime = Runtime::builder(t.db.clone())
             .source("carts")
             .consumers(["t-otel"])
@@ -382,9 +385,7 @@ fn the_local_transport_follows_the_conventions() {
         .await;
         runtime.shutdown().await;
         assert!(handled, "the event was handled");
-        context = Some(first_event(&t.db).await);
-        // SQLite's connection threads hold the span of their last statement: closed with them.
-        t.db.close_by_ref().await.unwrap();
+        Some(first_event(&t.db).await)
     });
     let Some((event_id, traceparent)) = context else {
         return;
@@ -420,11 +421,8 @@ fn the_local_transport_follows_the_conventions() {
 /// system is `webhook`; the same message again is a `duplicate` receipt.
 #[test]
 fn external_messages_received_follow_the_conventions() {
-    let mut ran = false;
-    let spans = traced(|_| async {
-        let Some(t) = test_db(Backend::SqliteFile, "otel_webhook").await else {
-            return;
-        };
+    let (spans, context) = traced(|_| async move {
+        let t = test_db(Backend::SqliteFile, "otel_webhook").await?;
         let runtime = Runtime::builder(t.db.clone())
             .consumers(["t-otel-hooks"])
             .start()
@@ -450,11 +448,9 @@ fn external_messages_received_follow_the_conventions() {
         .await;
         runtime.shutdown().await;
         assert!(handled, "the message was handled");
-        // SQLite's connection threads hold the span of their last statement: closed with them.
-        t.db.close_by_ref().await.unwrap();
-        ran = true;
+        Some(())
     });
-    if !ran {
+    if context.is_none() {
         return;
     }
     // A receive's span may still be held by the SQLite connection that ran its last statement
@@ -499,14 +495,9 @@ fn external_messages_received_follow_the_conventions() {
 #[cfg(feature = "postgres-wal")]
 #[test]
 fn the_wal_relay_follows_the_conventions() {
-    let mut context = None;
-    let spans = traced(|_| async {
-        let Some(t) = logical_test_db("otel_wal").await else {
-            return;
-        };
-        let Some(nats) = transport("otel_wal").await else {
-            return;
-        };
+    let (spans, context) = traced(|_| async move {
+        let t = logical_test_db("otel_wal").await?;
+        let nats = transport("otel_wal").await?;
         let wal = outbox::relay::WalConfig::new(t.url.clone())
             .slot("outbox_otel_wal")
             .table_grace(Duration::from_secs(60));
@@ -539,11 +530,11 @@ fn the_wal_relay_follows_the_conventions() {
         runtime.shutdown().await;
         assert!(handled, "the event was handled");
         let (event_id, traceparent) = first_event(&t.db).await;
-        context = Some((event_id, traceparent, nats_destination(&nats.0)));
         // An inactive slot would keep the cluster's WAL.
         outbox::store::wal::drop_slot(&t.db, "outbox_otel_wal", true)
             .await
             .unwrap();
+        Some((event_id, traceparent, nats_destination(&nats.0)))
     });
     let Some((event_id, traceparent, destination)) = context else {
         return;

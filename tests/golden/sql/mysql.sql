@@ -27,6 +27,7 @@ INSERT INTO outbox_event (event_id, source, event_type, schema_version, aggregat
 COMMIT
 
 -- relay: claim, publish, settle SENT
+SELECT kind, name, paused_at, paused_by, reason FROM outbox_pause ORDER BY kind, name
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 BEGIN
 SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers FROM outbox_scheduled WHERE due_at <= UTC_TIMESTAMP(6) ORDER BY due_at, id LIMIT 10 FOR UPDATE SKIP LOCKED
@@ -118,6 +119,7 @@ SELECT consumer, COUNT(*) AS n, MIN(locked_until) AS since FROM inbox_event WHER
 SELECT relay_id, transport, broker_state, broker_seen_at, unavailable_since, outages, held_back, last_error, started_at, heartbeat_at, expires_at FROM outbox_relay ORDER BY relay_id
 SELECT TABLE_NAME AS table_name, CAST(TABLE_ROWS AS SIGNED) AS live_rows, CAST(NULL AS SIGNED) AS dead_rows, CAST(DATA_LENGTH AS SIGNED) AS table_bytes, CAST(INDEX_LENGTH AS SIGNED) AS index_bytes, CAST(DATA_FREE AS SIGNED) AS free_bytes, CAST(NULL AS DOUBLE) AS vacuumed_s, CAST(NULL AS DOUBLE) AS analyzed_s, TRUE AS autovacuum_enabled FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (…)
 SELECT 'session' AS kind, CAST(t.trx_mysql_thread_id AS SIGNED) AS pid, COALESCE(CONCAT(p.USER, '@', p.HOST), '') AS name, t.trx_state AS state, CAST(TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1000000 AS DOUBLE) AS age_s, CAST(NULL AS SIGNED) AS xid_age FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE t.trx_mysql_thread_id <> CONNECTION_ID() ORDER BY t.trx_started LIMIT 5
+SELECT kind, name, paused_at, paused_by, reason FROM outbox_pause ORDER BY kind, name
 
 -- admin: list dead letters
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, attempts, last_error, created_at AS arrived_at FROM outbox_event WHERE status = 'DEAD' ORDER BY arrived_at DESC, id DESC LIMIT 50

@@ -21,6 +21,7 @@ INSERT INTO outbox_event (event_id, source, event_type, schema_version, aggregat
 COMMIT
 
 -- relay: claim, publish, settle SENT
+SELECT kind, name, paused_at, paused_by, reason FROM outbox_pause ORDER BY kind, name
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED
 SELECT id, event_id, source, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, dedup_key, payload, headers FROM outbox_scheduled WHERE due_at <= statement_timestamp() ORDER BY due_at, id LIMIT 10 FOR UPDATE SKIP LOCKED
 COMMIT
@@ -106,6 +107,7 @@ SELECT slot_name, active, wal_status::text AS wal_status, pg_wal_lsn_diff(pg_cur
 SELECT c.relname::text AS table_name, SUM(s.n_live_tup)::bigint AS live_rows, SUM(s.n_dead_tup)::bigint AS dead_rows, SUM(pg_table_size(l.oid))::bigint AS table_bytes, SUM(pg_indexes_size(l.oid))::bigint AS index_bytes, NULL::bigint AS free_bytes, EXTRACT(EPOCH FROM now() - MAX(GREATEST(s.last_vacuum, s.last_autovacuum)))::float8 AS vacuumed_s, EXTRACT(EPOCH FROM now() - MAX(GREATEST(s.last_analyze, s.last_autoanalyze)))::float8 AS analyzed_s, bool_and(NOT EXISTS (SELECT 1 FROM unnest(l.reloptions) AS o(option) WHERE lower(o.option) IN ('autovacuum_enabled=false', 'autovacuum_enabled=off', 'autovacuum_enabled=0', 'autovacuum_enabled=no', 'autovacuum_enabled=f', 'autovacuum_enabled=n'))) AS autovacuum_enabled FROM pg_class c LEFT JOIN LATERAL pg_partition_tree(c.oid) t ON true JOIN pg_class l ON l.oid = COALESCE(t.relid, c.oid) JOIN pg_stat_user_tables s ON s.relid = l.oid WHERE COALESCE(t.isleaf, true) AND NOT c.relispartition AND c.relnamespace = to_regnamespace(current_schema()) AND c.relname IN (…) GROUP BY c.relname
 SELECT current_setting('autovacuum') = 'on' AS autovacuum
 SELECT kind, pid, name, state, age_s, xid_age FROM ( SELECT 'session' AS kind, pid::bigint AS pid, COALESCE(application_name, '') AS name, state::text AS state, EXTRACT(EPOCH FROM now() - COALESCE(xact_start, query_start, backend_start))::float8 AS age_s, age(backend_xmin)::bigint AS xid_age FROM pg_stat_activity WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND (datname IS NULL OR datname = current_database()) UNION ALL SELECT 'prepared', NULL::bigint, gid, NULL::text, EXTRACT(EPOCH FROM now() - prepared)::float8, age(transaction)::bigint FROM pg_prepared_xacts WHERE database = current_database() UNION ALL SELECT 'slot', NULL::bigint, slot_name::text, CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL::float8, GREATEST(age(xmin), age(catalog_xmin))::bigint FROM pg_replication_slots WHERE (xmin IS NOT NULL OR catalog_xmin IS NOT NULL) AND (database IS NULL OR database = current_database()) ) AS holders ORDER BY xid_age DESC NULLS LAST LIMIT 5
+SELECT kind, name, paused_at, paused_by, reason FROM outbox_pause ORDER BY kind, name
 
 -- admin: list dead letters
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, attempts, last_error, created_at AS arrived_at FROM outbox_event WHERE status = 'DEAD' ORDER BY arrived_at DESC, id DESC LIMIT 50
