@@ -138,11 +138,14 @@ async fn survives_with(
         // The relay streams: commits from now on are in its slot.
         let slot = format!("outbox_{}", t.name);
         assert!(
+            // Streaming, not only the slot there (a slot being created is active before its
+            // consistent point).
             eventually(Duration::from_secs(20), || async {
-                outbox::store::wal::slot(&t.db, &slot)
-                    .await
-                    .unwrap()
-                    .is_some_and(|s| s.active)
+                runtime.relay_stats().map(|s| s.wal) == Some(outbox::relay::WalReader::Streaming)
+                    && outbox::store::wal::slot(&t.db, &slot)
+                        .await
+                        .unwrap()
+                        .is_some_and(|s| s.active)
             })
             .await,
             "{test}: the relay streams from its slot"

@@ -510,11 +510,14 @@ fn the_wal_relay_follows_the_conventions() {
             .start()
             .await
             .unwrap();
+        // Streaming, not only the slot there (a slot being created is active before its
+        // consistent point).
         let streaming = eventually(Duration::from_secs(20), || async {
-            outbox::store::wal::slot(&t.db, "outbox_otel_wal")
-                .await
-                .unwrap()
-                .is_some_and(|s| s.active)
+            runtime.relay_stats().map(|s| s.wal) == Some(outbox::relay::WalReader::Streaming)
+                && outbox::store::wal::slot(&t.db, "outbox_otel_wal")
+                    .await
+                    .unwrap()
+                    .is_some_and(|s| s.active)
         })
         .await;
         assert!(streaming, "the relay streams from its slot");

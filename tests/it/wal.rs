@@ -51,13 +51,14 @@ async fn start(t: &TestDb, transport: &MemoryTransport, wal: WalConfig) -> Relay
         .with_config(config())
         .with_wal(wal.clone())
         .spawn();
-    // Streaming: the slot exists and a relay reads it.
+    // Streaming: the slot exists, past its consistent point, and a relay reads it.
     assert!(
         eventually(Duration::from_secs(20), || async {
-            store::wal::slot(&t.db, wal.slot_name())
-                .await
-                .unwrap()
-                .is_some_and(|s| s.active)
+            relay.stats().wal == outbox::relay::WalReader::Streaming
+                && store::wal::slot(&t.db, wal.slot_name())
+                    .await
+                    .unwrap()
+                    .is_some_and(|s| s.active)
         })
         .await,
         "the relay streams from slot {}",

@@ -388,7 +388,6 @@ impl Relay {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
                 }
             }
-            self.stats.set_wal(WalReader::Streaming);
             let end = self.stream(&replication, batches, shutdown).await;
             if !matches!(end, StreamEnd::Shutdown) {
                 self.stats.set_wal(WalReader::Reconnecting);
@@ -504,6 +503,20 @@ impl Relay {
             Ok(client) => client,
             Err(e) => return StreamEnd::Failed(e.to_string()),
         };
+        // Streaming once the server accepted START_REPLICATION (a standby relay is refused
+        // here while another holds the slot).
+        let started = tokio::select! {
+            _ = shutdown.cancelled() => {
+                client.abort();
+                return StreamEnd::Shutdown;
+            }
+            started = client.wait_started() => started,
+        };
+        if let Err(e) = started {
+            client.abort();
+            return StreamEnd::Failed(e.to_string());
+        }
+        self.stats.set_wal(WalReader::Streaming);
         let batch_size = self.config.batch_size.max(1);
         let mut reading = Reading::default();
         let end = loop {
