@@ -35,6 +35,9 @@
 //!   the server and the bench process, for the hand-written pipeline and the SDK's fast path,
 //!   WAL relay and claim loop, at 200/s and 1k/s. Only with `--only p10` (it needs a server that
 //!   loads `pg_stat_statements`; `--smoke` runs it without the counts).
+//! - P11 idle cost: statements per second (and the server's CPU) that 1 and 3 idle instances
+//!   send to one database, with the list of them. Only with `--only p11` (`pg_stat_statements`
+//!   too; `BENCH_P11_SECONDS`, default 60, is the window).
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
 //! narrow P3 down to some modes and offered loads. `BENCH_INBOX_ROTATION=off` switches the
@@ -49,6 +52,7 @@
 mod kafka;
 mod p1;
 mod p10;
+mod p11;
 mod p2;
 mod p3;
 mod p4;
@@ -65,9 +69,11 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 10] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10"];
-/// What runs without `--only`: every scenario but P9, which takes 45 minutes, and P10, which
-/// needs `pg_stat_statements` (the smoke run takes both, in seconds).
+const SCENARIOS: [&str; 11] = [
+    "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11",
+];
+/// What runs without `--only`: every scenario but P9, which takes 45 minutes, and P10 and P11,
+/// which need `pg_stat_statements` (the smoke run takes them all, in seconds).
 const DEFAULT: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
 
 #[derive(Debug)]
@@ -154,6 +160,7 @@ async fn main() -> Result<(), BoxError> {
                 "p9" if run == 1 => p9::run(&ctx).await,
                 "p9" => continue,
                 "p10" => p10::run(&ctx).await,
+                "p11" => p11::run(&ctx).await,
                 _ => unreachable!("checked when parsing"),
             };
             let got = got.map_err(|e| format!("{scenario} failed: {e}"))?;

@@ -86,7 +86,7 @@ impl Meter {
         }
     }
 
-    async fn on(ctx: &Ctx) -> Result<Self, BoxError> {
+    pub(crate) async fn on(ctx: &Ctx) -> Result<Self, BoxError> {
         // The extension's view errors unless the server loads the library at start.
         let counted = match ctx
             .db

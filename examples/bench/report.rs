@@ -179,6 +179,7 @@ pub(crate) fn build(
             "p8" => crate::p8::specs(),
             "p9" => crate::p9::specs(),
             "p10" => crate::p10::specs(ctx),
+            "p11" => crate::p11::specs(),
             _ => Vec::new(),
         });
     }
