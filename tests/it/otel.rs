@@ -150,6 +150,17 @@ async fn first_event(db: &outbox::sea_orm::DatabaseConnection) -> (String, Strin
     (row.event_id.to_string(), traceparent.to_owned())
 }
 
+/// Whether `consumer` handled a message (DONE) within 30 s.
+async fn handled_one(db: &outbox::sea_orm::DatabaseConnection, consumer: &str) -> bool {
+    eventually(Duration::from_secs(30), || async {
+        inbox_rows(db, consumer)
+            .await
+            .iter()
+            .any(|r| r.status == "DONE")
+    })
+    .await
+}
+
 /// Enqueue one line for `cart` in a transaction of `outbox`, inside a span named `root`.
 async fn commit_one(db: &outbox::sea_orm::DatabaseConnection, outbox: &Outbox, cart: &str) {
     let root = tracing::info_span!("checkout", cart);
@@ -192,13 +203,7 @@ fn the_claim_loop_and_the_consumer_follow_the_conventions() {
             .unwrap();
         // A handle of its own: no fast path, the claim loop finds the event.
         commit_one(&t.db, &Outbox::new("carts"), "otel-claim").await;
-        let handled = eventually(Duration::from_secs(30), || async {
-            inbox_rows(&t.db, "t-otel")
-                .await
-                .iter()
-                .any(|r| r.status == "DONE")
-        })
-        .await;
+        let handled = handled_one(&t.db, "t-otel").await;
         runtime.shutdown().await;
         assert!(handled, "the event was handled");
         let (event_id, traceparent) = first_event(&t.db).await;
@@ -376,13 +381,7 @@ fn the_local_transport_follows_the_conventions() {
             .await
             .unwrap();
         commit_one(&t.db, runtime.outbox(), "otel-local").await;
-        let handled = eventually(Duration::from_secs(30), || async {
-            inbox_rows(&t.db, "t-otel")
-                .await
-                .iter()
-                .any(|r| r.status == "DONE")
-        })
-        .await;
+        let handled = handled_one(&t.db, "t-otel").await;
         runtime.shutdown().await;
         assert!(handled, "the event was handled");
         Some(first_event(&t.db).await)
@@ -439,13 +438,7 @@ fn external_messages_received_follow_the_conventions() {
         let inbox = runtime.external_inbox();
         assert!(inbox.receive(&message).await.unwrap().is_new());
         assert!(!inbox.receive(&message).await.unwrap().is_new());
-        let handled = eventually(Duration::from_secs(30), || async {
-            inbox_rows(&t.db, "t-otel-hooks")
-                .await
-                .iter()
-                .any(|r| r.status == "DONE")
-        })
-        .await;
+        let handled = handled_one(&t.db, "t-otel-hooks").await;
         runtime.shutdown().await;
         assert!(handled, "the message was handled");
         Some(())
@@ -523,13 +516,7 @@ fn the_wal_relay_follows_the_conventions() {
         assert!(streaming, "the relay streams from its slot");
         // A handle of its own: no fast path, the WAL stream finds the event.
         commit_one(&t.db, &Outbox::new("carts"), "otel-wal").await;
-        let handled = eventually(Duration::from_secs(30), || async {
-            inbox_rows(&t.db, "t-otel")
-                .await
-                .iter()
-                .any(|r| r.status == "DONE")
-        })
-        .await;
+        let handled = handled_one(&t.db, "t-otel").await;
         runtime.shutdown().await;
         assert!(handled, "the event was handled");
         let (event_id, traceparent) = first_event(&t.db).await;
