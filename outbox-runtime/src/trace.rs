@@ -154,7 +154,7 @@ fn validate_traceparent(tp: &str) -> Result<(), TraceContextError> {
 ///
 /// Call [`otel::install`] once at start-up, after installing a `tracing` subscriber with the
 /// `tracing-opentelemetry` layer. From then on `enqueue` captures the W3C trace context of the
-/// current span, and each handler's `outbox.handle` span is a child of the producer's span: the
+/// current span, and each `send` and `process` span (see [`crate::telemetry`]) is a child of the producer's span: the
 /// trace continues across the broker.
 #[cfg(feature = "opentelemetry")]
 pub mod otel {
