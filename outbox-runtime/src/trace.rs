@@ -154,8 +154,8 @@ fn validate_traceparent(tp: &str) -> Result<(), TraceContextError> {
 ///
 /// Call [`otel::install`] once at start-up, after installing a `tracing` subscriber with the
 /// `tracing-opentelemetry` layer. From then on `enqueue` captures the W3C trace context of the
-/// current span, and each `send` and `process` span (see [`crate::telemetry`]) is a child of the producer's span: the
-/// trace continues across the broker.
+/// current span, and each `send` and `process` span (see [`crate::telemetry`]) is a child of
+/// the producer's span: the trace continues across the relay and the broker.
 #[cfg(feature = "opentelemetry")]
 pub mod otel {
     use opentelemetry::trace::{
