@@ -475,7 +475,7 @@ pub struct FailureRecord {
 pub struct AdminAction {
     /// Row id.
     pub id: i64,
-    /// `replay`, `ignore`, `resend` or `purge`.
+    /// `replay`, `ignore`, `resend`, `purge`, `pause` or `resume`.
     pub action: String,
     /// The rows or filter it applied to.
     pub target: String,

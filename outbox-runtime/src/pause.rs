@@ -49,7 +49,13 @@ impl Pauses {
     /// keeps what was read before (a database outage does not resume anything).
     pub(crate) async fn refresh_if_due(&self, db: &DatabaseConnection) {
         {
-            let mut at = self.read_at.lock().unwrap_or_else(|p| p.into_inner());
+            // Asked on every delivery a dispatcher takes: a loop that finds another one looking
+            // does not wait for it.
+            let mut at = match self.read_at.try_lock() {
+                Ok(at) => at,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
             if at.is_some_and(|at| at.elapsed() < self.refresh) {
                 return;
             }
@@ -97,7 +103,7 @@ impl Pauses {
     /// Whether consumer `name` is paused.
     pub(crate) fn consumer_paused(&self, name: &str) -> bool {
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());
-        !state.consumers.is_empty() && state.consumers.contains(name)
+        state.consumers.contains(name)
     }
 
     /// Whether any destination is paused.

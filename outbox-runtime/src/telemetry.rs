@@ -259,15 +259,15 @@ pub(crate) fn sent(
     }
 }
 
-/// A message `consumer` received through `system`.
-pub(crate) fn consumed(system: &'static str, consumer: &str) {
+/// `n` messages `consumer` received through `system`.
+pub(crate) fn consumed(system: &'static str, consumer: &str, n: usize) {
     counter!(
         CONSUMED_MESSAGES,
         "messaging.system" => system,
         "messaging.operation.name" => "receive",
         "messaging.consumer.group.name" => consumer.to_owned(),
     )
-    .increment(1);
+    .increment(n as u64);
 }
 
 /// One handler run of `consumer`, failed with `error` when it did.

@@ -77,9 +77,7 @@ impl Consumer {
             .collect();
         match self.process_batch(&run).await {
             Ok(()) => {
-                for _ in &run {
-                    crate::telemetry::consumed(self.system, self.name);
-                }
+                crate::telemetry::consumed(self.system, self.name, run.len());
                 drop(spans);
                 failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
                 let acks = run.into_iter().map(|inline| inline.delivery.ack());

@@ -82,7 +82,7 @@ impl Consumer {
         decoded: Result<Envelope, String>,
         shutdown: &CancellationToken,
     ) {
-        telemetry::consumed(self.system, self.name);
+        telemetry::consumed(self.system, self.name, 1);
         let span = self.receive_span(&delivery, decoded.as_ref().ok());
         let mut delay = RECORD_RETRY_FIRST;
         let mut other_errors = 0;

@@ -442,7 +442,7 @@ fn received(span: &tracing::Span, consumer: &str, result: &Result<Receipt, Recei
             },
         ),
     }
-    crate::telemetry::consumed("webhook", consumer);
+    crate::telemetry::consumed("webhook", consumer, 1);
 }
 
 enum RecordError {

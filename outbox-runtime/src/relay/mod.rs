@@ -59,7 +59,7 @@ use crate::{
     telemetry,
     transport::{
         IntoTransport, OutgoingMessage, PublishError, Routing, Transport, TransportError,
-        local::LocalDelivery,
+        destination, local::LocalDelivery,
     },
 };
 
@@ -196,20 +196,6 @@ impl Relay {
         self
     }
 
-    /// Where this relay publishes an event of `event_type` of `aggregate_type`: the
-    /// transport's address, or the event type without a broker.
-    fn destination(
-        &self,
-        routing: Option<&Routing>,
-        event_type: &str,
-        aggregate_type: &str,
-    ) -> String {
-        match routing {
-            Some(routing) => routing.address(event_type, aggregate_type),
-            None => event_type.to_owned(),
-        }
-    }
-
     /// The event types whose destination is paused now: those of the linked events and those
     /// met in earlier claims. Empty while nothing is paused.
     fn held_types(&self) -> Vec<String> {
@@ -232,7 +218,7 @@ impl Relay {
             .chain(seen)
             .filter(|(t, a)| {
                 self.pauses
-                    .destination_paused(&self.destination(routing.as_ref(), t, a))
+                    .destination_paused(&destination(routing.as_ref(), t, a))
             })
             .map(|(t, _)| t)
             .collect();

@@ -256,13 +256,13 @@ impl Relay {
         };
         let settlement = &mut published.settlement;
         let mut waves = decide::Waves::new(&claim.events, self.config.ordering);
+        let routing = transport.routing();
         if self.pauses.any_destination() {
             // The fast path's and the WAL's batches were never claimed by destination; a claim
             // may predate the pause: what goes to a paused destination waits, no attempt spent.
-            let routing = transport.routing();
             let held = waves.hold(
                 |e| {
-                    self.pauses.destination_paused(&self.destination(
+                    self.pauses.destination_paused(&destination(
                         routing.as_ref(),
                         &e.event_type,
                         &e.aggregate_type,
@@ -294,7 +294,7 @@ impl Relay {
                 waves.release_rest(settlement);
                 break;
             }
-            let outcomes = publish_wave(transport, wave, source).await;
+            let outcomes = publish_wave(transport, routing.as_ref(), wave, source).await;
             let outage = match decide::suspicion(&outcomes) {
                 decide::Suspicion::None => None,
                 decide::Suspicion::Lost(reason) => Some(decide::Outage {
@@ -342,6 +342,7 @@ impl Relay {
 /// made, then those whose row can never be published (a permanent failure with the reason).
 async fn publish_wave<'a>(
     transport: &dyn Transport,
+    routing: Option<&Routing>,
     wave: Vec<&'a ClaimedEvent>,
     source: Source,
 ) -> Vec<decide::Outcome<'a>> {
@@ -360,13 +361,9 @@ async fn publish_wave<'a>(
     let mut results = Vec::new();
     if !messages.is_empty() {
         let system = transport.name();
-        let routing = transport.routing();
         let destinations: Vec<String> = messages
             .iter()
-            .map(|m| match &routing {
-                Some(routing) => routing.address(&m.event_type, &m.aggregate_type),
-                None => m.event_type.clone(),
-            })
+            .map(|m| destination(routing, &m.event_type, &m.aggregate_type))
             .collect();
         // One producer span per message, each in the trace of the request that enqueued it.
         let spans: Vec<tracing::Span> = messages

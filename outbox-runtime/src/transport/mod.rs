@@ -48,6 +48,7 @@ pub mod rabbitmq;
 pub mod redis;
 mod routing;
 
+pub(crate) use routing::destination;
 pub use routing::{KafkaTopics, Routing};
 
 /// The content type of a structured-mode CloudEvent: what every broker transport marks a message

@@ -77,3 +77,17 @@ impl Routing {
         }
     }
 }
+
+/// Where a transport routed by `routing` publishes an event of `event_type` of
+/// `aggregate_type`: its address, or the event type where no broker routes it (in memory,
+/// database-local). What a destination's pause and the `send` spans name.
+pub(crate) fn destination(
+    routing: Option<&Routing>,
+    event_type: &str,
+    aggregate_type: &str,
+) -> String {
+    match routing {
+        Some(routing) => routing.address(event_type, aggregate_type),
+        None => event_type.to_owned(),
+    }
+}
