@@ -34,7 +34,7 @@ pub use outbox_runtime::{
     OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TransactionError, WakeReceiver,
     inbox, registry, relay, runtime, trace, transport,
 };
-pub use outbox_runtime::{admin, catalogue, health, metrics, retention, upcast};
+pub use outbox_runtime::{admin, catalogue, fleet, health, metrics, retention, upcast};
 
 /// schemars 1.x, for `#[derive(JsonSchema)]` on event types (feature `catalogue`):
 /// `#[schemars(crate = "outbox::schemars")]` lets a crate use it without its own dependency.

@@ -42,6 +42,10 @@ pub const RESERVED_ATTRIBUTES: &[&str] = &[
     "tracestate",
 ];
 
+/// The CloudEvents extension naming the database (tenant or shard) an event comes from, when a
+/// runtime serves a set of databases (see [`fleet`](crate::fleet)).
+pub const DATABASE_EXTENSION: &str = "tenant";
+
 /// One event as it travels between services: a CloudEvents 1.0 structured-mode JSON document.
 #[derive(Debug, Clone)]
 pub struct Envelope {

@@ -45,6 +45,7 @@ pub mod error;
 pub mod event;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+pub mod fleet;
 pub mod health;
 pub mod inbox;
 pub mod metrics;

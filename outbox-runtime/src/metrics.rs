@@ -107,6 +107,11 @@ pub const INBOX_BACKLOG: &str = "inbox_backlog_messages";
 pub const PAUSED: &str = "outbox_paused";
 /// From the producer's commit to the handler's commit, per consumer.
 pub const END_TO_END: &str = "inbox_end_to_end_seconds";
+/// Per database of a set (`fleet`): 1 while some instance holds its lease, 0 while nobody owns
+/// it (its claims, retries and retention wait). Every instance reports every database.
+pub const FLEET_DATABASE_OWNED: &str = "outbox_fleet_database_owned";
+/// How many databases of a set this instance owns.
+pub const FLEET_OWNED_HERE: &str = "outbox_fleet_owned_databases";
 
 /// Inbox backlog series reported so far, so an emptied one can be set back to 0.
 static REPORTED_INBOX: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>> =
@@ -230,6 +235,16 @@ pub fn describe() {
         Unit::Count,
         "1 while an operator has paused the consumer or destination"
     );
+    describe_gauge!(
+        FLEET_DATABASE_OWNED,
+        Unit::Count,
+        "1 while an instance owns the database of the set, 0 while nobody does"
+    );
+    describe_gauge!(
+        FLEET_OWNED_HERE,
+        Unit::Count,
+        "Databases of the set this instance owns"
+    );
     crate::telemetry::describe();
     describe_gauge!(
         INBOX_BACKLOG,
@@ -332,6 +347,18 @@ pub(crate) fn end_to_end(consumer: &'static str, age: Duration) {
 pub(crate) fn handler_duration(consumer: &'static str, event_type: &str, elapsed: Duration) {
     histogram!(HANDLER_DURATION, "consumer" => consumer, "event_type" => event_type.to_owned())
         .record(elapsed.as_secs_f64());
+}
+
+pub(crate) fn fleet_database_owned(database: &str, owned: bool) {
+    gauge!(FLEET_DATABASE_OWNED, "database" => database.to_owned()).set(if owned {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+pub(crate) fn fleet_owned_here(count: usize) {
+    gauge!(FLEET_OWNED_HERE).set(count as f64);
 }
 
 pub(crate) fn backlog(status: &'static str, count: i64) {

@@ -167,6 +167,29 @@ impl Outbox {
         }
     }
 
+    /// A handle with this one's settings, and its own wake-ups and fast path: one per
+    /// database of a set (`fleet`).
+    pub(crate) fn sibling(&self) -> Outbox {
+        let (wake, _) = watch::channel(0);
+        let inner = &self.inner;
+        Outbox {
+            inner: Arc::new(Inner {
+                source: inner.source.clone(),
+                max_payload_bytes: inner.max_payload_bytes,
+                insert_batch_rows: inner.insert_batch_rows,
+                sqlite_immediate: inner.sqlite_immediate,
+                wake,
+                notify: inner.notify.as_ref().map(|n| CrossProcessHint {
+                    channel: n.channel.clone(),
+                    sql: n.sql.clone(),
+                    interval: n.interval,
+                    last: Mutex::new(None),
+                }),
+                fast: RwLock::new(None),
+            }),
+        }
+    }
+
     /// The CloudEvents `source` of this service's events.
     pub fn source(&self) -> &str {
         &self.inner.source

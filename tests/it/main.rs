@@ -33,6 +33,8 @@ mod delayed;
 #[cfg(feature = "testing")]
 mod failure_groups;
 mod fast_path;
+#[cfg(all(feature = "postgres", feature = "mysql", feature = "kafka"))]
+mod fleet;
 mod golden_sql;
 #[cfg(feature = "axum")]
 mod health;

@@ -42,6 +42,8 @@ use crate::{
 /// A consumer's handlers and settings, shared by its dispatcher and worker.
 pub(crate) struct Consumer {
     pub(crate) name: &'static str,
+    /// The name of its database in a set of databases (`fleet`); empty for a runtime over one.
+    pub(crate) database: String,
     /// The `messaging.system` its messages come through (the transport's name).
     pub(crate) system: &'static str,
     /// Whether an operator paused it (see `pause.rs`).
@@ -133,6 +135,7 @@ impl Consumer {
         };
         Consumer {
             name,
+            database: String::new(),
             system: "database-local",
             pauses: Default::default(),
             handlers,

@@ -4,6 +4,10 @@
 //! (up to [`InboxConfig::commit_batch`]) and runs it in order: runs of inline messages as a
 //! batch, the rest one by one.
 //!
+//! Over a set of databases (`fleet`), one dispatcher per consumer serves every database: each
+//! delivery goes to the consumer of the database its envelope names (the `tenant` extension),
+//! and runs in that database.
+//!
 //! [`InboxConfig::concurrency`]: super::InboxConfig::concurrency
 //! [`InboxConfig::commit_batch`]: super::InboxConfig::commit_batch
 
@@ -24,6 +28,27 @@ use crate::{
     transport::{Subscription, Transport},
 };
 
+/// Where a delivery goes: the consumer of the database it belongs to.
+pub(crate) enum Routed {
+    /// Record and handle it through this consumer (its database).
+    To(Arc<Consumer>),
+    /// Its envelope names a database this runtime does not serve (or none, where one is
+    /// needed): the reason.
+    Unknown(String),
+}
+
+/// Picks the consumer of each decoded delivery (see `fleet`); without one, every delivery goes
+/// to the dispatcher's own consumer.
+pub(crate) type Route = Arc<dyn Fn(&Envelope) -> Routed + Send + Sync>;
+
+/// Deliveries whose database is unknown are handed back to the broker this many times (the set
+/// of databases may not have caught up with a database just added), then kept DEAD in the
+/// dispatcher's own database for an operator.
+const UNKNOWN_DATABASE_REDELIVERIES: u32 = 5;
+
+/// A delivery in a lane, with the consumer that records and handles it.
+type Laned = (Arc<Consumer>, Decoded);
+
 /// Why the dispatcher stopped reading a subscription.
 enum Pumped {
     Shutdown,
@@ -37,6 +62,7 @@ impl Consumer {
         transport: Arc<dyn Transport>,
         shutdown: CancellationToken,
         health: Arc<LoopHealth>,
+        route: Option<Route>,
     ) {
         let (lanes, workers) = self.spawn_lanes(&shutdown);
         // Failed subscriptions in a row, for the resubscribe backoff.
@@ -61,7 +87,13 @@ impl Consumer {
             failures = 0;
             health.success();
             match self
-                .pump(subscription.as_mut(), &lanes, &health, &shutdown)
+                .pump(
+                    subscription.as_mut(),
+                    &lanes,
+                    route.as_ref(),
+                    &health,
+                    &shutdown,
+                )
                 .await
             {
                 Pumped::Shutdown => break,
@@ -78,7 +110,7 @@ impl Consumer {
     fn spawn_lanes(
         self: &Arc<Self>,
         shutdown: &CancellationToken,
-    ) -> (Vec<mpsc::Sender<Decoded>>, Vec<tokio::task::JoinHandle<()>>) {
+    ) -> (Vec<mpsc::Sender<Laned>>, Vec<tokio::task::JoinHandle<()>>) {
         let lanes = self.config.concurrency.max(1);
         let batch = self.config.commit_batch.max(1);
         let mut senders = Vec::with_capacity(lanes);
@@ -87,20 +119,20 @@ impl Consumer {
             // Room for every delivery the broker may hand out at once: a busy lane never holds
             // the dispatcher (and the other lanes) up; memory stays bounded by `max_in_flight`.
             let (tx, mut rx) =
-                mpsc::channel::<Decoded>(self.config.subscribe.max_in_flight.max(batch));
+                mpsc::channel::<Laned>(self.config.subscribe.max_in_flight.max(batch));
             senders.push(tx);
-            let consumer = self.clone();
             let shutdown = shutdown.clone();
             workers.push(tokio::spawn(async move {
                 let mut arrived = Vec::with_capacity(batch);
-                while rx.recv_many(&mut arrived, batch).await > 0 {
-                    // Paused: what arrived waits here, neither handled nor nacked.
-                    if !consumer.wait_while_paused(&shutdown).await {
-                        break;
+                'lane: while rx.recv_many(&mut arrived, batch).await > 0 {
+                    // Consecutive deliveries of one consumer (one database) go together.
+                    for (consumer, run) in runs_by_consumer(std::mem::take(&mut arrived)) {
+                        // Paused: what arrived waits here, neither handled nor nacked.
+                        if !consumer.wait_while_paused(&shutdown).await {
+                            break 'lane;
+                        }
+                        consumer.deliver_all(run, &shutdown).await;
                     }
-                    consumer
-                        .deliver_all(std::mem::take(&mut arrived), &shutdown)
-                        .await;
                 }
             }));
         }
@@ -110,9 +142,10 @@ impl Consumer {
     /// Read one subscription: decode each delivery and hand it to the lane of its aggregate,
     /// until shutdown, or until the subscription fails or ends (then resubscribe).
     async fn pump(
-        &self,
+        self: &Arc<Self>,
         subscription: &mut dyn Subscription,
-        lanes: &[mpsc::Sender<Decoded>],
+        lanes: &[mpsc::Sender<Laned>],
+        route: Option<&Route>,
         health: &LoopHealth,
         shutdown: &CancellationToken,
     ) -> Pumped {
@@ -129,12 +162,34 @@ impl Consumer {
                 Some(Ok(delivery)) => {
                     health.success();
                     let decoded = Envelope::from_json(&delivery.body).map_err(|e| e.to_string());
+                    let (consumer, decoded) = match (route, decoded) {
+                        (Some(route), Ok(envelope)) => match route(&envelope) {
+                            Routed::To(consumer) => (consumer, Ok(envelope)),
+                            Routed::Unknown(why) => {
+                                if delivery.delivery_count < UNKNOWN_DATABASE_REDELIVERIES {
+                                    tracing::warn!(consumer = self.name, message_id = %envelope.id, reason = %why, "a delivery for a database this runtime does not serve; handed back to the broker");
+                                    if let Err(e) =
+                                        delivery.nack(Some(std::time::Duration::from_secs(5))).await
+                                    {
+                                        tracing::warn!(consumer = self.name, error = %e, "could not hand a delivery back; the broker redelivers it after its ack wait");
+                                    }
+                                    continue;
+                                }
+                                (self.clone(), Err(why))
+                            }
+                        },
+                        (_, decoded) => (self.clone(), decoded),
+                    };
                     let key = match &decoded {
-                        Ok(e) => lane_key(e),
+                        Ok(e) => format!("{}/{}", consumer.database, lane_key(e)),
                         Err(_) => delivery.message_id.clone().unwrap_or_default(),
                     };
                     let lane = (digest(key.as_bytes()) % lanes.len() as u64) as usize;
-                    if lanes[lane].send((delivery, decoded)).await.is_err() {
+                    if lanes[lane]
+                        .send((consumer, (delivery, decoded)))
+                        .await
+                        .is_err()
+                    {
                         return Pumped::Shutdown;
                     }
                 }
@@ -197,6 +252,18 @@ impl Consumer {
             Err(error) => Taken::Other((delivery, Err(error))),
         }
     }
+}
+
+/// Deliveries in arrival order, cut into runs of one consumer.
+fn runs_by_consumer(arrived: Vec<Laned>) -> Vec<(Arc<Consumer>, Vec<Decoded>)> {
+    let mut runs: Vec<(Arc<Consumer>, Vec<Decoded>)> = Vec::new();
+    for (consumer, decoded) in arrived {
+        match runs.last_mut() {
+            Some((last, run)) if Arc::ptr_eq(last, &consumer) => run.push(decoded),
+            _ => runs.push((consumer, vec![decoded])),
+        }
+    }
+    runs
 }
 
 /// A delivery a lane took: one to run inline, or one that goes the single way.

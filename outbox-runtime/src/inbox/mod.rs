@@ -15,7 +15,7 @@ mod config;
 pub(crate) mod consumer;
 mod deliver;
 mod digest;
-mod dispatch;
+pub(crate) mod dispatch;
 pub(crate) mod linked;
 mod receive;
 mod settle;
@@ -81,6 +81,10 @@ pub struct EventMeta {
     pub business_key: Option<String>,
     /// The headers kept with an external message (names lower-cased).
     pub headers: BTreeMap<String, String>,
+    /// The database (tenant or shard) the message belongs to and its handler runs in, when the
+    /// runtime serves a set of databases (see [`fleet`](crate::fleet)); `None` for a runtime over
+    /// one database. Read from the envelope's `tenant` extension.
+    pub database: Option<String>,
 }
 
 /// Where the worker puts an external message's business key and kept headers in the envelope it
@@ -119,6 +123,11 @@ impl EventMeta {
                 .get(HEADERS_EXTENSION)
                 .and_then(|v| serde_json::from_value(v.clone()).ok())
                 .unwrap_or_default(),
+            database: envelope
+                .extensions
+                .get(crate::envelope::DATABASE_EXTENSION)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
         }
     }
 }

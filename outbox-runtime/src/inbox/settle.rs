@@ -85,6 +85,23 @@ impl Consumer {
             } else {
                 envelope
             };
+        // Over a set of databases, the handler learns which one it runs in (`EventMeta::database`).
+        let named;
+        let envelope = if !self.database.is_empty()
+            && !envelope
+                .extensions
+                .contains_key(crate::envelope::DATABASE_EXTENSION)
+        {
+            let mut with_name = envelope.clone();
+            with_name.extensions.insert(
+                crate::envelope::DATABASE_EXTENSION.to_owned(),
+                self.database.clone().into(),
+            );
+            named = with_name;
+            &named
+        } else {
+            envelope
+        };
         // External messages come from a webhook or `ExternalInbox::receive`.
         let system = if reg.source.is_some() {
             "webhook"

@@ -127,6 +127,11 @@ pub struct Relay {
     /// Event types met in a claim whose destination was paused, with their aggregate type:
     /// held back in the claims that follow while it stays paused (beside the linked types).
     held_seen: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>>,
+    /// The name of its database in a set of databases (`fleet`), written into each envelope.
+    database: Option<String>,
+    /// Whether it claims (polls the table): off for a relay that only runs the fast path for
+    /// its process's commits while another instance owns the database's claims (`fleet`).
+    claims: bool,
 }
 
 impl fmt::Debug for Relay {
@@ -158,6 +163,8 @@ impl Relay {
             heard: Default::default(),
             pauses: Default::default(),
             held_seen: Default::default(),
+            database: None,
+            claims: true,
         }
     }
 
@@ -180,6 +187,8 @@ impl Relay {
             heard: Default::default(),
             pauses: Default::default(),
             held_seen: Default::default(),
+            database: None,
+            claims: true,
         }
     }
 
@@ -193,6 +202,20 @@ impl Relay {
     /// consumers; a relay on its own reads its own).
     pub(crate) fn with_pauses(mut self, pauses: Arc<crate::pause::Pauses>) -> Self {
         self.pauses = pauses;
+        self
+    }
+
+    /// Name the relay's database in a set of databases: each envelope carries it (the
+    /// `tenant` extension), for the consumers to record and handle it in that database.
+    pub(crate) fn for_database(mut self, name: &str) -> Self {
+        self.database = Some(name.to_owned());
+        self
+    }
+
+    /// Run only the fast path: publish what this process's commits hand over, claim nothing
+    /// (another instance owns the database's claims), listen to nothing, keep no heartbeat.
+    pub(crate) fn fast_path_only(mut self) -> Self {
+        self.claims = false;
         self
     }
 

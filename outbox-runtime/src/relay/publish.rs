@@ -294,7 +294,14 @@ impl Relay {
                 waves.release_rest(settlement);
                 break;
             }
-            let outcomes = publish_wave(transport, routing.as_ref(), wave, source).await;
+            let outcomes = publish_wave(
+                transport,
+                routing.as_ref(),
+                wave,
+                source,
+                self.database.as_deref(),
+            )
+            .await;
             let outage = match decide::suspicion(&outcomes) {
                 decide::Suspicion::None => None,
                 decide::Suspicion::Lost(reason) => Some(decide::Outage {
@@ -345,12 +352,13 @@ async fn publish_wave<'a>(
     routing: Option<&Routing>,
     wave: Vec<&'a ClaimedEvent>,
     source: Source,
+    database: Option<&str>,
 ) -> Vec<decide::Outcome<'a>> {
     let mut published: Vec<&ClaimedEvent> = Vec::with_capacity(wave.len());
     let mut messages: Vec<OutgoingMessage> = Vec::with_capacity(wave.len());
     let mut failed_early = Vec::new();
     for event in wave {
-        match outgoing(event) {
+        match outgoing(event, database) {
             Ok(message) => {
                 published.push(event);
                 messages.push(message);
@@ -570,9 +578,19 @@ where
 }
 
 /// The message of a claimed event, ready to publish. An error means the row itself is broken
-/// (it can never be published): the event goes DEAD with the reason.
-pub(super) fn outgoing(event: &ClaimedEvent) -> Result<OutgoingMessage, String> {
-    let envelope = event.envelope()?;
+/// (it can never be published): the event goes DEAD with the reason. `database`: the name of
+/// the relay's database in a set of databases, carried in the envelope's `tenant` extension.
+pub(super) fn outgoing(
+    event: &ClaimedEvent,
+    database: Option<&str>,
+) -> Result<OutgoingMessage, String> {
+    let mut envelope = event.envelope()?;
+    if let Some(database) = database {
+        envelope.extensions.insert(
+            crate::envelope::DATABASE_EXTENSION.to_owned(),
+            database.to_owned().into(),
+        );
+    }
     Ok(OutgoingMessage {
         event_id: event.event_id,
         event_type: event.event_type.clone(),

@@ -173,12 +173,13 @@ impl Relay {
     ) -> Result<(), RelayError> {
         let mut beside = self.start_beside(&shutdown).await?;
         // Beside the WAL stream, commits are the stream's: the claim loop only polls.
-        let mut wake: Option<WakeReceiver> = match self.wal_mode() {
+        // A relay that only runs the fast path (`fast_path_only`) neither wakes nor listens.
+        let mut wake: Option<WakeReceiver> = match self.wal_mode() || !self.claims {
             true => None,
             false => self.outbox.as_ref().map(Outbox::subscribe),
         };
         let hint = self.heard.clone();
-        if !self.wal_mode() {
+        if !self.wal_mode() && self.claims {
             beside.listener = self.spawn_listener(&shutdown);
         }
         tracing::info!(relay = %self.config.relay_id, transport = self.sink.name(), "outbox relay started");
@@ -196,6 +197,8 @@ impl Relay {
                 self.ride_out_outage(&mut claims, &shutdown).await;
                 continue;
             }
+            // Without claims, only the sources' rounds and the broker's outages move the loop.
+            claims.look_now &= self.claims;
             if !claims.look_now {
                 match self
                     .wait_for_work(&mut claims, &mut wake, &hint.notify, &shutdown)
@@ -223,7 +226,9 @@ impl Relay {
         transport.setup().await?;
         crate::metrics::broker_available(transport.name(), true);
         self.broker.seen();
-        beside.heartbeat = Some(self.spawn_heartbeat(transport.clone(), shutdown));
+        if self.claims {
+            beside.heartbeat = Some(self.spawn_heartbeat(transport.clone(), shutdown));
+        }
         Ok(beside)
     }
 
@@ -317,7 +322,13 @@ impl Relay {
                 }
             } => None,
             _ = hint.notified() => None,
-            _ = tokio::time::sleep_until(poll_at) => None,
+            _ = async {
+                if self.claims {
+                    tokio::time::sleep_until(poll_at).await
+                } else {
+                    std::future::pending().await
+                }
+            } => None,
             round = async {
                 match in_flight.as_mut() {
                     Some(round) => round.await,

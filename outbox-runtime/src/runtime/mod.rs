@@ -27,6 +27,7 @@
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 mod start;
+pub(crate) use start::{ByConsumer, Loops, RelayRole};
 
 use sea_orm::DatabaseConnection;
 use tokio::{sync::Notify, task::JoinHandle};
@@ -213,21 +214,23 @@ fn check_upcasters(
     }
 }
 
-/// Configures and starts a [`Runtime`].
+/// Configures and starts a [`Runtime`] (or, given [`databases`](RuntimeBuilder::databases), a
+/// [`Fleet`](crate::fleet::Fleet) over a set of databases).
+#[derive(Clone)]
 pub struct RuntimeBuilder {
-    db: DatabaseConnection,
-    outbox: Option<Outbox>,
-    source: Option<String>,
-    transport: Option<Arc<dyn Transport>>,
-    relay: Option<RelayConfig>,
-    instance: Option<String>,
-    inbox: InboxConfig,
-    consumers: Option<Vec<String>>,
-    expected: Vec<String>,
-    metrics_interval: Option<std::time::Duration>,
+    pub(crate) db: DatabaseConnection,
+    pub(crate) outbox: Option<Outbox>,
+    pub(crate) source: Option<String>,
+    pub(crate) transport: Option<Arc<dyn Transport>>,
+    pub(crate) relay: Option<RelayConfig>,
+    pub(crate) instance: Option<String>,
+    pub(crate) inbox: InboxConfig,
+    pub(crate) consumers: Option<Vec<String>>,
+    pub(crate) expected: Vec<String>,
+    pub(crate) metrics_interval: Option<std::time::Duration>,
     retention: Option<Janitor>,
     #[cfg(feature = "postgres-wal")]
-    wal: Option<crate::relay::WalConfig>,
+    pub(crate) wal: Option<crate::relay::WalConfig>,
 }
 
 /// Retention settings of the runtime's janitor.

@@ -4,25 +4,72 @@
 
 use super::*;
 
+/// Which relay a runtime starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RelayRole<'a> {
+    /// The relay of a runtime over one database.
+    Whole,
+    /// The relay of this database of a set, whose claims this instance owns.
+    Owner(&'a str),
+    /// The fast path of this database of a set, whose claims another instance owns.
+    FastPath(&'a str),
+}
+
 /// The consumers to run, each with its handlers.
-type ByConsumer = BTreeMap<&'static str, Vec<&'static HandlerRegistration>>;
+pub(crate) type ByConsumer = BTreeMap<&'static str, Vec<&'static HandlerRegistration>>;
 
 /// The loops being started, each with its health.
-struct Loops {
-    shutdown: CancellationToken,
-    tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)>,
+pub(crate) struct Loops {
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)>,
     /// The pauses every loop of this runtime honours, read once per interval for all of them.
-    pauses: Arc<crate::pause::Pauses>,
+    pub(crate) pauses: Arc<crate::pause::Pauses>,
+    /// Appended to each loop's name (`relay@tenant-1`): the database, in a set of databases.
+    pub(crate) label: Option<String>,
 }
 
 impl Loops {
+    /// Loops that stop with `parent` or on their own, for the database `label`.
+    pub(crate) fn child(
+        parent: &CancellationToken,
+        pauses: Arc<crate::pause::Pauses>,
+        label: &str,
+    ) -> Self {
+        Loops {
+            shutdown: parent.child_token(),
+            tasks: Vec::new(),
+            pauses,
+            label: Some(label.to_owned()),
+        }
+    }
+
+    /// Stop them and wait until every one has ended.
+    pub(crate) async fn stop(self) {
+        self.shutdown.cancel();
+        for (health, task) in self.tasks {
+            if let Err(e) = task.await
+                && e.is_panic()
+            {
+                tracing::error!(task = %health.report().name, "outbox loop panicked");
+            }
+        }
+    }
+
     /// Spawn the loop `name`, which reports to its health and is marked stopped when it ends.
     /// `cadence`: how often the loop ends a round, when it is periodic (see `health::Probes`).
-    fn spawn<F, Fut>(&mut self, name: String, cadence: Option<std::time::Duration>, run: F)
-    where
+    pub(crate) fn spawn<F, Fut>(
+        &mut self,
+        name: String,
+        cadence: Option<std::time::Duration>,
+        run: F,
+    ) where
         F: FnOnce(CancellationToken, Arc<LoopHealth>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        let name = match &self.label {
+            Some(label) => format!("{name}@{label}"),
+            None => name,
+        };
         let health = Arc::new(match cadence {
             Some(cadence) => LoopHealth::periodic(name, cadence),
             None => LoopHealth::new(name),
@@ -54,10 +101,18 @@ impl RuntimeBuilder {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
             pauses: Default::default(),
+            label: None,
         };
         let owner = self.owner_name();
         let (consumers, wakes) = self.start_consumers(&by_consumer, &outbox, &owner, &mut loops);
-        let relay_stats = self.start_relay(&by_consumer, &outbox, &owner, &wakes, &mut loops);
+        let relay_stats = self.start_relay(
+            &by_consumer,
+            &outbox,
+            &owner,
+            &wakes,
+            &mut loops,
+            RelayRole::Whole,
+        );
         self.start_janitor(&owner, &mut loops);
         self.start_sampler(&mut loops);
         tracing::info!(
@@ -79,7 +134,7 @@ impl RuntimeBuilder {
     }
 
     /// What this runtime's loops record as their owner (see [`RuntimeBuilder::instance_id`]).
-    fn owner_name(&self) -> String {
+    pub(crate) fn owner_name(&self) -> String {
         match (&self.instance, &self.relay) {
             (Some(id), _) => id.clone(),
             (None, Some(relay)) => relay.relay_id.clone(),
@@ -89,7 +144,7 @@ impl RuntimeBuilder {
 
     /// Settings that cannot apply together, and a retention policy that would purge inbox rows
     /// a redelivery could still need.
-    fn check_settings(&self) -> Result<(), RuntimeError> {
+    pub(crate) fn check_settings(&self) -> Result<(), RuntimeError> {
         if let (Some(outbox), Some(source)) = (&self.outbox, &self.source) {
             return Err(RuntimeError::Settings(format!(
                 "`source(\"{source}\")` cannot apply: the outbox handle given with `outbox()` has \
@@ -129,7 +184,7 @@ impl RuntimeBuilder {
 
     /// The handlers linked in, by consumer, checked (the event catalogue, the consumers
     /// expected, the upcasters) and narrowed to the consumers this process runs.
-    fn consumers_to_run(&self) -> Result<ByConsumer, RuntimeError> {
+    pub(crate) fn consumers_to_run(&self) -> Result<ByConsumer, RuntimeError> {
         let catalogue = EventCatalogue::load().map_err(RuntimeError::Registry)?;
         catalogue.log();
         let mut by_consumer = handlers()?;
@@ -193,7 +248,9 @@ impl RuntimeBuilder {
                     format!("dispatch:{name}"),
                     None,
                     |shutdown, health| async move {
-                        consumer.run_dispatcher(transport, shutdown, health).await;
+                        consumer
+                            .run_dispatcher(transport, shutdown, health, None)
+                            .await;
                     },
                 );
             }
@@ -210,16 +267,24 @@ impl RuntimeBuilder {
     }
 
     /// The relay, unless this process runs none: to the broker, or without one to the local
-    /// consumers' inbox rows (with the fan-out that wakes their workers).
-    fn start_relay(
+    /// consumers' inbox rows (with the fan-out that wakes their workers). In a set of
+    /// databases, `role` names the database and whether this instance owns its claims.
+    pub(crate) fn start_relay(
         &self,
         by_consumer: &ByConsumer,
         outbox: &Outbox,
         owner: &str,
         wakes: &BTreeMap<&'static str, Arc<Notify>>,
         loops: &mut Loops,
+        role: RelayRole<'_>,
     ) -> Option<Arc<RelayStats>> {
         let config = self.relay.clone()?.relay_id(owner);
+        if let RelayRole::FastPath(_) = role
+            && (self.transport.is_none() || self.streams_wal())
+        {
+            // Neither the database-local relay nor the WAL relay has a fast path.
+            return None;
+        }
         let poll_interval = config.poll_interval;
         let relay = match &self.transport {
             Some(transport) => Relay::new(self.db.clone(), transport.clone()),
@@ -241,6 +306,11 @@ impl RuntimeBuilder {
         .with_config(config)
         .with_outbox(outbox)
         .with_pauses(loops.pauses.clone());
+        let relay = match role {
+            RelayRole::Whole => relay,
+            RelayRole::Owner(database) => relay.for_database(database),
+            RelayRole::FastPath(database) => relay.for_database(database).fast_path_only(),
+        };
         #[cfg(feature = "postgres-wal")]
         let relay = match self.wal.clone() {
             Some(wal) => relay.with_wal(wal),
@@ -248,10 +318,10 @@ impl RuntimeBuilder {
         };
         let stats = relay.stats_handle();
         // A WAL relay waits on its stream; a claim loop ends a round every poll interval.
-        #[cfg(feature = "postgres-wal")]
-        let cadence = self.wal.is_none().then_some(poll_interval);
-        #[cfg(not(feature = "postgres-wal"))]
-        let cadence = Some(poll_interval);
+        let cadence = match role {
+            RelayRole::FastPath(_) => None,
+            _ => (!self.streams_wal()).then_some(poll_interval),
+        };
         loops.spawn("relay".into(), cadence, |shutdown, health| async move {
             if let Err(e) = relay.run_with_health(shutdown, &health).await {
                 health.failure(&e.to_string());
@@ -261,8 +331,17 @@ impl RuntimeBuilder {
         Some(stats)
     }
 
+    /// Whether the relay reads the WAL (feature `postgres-wal`, `wal()` given).
+    fn streams_wal(&self) -> bool {
+        #[cfg(feature = "postgres-wal")]
+        if self.wal.is_some() {
+            return true;
+        }
+        false
+    }
+
     /// The retention janitor, when retention is on.
-    fn start_janitor(&self, worker_id: &str, loops: &mut Loops) {
+    pub(crate) fn start_janitor(&self, worker_id: &str, loops: &mut Loops) {
         let Some(janitor) = self.retention.clone() else {
             return;
         };
@@ -274,7 +353,7 @@ impl RuntimeBuilder {
     }
 
     /// The loop that samples the backlog's gauges, when metrics are on.
-    fn start_sampler(&self, loops: &mut Loops) {
+    pub(crate) fn start_sampler(&self, loops: &mut Loops) {
         let Some(interval) = self.metrics_interval else {
             return;
         };

@@ -1,0 +1,170 @@
+//! The fleet's loop: every heartbeat, renew this instance's row, read the others', compute who
+//! owns which database, take or renew the leases of this instance's share and start its work,
+//! hand over what belongs to another; every refresh, read the set of databases again.
+
+use std::{collections::BTreeSet, sync::Arc, time::Instant};
+
+use sea_orm::DbErr;
+use tokio_util::sync::CancellationToken;
+
+use super::{FleetDatabase, Shared, assign::assign, checked, members, tenant::Tenant};
+use crate::health::LoopHealth;
+
+pub(super) async fn run(shared: &Arc<Shared>, shutdown: &CancellationToken, health: &LoopHealth) {
+    let mut refreshed = Instant::now();
+    loop {
+        if refreshed.elapsed() >= shared.refresh {
+            refreshed = Instant::now();
+            match shared.source.databases().await.map_err(|e| e.to_string()) {
+                Ok(databases) => match checked(databases) {
+                    Ok(databases) => apply_set(shared, databases).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the set of databases was not applied; the one read before stays")
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "the set of databases could not be read; the one read before stays")
+                }
+            }
+        }
+        match tick(shared).await {
+            Ok(()) => health.success(),
+            Err(e) => {
+                health.failure(&format!("control database: {e}"));
+                tracing::warn!(error = %e, "the fleet could not reach its control database; each instance keeps what it owns");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(shared.heartbeat) => {}
+        }
+    }
+    leave(shared).await;
+}
+
+/// Serve `databases`: start the new ones (fast path only until the next tick assigns them),
+/// stop the ones gone and give their leases up.
+pub(super) async fn apply_set(shared: &Shared, databases: Vec<FleetDatabase>) {
+    let wanted: BTreeSet<String> = databases.iter().map(|d| d.name.clone()).collect();
+    let gone: Vec<Arc<Tenant>> = {
+        let mut tenants = shared.tenants.write().unwrap_or_else(|p| p.into_inner());
+        let gone = tenants
+            .keys()
+            .filter(|name| !wanted.contains(*name))
+            .cloned()
+            .collect::<Vec<_>>();
+        gone.iter()
+            .filter_map(|name| tenants.remove(name))
+            .collect()
+    };
+    for tenant in gone {
+        tracing::info!(database = %tenant.name, "a database left the set; no longer served");
+        let owned = tenant.is_owner();
+        tenant.stop().await;
+        shared.owned_now(&tenant.name, false);
+        if owned {
+            let _ = members::give_up(
+                &shared.control,
+                &shared.names.database(&tenant.name),
+                &shared.instance,
+            )
+            .await;
+        }
+    }
+    for database in databases {
+        if shared.tenant(&database.name).is_some() {
+            continue;
+        }
+        tracing::info!(database = %database.name, "a database joined the set");
+        let tenant = Arc::new(Tenant::new(shared, database));
+        tenant.disown(shared).await;
+        shared
+            .tenants
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tenant.name.clone(), tenant);
+    }
+}
+
+impl Shared {
+    fn owned_now(&self, database: &str, owned: bool) {
+        let mut set = self.owned.write().unwrap_or_else(|p| p.into_inner());
+        if owned {
+            set.insert(database.to_owned());
+        } else {
+            set.remove(database);
+        }
+        crate::metrics::fleet_owned_here(set.len());
+    }
+}
+
+/// One heartbeat: renew, read, assign, take and hand over.
+async fn tick(shared: &Shared) -> Result<(), DbErr> {
+    let me = shared.instance.as_str();
+    members::hold(
+        &shared.control,
+        &shared.names.instance(me),
+        me,
+        shared.lease,
+    )
+    .await?;
+    let membership = members::read(&shared.control, &shared.names).await?;
+    let mut instances: Vec<&str> = membership.instances.iter().map(String::as_str).collect();
+    if !instances.contains(&me) {
+        instances.push(me);
+    }
+    let tenants = shared.tenants();
+    let names: Vec<&str> = tenants.iter().map(|t| t.name.as_str()).collect();
+    let owners = assign(&instances, &names);
+    for tenant in &tenants {
+        let lease = shared.names.database(&tenant.name);
+        let mine = owners.get(tenant.name.as_str()) == Some(&me);
+        let holder = membership.owner(&shared.names, &tenant.name);
+        let owned = if mine && holder.is_none_or(|h| h == me) {
+            members::hold(&shared.control, &lease, me, shared.lease).await?
+        } else {
+            if tenant.is_owner() || holder == Some(me) {
+                // Stop first (claims handed back), then let the next owner in.
+                tenant.disown(shared).await;
+                members::give_up(&shared.control, &lease, me).await?;
+            }
+            false
+        };
+        if owned {
+            tenant.own(shared).await;
+        } else if tenant.is_owner() {
+            tenant.disown(shared).await;
+        }
+        shared.owned_now(&tenant.name, owned);
+        let someone = owned || holder.is_some_and(|h| h != me);
+        crate::metrics::fleet_database_owned(&tenant.name, someone);
+    }
+    Ok(())
+}
+
+/// Leaving: stop every database's loops, then give the leases and the heartbeat up, so that the
+/// others take over at their next heartbeat instead of after the lease.
+async fn leave(shared: &Shared) {
+    let tenants = shared.tenants();
+    for tenant in &tenants {
+        tenant.stop().await;
+    }
+    for tenant in &tenants {
+        if shared
+            .owned
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&tenant.name)
+        {
+            let lease = shared.names.database(&tenant.name);
+            if let Err(e) = members::give_up(&shared.control, &lease, &shared.instance).await {
+                tracing::debug!(error = %e, database = %tenant.name, "could not give a lease up; it expires");
+            }
+        }
+        shared.owned_now(&tenant.name, false);
+    }
+    let me = shared.names.instance(&shared.instance);
+    if let Err(e) = members::give_up(&shared.control, &me, &shared.instance).await {
+        tracing::debug!(error = %e, "could not give the heartbeat up; it expires");
+    }
+}
