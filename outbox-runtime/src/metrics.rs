@@ -114,8 +114,10 @@ pub const FLEET_DATABASE_OWNED: &str = "outbox_fleet_database_owned";
 pub const FLEET_OWNED_HERE: &str = "outbox_fleet_owned_databases";
 
 /// Inbox backlog series reported so far, so an emptied one can be set back to 0.
-static REPORTED_INBOX: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
+#[allow(clippy::type_complexity)]
+static REPORTED_INBOX: std::sync::Mutex<
+    std::collections::BTreeSet<(String, String, &'static str)>,
+> = std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// Register descriptions and units with the recorder in effect (the runtime calls it at every
 /// start, so a recorder installed after another runtime started gets them too).
@@ -361,22 +363,31 @@ pub(crate) fn fleet_owned_here(count: usize) {
     gauge!(FLEET_OWNED_HERE).set(count as f64);
 }
 
-pub(crate) fn backlog(status: &'static str, count: i64) {
-    gauge!(BACKLOG, "status" => status).set(count as f64);
-}
-
-pub(crate) fn oldest_pending_age(age: Duration) {
-    gauge!(OLDEST_PENDING_AGE).set(age.as_secs_f64());
-}
-
-pub(crate) fn inbox_backlog(consumer: String, status: &'static str, count: i64) {
-    gauge!(INBOX_BACKLOG, "consumer" => consumer, "status" => status).set(count as f64);
+/// `pairs`, and the `database` label when sampling a database of a set (`fleet`).
+fn labels(database: Option<&str>, pairs: &[(&'static str, &str)]) -> Vec<metrics::Label> {
+    let mut labels: Vec<metrics::Label> = pairs
+        .iter()
+        .map(|(k, v)| metrics::Label::new(*k, (*v).to_owned()))
+        .collect();
+    if let Some(database) = database {
+        labels.push(metrics::Label::new("database", database.to_owned()));
+    }
+    labels
 }
 
 /// Sample the backlog gauges: unsent outbox rows per status, the oldest unsent event's age, and
 /// unfinished inbox rows per consumer and status. Reads only unsent/unfinished rows, which the
 /// partial indexes keep small however many rows are SENT or DONE.
 pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
+    sample_database(db, None).await
+}
+
+/// [`sample`] for the database `database` of a set (`fleet`): every gauge carries a `database`
+/// label with its name.
+pub async fn sample_database(
+    db: &sea_orm::DatabaseConnection,
+    database: Option<&str>,
+) -> Result<(), sea_orm::DbErr> {
     use crate::store::{InboxStatus, OutboxStatus, stats};
 
     let mut oldest: Option<chrono::DateTime<chrono::Utc>> = None;
@@ -390,7 +401,8 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
         }
     }
     for status in OutboxStatus::UNSENT {
-        backlog(status.as_str(), seen.get(&status).copied().unwrap_or(0));
+        let count = seen.get(&status).copied().unwrap_or(0);
+        gauge!(BACKLOG, labels(database, &[("status", status.as_str())])).set(count as f64);
     }
     // The age by the database's clock, which `created_at` was written by.
     let age = match oldest {
@@ -399,23 +411,35 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
             .unwrap_or(Duration::ZERO),
         None => Duration::ZERO,
     };
-    oldest_pending_age(age);
+    gauge!(OLDEST_PENDING_AGE, labels(database, &[])).set(age.as_secs_f64());
 
-    let mut counts: std::collections::BTreeMap<(String, &'static str), i64> = Default::default();
+    let database_key = database.unwrap_or("").to_owned();
+    let mut counts: std::collections::BTreeMap<(String, String, &'static str), i64> =
+        Default::default();
     for row in stats::inbox_backlog(db).await? {
         let status: InboxStatus = row.status;
-        *counts.entry((row.consumer, status.as_str())).or_default() += row.count;
+        *counts
+            .entry((database_key.clone(), row.consumer, status.as_str()))
+            .or_default() += row.count;
     }
     {
         // A consumer whose backlog emptied reports 0, not its last non-zero value.
         let mut reported = REPORTED_INBOX.lock().unwrap_or_else(|p| p.into_inner());
-        for key in reported.iter() {
+        for key in reported.iter().filter(|k| k.0 == database_key) {
             if !counts.contains_key(key) {
-                inbox_backlog(key.0.clone(), key.1, 0);
+                gauge!(
+                    INBOX_BACKLOG,
+                    labels(database, &[("consumer", &key.1), ("status", key.2)])
+                )
+                .set(0.0);
             }
         }
-        for ((consumer, status), n) in &counts {
-            inbox_backlog(consumer.clone(), status, *n);
+        for ((_, consumer, status), n) in &counts {
+            gauge!(
+                INBOX_BACKLOG,
+                labels(database, &[("consumer", consumer), ("status", status)])
+            )
+            .set(*n as f64);
         }
         reported.extend(counts.into_keys());
     }
@@ -424,18 +448,19 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
     for slot in crate::store::wal::slots(db).await? {
         let lag = slot.lag_bytes.unwrap_or(0).max(0) as f64;
         let retained = slot.retained_bytes.unwrap_or(0).max(0) as f64;
-        gauge!(WAL_SLOT_LAG, "slot" => slot.name.clone()).set(lag);
-        gauge!(WAL_SLOT_RETAINED, "slot" => slot.name).set(retained);
+        gauge!(WAL_SLOT_LAG, labels(database, &[("slot", &slot.name)])).set(lag);
+        gauge!(WAL_SLOT_RETAINED, labels(database, &[("slot", &slot.name)])).set(retained);
     }
 
     // The queue tables and the horizon (PostgreSQL, MySQL).
     for table in crate::store::health::tables(db).await? {
-        gauge!(TABLE_BYTES, "table" => table.table.clone()).set(table.bytes() as f64);
+        let by_table = labels(database, &[("table", &table.table)]);
+        gauge!(TABLE_BYTES, by_table.clone()).set(table.bytes() as f64);
         if let Some(live) = table.live_rows {
-            gauge!(TABLE_LIVE_ROWS, "table" => table.table.clone()).set(live as f64);
+            gauge!(TABLE_LIVE_ROWS, by_table.clone()).set(live as f64);
         }
         if let Some(dead) = table.dead_rows {
-            gauge!(TABLE_DEAD_ROWS, "table" => table.table).set(dead as f64);
+            gauge!(TABLE_DEAD_ROWS, by_table).set(dead as f64);
         }
     }
     if db.get_database_backend() != sea_orm::DbBackend::Sqlite {
@@ -447,7 +472,7 @@ pub async fn sample(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbE
                 .filter_map(|h| h.age)
                 .max()
                 .unwrap_or(Duration::ZERO);
-            gauge!(XMIN_HORIZON_AGE).set(held.as_secs_f64());
+            gauge!(XMIN_HORIZON_AGE, labels(database, &[])).set(held.as_secs_f64());
         }
     }
     Ok(())

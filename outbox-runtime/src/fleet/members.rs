@@ -70,11 +70,11 @@ pub(crate) async fn read(control: &DatabaseConnection, names: &Names) -> Result<
     let mut sql = Sql::new(dialect);
     // The prefix is `fleet:`, hex digits and colons: nothing `LIKE` reads as a wildcard.
     sql.push("SELECT name, holder, locked_until, CASE WHEN locked_until > ")
-    .time(DbTime::NOW)
-    .push(&format!(
-        " THEN 1 ELSE 0 END AS live FROM {LEASE_TABLE} WHERE name LIKE "
-    ))
-    .bind(format!("{}%", names.prefix).into());
+        .time(DbTime::NOW)
+        .push(&format!(
+            " THEN 1 ELSE 0 END AS live FROM {LEASE_TABLE} WHERE name LIKE "
+        ))
+        .bind(format!("{}%", names.prefix).into());
     let rows = control.query_all_raw(sql.build()).await?;
     let mut membership = Membership::default();
     let instances = names.instances_prefix();

@@ -358,13 +358,14 @@ impl RuntimeBuilder {
             return;
         };
         let db = self.db.clone();
+        let database = loops.label.clone();
         loops.spawn(
             "metrics".into(),
             Some(interval),
             |shutdown, health| async move {
                 let mut failures = 0;
                 loop {
-                    match crate::metrics::sample(&db).await {
+                    match crate::metrics::sample_database(&db, database.as_deref()).await {
                         Ok(()) => {
                             failures = 0;
                             health.success();
