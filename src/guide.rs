@@ -29,6 +29,9 @@ mod wal_relay {}
 #[doc = include_str!("../book/src/operating.md")]
 mod operating {}
 
+#[doc = include_str!("../book/src/many-databases.md")]
+mod many_databases {}
+
 #[doc = include_str!("../book/src/console.md")]
 mod console {}
 

@@ -8,11 +8,17 @@
 //! cluster `scripts/pg-logical` starts:
 //! `DATABASE_URL=postgres://postgres@127.0.0.1:5433/outbox_bench scripts/bench --only p11`.
 //! Each statement's calls per second are written to `target/bench/p11-statements.txt`.
+//!
+//! The same again with the instances as a fleet (`outbox::fleet`) over a set of one database,
+//! which is also the control database: the owned loops run on one instance only, the others run
+//! the fast path (no statement while idle) and the fleet's heartbeat (in the control database:
+//! counted here, as if every tenant database were its own control database).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox::fleet::FleetDatabase;
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
 use outbox::runtime::Runtime;
@@ -41,19 +47,27 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
     let transport = Arc::new(ctx.transport("bench_p11").await?);
     let mut out = Vec::new();
     let mut listing = String::new();
-    for instances in INSTANCES {
+    for (fleet, instances) in [false, true]
+        .into_iter()
+        .flat_map(|f| INSTANCES.map(|i| (f, i)))
+    {
+        let kind = if fleet { "fleet" } else { "idle" };
         let mut meter = Meter::on(ctx).await?;
         let mut runtimes = Vec::new();
+        let mut fleets = Vec::new();
         for i in 0..instances {
-            let runtime = Runtime::builder(ctx.db.clone())
+            let builder = Runtime::builder(ctx.db.clone())
                 .source("bench-p11")
                 .transport(transport.clone())
                 .relay_config(RelayConfig::default().relay_id(format!("bench-p11-{i}")))
                 .consumers([CONSUMER])
-                .expect_consumers([CONSUMER])
-                .start()
-                .await?;
-            runtimes.push(runtime);
+                .expect_consumers([CONSUMER]);
+            if fleet {
+                let set = vec![FleetDatabase::new("tenant", ctx.db.clone())];
+                fleets.push(builder.databases(set).start().await?);
+            } else {
+                runtimes.push(builder.start().await?);
+            }
         }
         // Past start-up: subscriptions made, the first rounds of every loop run.
         tokio::time::sleep(Duration::from_secs(if ctx.smoke { 1 } else { 5 })).await;
@@ -63,6 +77,9 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
         for runtime in runtimes {
             runtime.shutdown().await;
         }
+        for fleet in fleets {
+            fleet.shutdown().await;
+        }
         let cost = meter.cost.ok_or("P11: the meter read nothing")?;
         if !cost.counted {
             continue; // the smoke run on a server without pg_stat_statements
@@ -70,18 +87,18 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
         let calls: i64 = cost.statements.iter().map(|(_, n, _)| n).sum();
         let per_second = calls as f64 / cost.seconds;
         out.push(m(
-            format!("p11.idle.i{instances}.statements"),
+            format!("p11.{kind}.i{instances}.statements"),
             per_second,
             "stmt/s",
         ));
         out.push(m(
-            format!("p11.idle.i{instances}.server_cpu"),
+            format!("p11.{kind}.i{instances}.server_cpu"),
             cost.server_cpu.unwrap_or(f64::NAN) / cost.seconds * 1000.0,
             "ms/s",
         ));
         let _ = writeln!(
             listing,
-            "== {instances} instance(s), idle for {:.1} s: {per_second:.2} statements/s on the \
+            "== {kind}: {instances} instance(s), idle for {:.1} s: {per_second:.2} statements/s on the \
              database, server CPU {:.2} ms/s",
             cost.seconds,
             cost.server_cpu.unwrap_or(f64::NAN) / cost.seconds * 1000.0
@@ -102,21 +119,23 @@ pub(crate) async fn run(ctx: &Ctx) -> Result<Vec<Measure>, BoxError> {
 }
 
 pub(crate) fn specs() -> Vec<Spec> {
-    INSTANCES
-        .iter()
-        .flat_map(|i| {
-            [
-                spec(
-                    "P11",
-                    format!("idle, {i} instance(s): statements per second on the database"),
-                    format!("p11.idle.i{i}.statements"),
-                ),
-                spec(
-                    "P11",
-                    format!("idle, {i} instance(s): server CPU per second"),
-                    format!("p11.idle.i{i}.server_cpu"),
-                ),
-            ]
+    [("idle", "runtimes"), ("fleet", "fleet instances")]
+        .into_iter()
+        .flat_map(|(kind, what)| {
+            INSTANCES.iter().flat_map(move |i| {
+                [
+                    spec(
+                        "P11",
+                        format!("idle, {i} {what}: statements per second on the database"),
+                        format!("p11.{kind}.i{i}.statements"),
+                    ),
+                    spec(
+                        "P11",
+                        format!("idle, {i} {what}: server CPU per second"),
+                        format!("p11.{kind}.i{i}.server_cpu"),
+                    ),
+                ]
+            })
         })
         .collect()
 }

@@ -24,13 +24,7 @@ use sea_orm::DatabaseConnection;
 const CONSUMER: &str = "t-fleet";
 
 async fn kafka(namespace: &str) -> Option<KafkaTransport> {
-    let bootstrap = crate::transport::kafka::bootstrap();
-    let connect = KafkaTransport::builder(bootstrap.clone())
-        .namespace(namespace)
-        .partitions(4)
-        .session_timeout(Duration::from_secs(3))
-        .connect();
-    connect_or_skip("Kafka", &bootstrap, "fleet", connect).await
+    crate::rebalance::kafka_for("fleet", namespace).await
 }
 
 /// Records the line with the database the handler was told it runs in.

@@ -28,13 +28,19 @@ async fn rebalance_kafka(
 }
 
 async fn kafka(namespace: &str) -> Option<KafkaTransport> {
+    kafka_for("rebalance", namespace).await
+}
+
+/// A Kafka transport on `namespace` with 4 partitions and a 3 s session (a departed member's
+/// partitions move within seconds), for `test`; `None` when the broker is not reachable.
+pub(crate) async fn kafka_for(test: &str, namespace: &str) -> Option<KafkaTransport> {
     let bootstrap = crate::transport::kafka::bootstrap();
     let connect = KafkaTransport::builder(bootstrap.clone())
         .namespace(namespace)
         .partitions(4)
         .session_timeout(Duration::from_secs(3))
         .connect();
-    connect_or_skip("Kafka", &bootstrap, "rebalance", connect).await
+    connect_or_skip("Kafka", &bootstrap, test, connect).await
 }
 
 /// A consumer-only runtime: a second instance of the consumer, on a pool of its own.

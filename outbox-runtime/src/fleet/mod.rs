@@ -32,8 +32,8 @@
 //! reads the broker for all databases and records each message, and runs its handler, in the
 //! database its envelope names (the `tenant` extension, which the relay writes; a handler reads
 //! it as [`EventMeta::database`](crate::inbox::EventMeta::database)). The rest is owned: for
-//! each database exactly one instance at a time runs the claim loop (or the WAL reader), the
-//! delayed events' promotion, the consumers' workers (retries, stored and local messages), the
+//! each database exactly one instance at a time runs the claim loop, the delayed events'
+//! promotion, the consumers' workers (retries, stored and local messages), the
 //! retention janitor and the metrics sampler.
 //!
 //! **How owners are chosen.** Self-assignment over leases in a control database (its
@@ -45,13 +45,16 @@
 //! its leases and its databases move within a heartbeat; one that dies is seen gone when its
 //! heartbeat expires ([`lease`](FleetBuilder::lease), 10 s by default) and its databases move
 //! then; one that joins gets its share as the others hand it over. Two owners at once cannot
-//! break anything (claims are leased and fenced, a WAL slot has one reader, the janitor has its
-//! own lease): the leases keep the work from being done twice, not the books correct.
+//! break anything (claims are leased and fenced, the janitor has its own lease): the leases keep the work from being done twice, not the books correct.
 //!
 //! **A database nobody owns** is the failure the peers' trackers report (a backlog nobody
-//! noticed): [`Fleet::owners`] and `outbox fleet` list every database's owner and the age of its
-//! oldest pending event, and the `outbox_fleet_database_owned{database}` gauge, sampled by every
-//! instance, drops to 0 for such a database (the `OutboxDatabaseUnowned` alert rule).
+//! noticed): [`Fleet::owners`] and [`owners`] list every database's owner, the
+//! `outbox_fleet_database_owned{database}` gauge, set by every instance, drops to 0 for such a
+//! database (the `OutboxDatabaseUnowned` alert rule), and the owner's sampler reports each
+//! database's `outbox_oldest_pending_age_seconds{database}`.
+//!
+//! Not yet over a set: the WAL relay (`wal()` is refused: replication slots are named per
+//! server), the CLI and the console (they serve one database at a time).
 //!
 //! **When the control database is unreachable** every instance keeps what it owns (and no
 //! instance takes over anything): the tenants' work goes on, and the assignment resumes when the
@@ -100,7 +103,7 @@ impl fmt::Debug for FleetDatabase {
 }
 
 impl FleetDatabase {
-    /// The database `name` at `db` (migrated: `outbox migrate --all`, or `Migrator::up` on each).
+    /// The database `name` at `db` (migrated like any other: `outbox migrate`, or `outbox::migrate`).
     pub fn new(name: impl Into<String>, db: DatabaseConnection) -> Self {
         FleetDatabase {
             name: name.into(),
@@ -275,6 +278,13 @@ impl FleetBuilder {
                  the heartbeat must be above zero",
                 self.lease, self.heartbeat
             )));
+        }
+        #[cfg(feature = "postgres-wal")]
+        if self.base.wal.is_some() {
+            return Err(RuntimeError::Settings(
+                "`wal()` cannot apply over a set of databases yet: replication slots are named                  per server, and each database of the set would need a slot of its own; the                  owners' claim loops publish instead"
+                    .into(),
+            ));
         }
         let by_consumer = self.base.consumers_to_run()?;
         if let Some(transport) = &self.base.transport {
