@@ -339,3 +339,65 @@ async fn three_instances_share_six_databases_through_kills_and_changes() {
     .await;
     assert!(left, "every instance gave its heartbeat up at shutdown");
 }
+
+/// A message from a service over one database names no database: with a default database it
+/// is handled there; the handler is told which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_naming_no_database_go_to_the_default_one() {
+    let (Some(control), Some(tenant), Some(single)) = (
+        test_db(Backend::Postgres, "fleet_default_control").await,
+        test_db(Backend::MySql, "fleet_default_tenant").await,
+        test_db(Backend::Postgres, "fleet_default_single").await,
+    ) else {
+        return;
+    };
+    let namespace = fresh_namespace("fleet_default");
+    let Some(transport) = kafka(&namespace).await else {
+        return;
+    };
+    let tenants = Tenants::default();
+    tenants.add("acme", &tenant.url);
+    let fleet = Runtime::builder(control.db.clone())
+        .source("fleet")
+        .transport(transport.clone())
+        .consumers([CONSUMER])
+        .metrics_interval(None)
+        .databases(Connecting {
+            tenants,
+            pools: Default::default(),
+        })
+        .default_database("acme")
+        .start()
+        .await
+        .unwrap();
+    // The producing service runs over one database: its envelopes carry no `tenant`.
+    let producer = Runtime::builder(single.db.clone())
+        .source("single")
+        .transport(transport)
+        .consumers(Vec::<String>::new())
+        .start()
+        .await
+        .unwrap();
+    let n = produce(&single.db, producer.outbox(), 2, 0..3).await;
+    let handled = eventually(Duration::from_secs(60), || async {
+        effects(&tenant.db).await.len() >= n
+    })
+    .await;
+    let effects = effects(&tenant.db).await;
+    assert!(
+        handled,
+        "{} of {n} handled in the default database",
+        effects.len()
+    );
+    assert_eq!(effects.len(), n);
+    assert!(
+        effects.iter().all(|e| e.cart.starts_with("acme|")),
+        "told which database"
+    );
+    assert!(
+        inbox_rows(&control.db, CONSUMER).await.is_empty(),
+        "nothing kept in the control database"
+    );
+    producer.shutdown().await;
+    fleet.shutdown().await;
+}

@@ -209,6 +209,7 @@ pub struct FleetBuilder {
     heartbeat: Duration,
     refresh: Duration,
     group: Option<String>,
+    default_database: Option<String>,
 }
 
 impl fmt::Debug for FleetBuilder {
@@ -219,6 +220,7 @@ impl fmt::Debug for FleetBuilder {
             .field("heartbeat", &self.heartbeat)
             .field("refresh", &self.refresh)
             .field("group", &self.group)
+            .field("default_database", &self.default_database)
             .finish()
     }
 }
@@ -235,6 +237,7 @@ impl RuntimeBuilder {
             heartbeat: Duration::from_secs(2),
             refresh: Duration::from_secs(10),
             group: None,
+            default_database: None,
         }
     }
 }
@@ -265,6 +268,15 @@ impl FleetBuilder {
     /// service's CloudEvents `source`). Two services sharing a control database need two names.
     pub fn group(mut self, group: impl Into<String>) -> Self {
         self.group = Some(group.into());
+        self
+    }
+
+    /// Where a message that names no database goes (one from a service that runs over a
+    /// single database, without the `tenant` extension): this database of the set. Without
+    /// one, such messages are handed back to the broker a few times, then kept DEAD in the
+    /// control database for an operator.
+    pub fn default_database(mut self, name: impl Into<String>) -> Self {
+        self.default_database = Some(name.into());
         self
     }
 
@@ -311,6 +323,7 @@ impl FleetBuilder {
             source: self.source.clone(),
             tenants: RwLock::default(),
             owned: RwLock::default(),
+            default_database: self.default_database.clone(),
             shutdown: shutdown.clone(),
             base: self.base,
         });
@@ -380,6 +393,8 @@ pub(crate) struct Shared {
     tenants: RwLock<BTreeMap<String, Arc<Tenant>>>,
     /// The databases this instance owns now.
     owned: RwLock<std::collections::BTreeSet<String>>,
+    /// Where messages naming no database go (see [`FleetBuilder::default_database`]).
+    default_database: Option<String>,
     shutdown: CancellationToken,
 }
 
@@ -437,11 +452,12 @@ impl Shared {
             let consumer_name: &'static str = name;
             let route: crate::inbox::dispatch::Route = Arc::new(move |envelope| {
                 use crate::inbox::dispatch::Routed;
-                let Some(database) = envelope
+                let named = envelope
                     .extensions
                     .get(crate::envelope::DATABASE_EXTENSION)
-                    .and_then(|v| v.as_str())
-                else {
+                    .and_then(|v| v.as_str());
+                let fallback = shared.upgrade().and_then(|s| s.default_database.clone());
+                let Some(database) = named.or(fallback.as_deref()) else {
                     return Routed::Unknown(format!(
                         "the message names no database (no `{}` extension), and this runtime \
                          serves a set of databases",
