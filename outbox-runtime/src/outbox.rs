@@ -170,24 +170,16 @@ impl Outbox {
     /// A handle with this one's settings, and its own wake-ups and fast path: one per
     /// database of a set (`fleet`).
     pub(crate) fn sibling(&self) -> Outbox {
-        let (wake, _) = watch::channel(0);
         let inner = &self.inner;
-        Outbox {
-            inner: Arc::new(Inner {
-                source: inner.source.clone(),
-                max_payload_bytes: inner.max_payload_bytes,
-                insert_batch_rows: inner.insert_batch_rows,
-                sqlite_immediate: inner.sqlite_immediate,
-                wake,
-                notify: inner.notify.as_ref().map(|n| CrossProcessHint {
-                    channel: n.channel.clone(),
-                    sql: n.sql.clone(),
-                    interval: n.interval,
-                    last: Mutex::new(None),
-                }),
-                fast: RwLock::new(None),
-            }),
+        let mut builder = Outbox::builder(inner.source.clone())
+            .max_payload_bytes(inner.max_payload_bytes)
+            .insert_batch_rows(inner.insert_batch_rows)
+            .sqlite_immediate(inner.sqlite_immediate)
+            .notify_channel(inner.notify.as_ref().map(|n| n.channel.as_str()));
+        if let Some(notify) = &inner.notify {
+            builder = builder.notify_interval(notify.interval);
         }
+        builder.build()
     }
 
     /// The CloudEvents `source` of this service's events.

@@ -128,6 +128,30 @@ fn check(span: &SpanData, kind: SpanKind, expected: &[(&str, &str)]) {
 
 /// `span` is a child of the context the event was enqueued under: the outbox row's
 /// `traceparent` (trace id, and the enqueuing span's id).
+/// The one `send` span of `road`, checked: a producer span of `system` to `destination` for
+/// message `id`, in the trace of `traceparent`.
+fn one_send<'a>(
+    spans: &'a [SpanData],
+    road: &str,
+    (system, destination): (&str, &str),
+    id: &str,
+    traceparent: &str,
+) -> &'a SpanData {
+    let sends = on_road(spans, road, "send");
+    assert_eq!(sends.len(), 1, "one send span: {spans:#?}");
+    check(
+        sends[0],
+        SpanKind::Producer,
+        &[
+            ("messaging.system", system),
+            ("messaging.destination.name", destination),
+            ("messaging.message.id", id),
+        ],
+    );
+    in_trace_of(sends[0], traceparent);
+    sends[0]
+}
+
 fn in_trace_of(span: &SpanData, traceparent: &str) {
     let mut parts = traceparent.split('-').skip(1);
     let (trace, parent) = (parts.next().unwrap(), parts.next().unwrap());
@@ -214,24 +238,24 @@ fn the_claim_loop_and_the_consumer_follow_the_conventions() {
     let Some((event_id, traceparent, destination)) = context else {
         return;
     };
-    let sends = on_road(&spans, "claim_loop", "send");
-    assert_eq!(sends.len(), 1, "one send span: {spans:#?}");
-    let send = sends[0];
+    let send = one_send(
+        &spans,
+        "claim_loop",
+        ("nats", &destination),
+        &event_id,
+        &traceparent,
+    );
     assert_eq!(send.name, format!("send {destination}"));
     check(
         send,
         SpanKind::Producer,
         &[
-            ("messaging.system", "nats"),
             ("messaging.operation.name", "send"),
-            ("messaging.destination.name", &destination),
-            ("messaging.message.id", &event_id),
             ("outbox.event_type", LineAdded::EVENT_TYPE),
             ("outbox.aggregate.id", "otel-claim"),
         ],
     );
     assert_eq!(send.status, Status::Unset);
-    in_trace_of(send, &traceparent);
     let checkout = spans
         .iter()
         .find(|s| s.name == "checkout")
@@ -322,18 +346,13 @@ fn the_fast_path_and_the_workers_retry_follow_the_conventions() {
     let Some(((fast_traceparent, fast), (traceparent, event_id), destination)) = context else {
         return;
     };
-    let sends = on_road(&spans, "fast_path", "send");
-    assert_eq!(sends.len(), 1, "one send span: {spans:#?}");
-    check(
-        sends[0],
-        SpanKind::Producer,
-        &[
-            ("messaging.system", "nats"),
-            ("messaging.destination.name", &destination),
-            ("messaging.message.id", &fast),
-        ],
+    one_send(
+        &spans,
+        "fast_path",
+        ("nats", &destination),
+        &fast,
+        &fast_traceparent,
     );
-    in_trace_of(sends[0], &fast_traceparent);
 
     let of_first = |road: &str| -> Vec<&SpanData> {
         on_road(&spans, road, "process")
@@ -391,18 +410,13 @@ fn the_local_transport_follows_the_conventions() {
     let Some((event_id, traceparent)) = context else {
         return;
     };
-    let sends = on_road(&spans, "local", "send");
-    assert_eq!(sends.len(), 1, "{spans:#?}");
-    check(
-        sends[0],
-        SpanKind::Producer,
-        &[
-            ("messaging.system", "database-local"),
-            ("messaging.destination.name", LineAdded::EVENT_TYPE),
-            ("messaging.message.id", &event_id),
-        ],
+    one_send(
+        &spans,
+        "local",
+        ("database-local", LineAdded::EVENT_TYPE),
+        &event_id,
+        &traceparent,
     );
-    in_trace_of(sends[0], &traceparent);
     let process = on_road(&spans, "worker", "process");
     assert_eq!(process.len(), 1, "{spans:#?}");
     check(
@@ -526,16 +540,11 @@ fn the_wal_relay_follows_the_conventions() {
     let Some((event_id, traceparent, destination)) = context else {
         return;
     };
-    let sends = on_road(&spans, "wal", "send");
-    assert_eq!(sends.len(), 1, "one send span: {spans:#?}");
-    check(
-        sends[0],
-        SpanKind::Producer,
-        &[
-            ("messaging.system", "nats"),
-            ("messaging.destination.name", &destination),
-            ("messaging.message.id", &event_id),
-        ],
+    one_send(
+        &spans,
+        "wal",
+        ("nats", &destination),
+        &event_id,
+        &traceparent,
     );
-    in_trace_of(sends[0], &traceparent);
 }

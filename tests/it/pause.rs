@@ -49,6 +49,14 @@ async fn instance(t: &TestDb, nats: &crate::common::nats::TestTransport, id: &st
         .unwrap()
 }
 
+/// Whether `n` events are SENT within 30 s.
+async fn sent_reaches(t: &TestDb, n: usize) -> bool {
+    eventually(Duration::from_secs(30), || async {
+        sent(t).await.len() == n
+    })
+    .await
+}
+
 /// The events marked SENT (in `outbox_event` or, once the rotation is on, `outbox_sent`).
 async fn sent(t: &TestDb) -> Vec<OutboxRow> {
     outbox_rows(&t.db)
@@ -103,10 +111,7 @@ async fn a_paused_consumer_takes_nothing_until_resumed() {
     commit(&t, b.outbox(), "cart-2", 0..3).await;
     // Published to the broker, taken by no instance.
     assert!(
-        eventually(Duration::from_secs(30), || async {
-            sent(&t).await.len() == 9
-        })
-        .await,
+        sent_reaches(&t, 9).await,
         "the events are published while the consumer is paused"
     );
     tokio::time::sleep(HONOURED).await;
@@ -215,10 +220,7 @@ async fn a_paused_destination_holds_its_events_and_no_others() {
         let _ = tx.commit().await.unwrap();
     }
     assert!(
-        eventually(Duration::from_secs(30), || async {
-            sent(&t).await.len() == 2
-        })
-        .await,
+        sent_reaches(&t, 2).await,
         "the other destination's events of other aggregates are published"
     );
     tokio::time::sleep(HONOURED).await;
@@ -246,10 +248,7 @@ async fn a_paused_destination_holds_its_events_and_no_others() {
         .await
         .unwrap();
     assert!(
-        eventually(Duration::from_secs(30), || async {
-            sent(&t).await.len() == 6
-        })
-        .await,
+        sent_reaches(&t, 6).await,
         "everything is published once resumed: {:?}",
         unsent(&t).await
     );

@@ -45,14 +45,11 @@ pub(crate) fn assign<'a>(
     owners
 }
 
-/// The rank of `instance` for `database` (FNV-1a of both, with a separator, then mixed).
+/// The rank of `instance` for `database`: the digest of both with a separator, then mixed so
+/// that ids differing in their last byte rank far apart.
 fn weight(database: &str, instance: &str) -> u64 {
-    const PRIME: u64 = 0x0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in database.bytes().chain([0xff]).chain(instance.bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(PRIME);
-    }
-    // A final mix, so that ids differing in their last byte rank far apart.
+    let mut h =
+        crate::inbox::digest::digest(&[database.as_bytes(), &[0xff], instance.as_bytes()].concat());
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^ (h >> 33)

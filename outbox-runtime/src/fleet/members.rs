@@ -3,12 +3,15 @@
 //! group. Names are digests (the column holds 64 characters); the holder column holds the
 //! instance's id.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
-use crate::store::{DbTime, Dialect, LEASE_TABLE, sql::Sql};
+use crate::{
+    inbox::digest::digest,
+    store::{DbTime, Dialect, LEASE_TABLE, sql::Sql},
+};
 
 /// The names of one fleet's rows.
 #[derive(Debug, Clone)]
@@ -20,30 +23,23 @@ pub(crate) struct Names {
 impl Names {
     pub(crate) fn new(group: &str) -> Self {
         Names {
-            prefix: format!("fleet:{:08x}:", digest(group) >> 32),
+            prefix: format!("fleet:{:08x}:", digest(group.as_bytes()) >> 32),
         }
     }
 
     /// The heartbeat row of `instance`.
     pub(crate) fn instance(&self, instance: &str) -> String {
-        format!("{}in:{:016x}", self.prefix, digest(instance))
+        format!("{}in:{:016x}", self.prefix, digest(instance.as_bytes()))
     }
 
     /// The lease of `database`.
     pub(crate) fn database(&self, database: &str) -> String {
-        format!("{}db:{:016x}", self.prefix, digest(database))
+        format!("{}db:{:016x}", self.prefix, digest(database.as_bytes()))
     }
 
     fn instances_prefix(&self) -> String {
         format!("{}in:", self.prefix)
     }
-}
-
-/// FNV-1a of `text`, the same on every platform and release.
-fn digest(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// What the control database holds of a fleet now.
@@ -95,25 +91,6 @@ pub(crate) async fn read(control: &DatabaseConnection, names: &Names) -> Result<
     }
     membership.instances.sort();
     Ok(membership)
-}
-
-/// Take or renew `name` for `holder` for `lease`; true when held.
-pub(crate) async fn hold(
-    control: &DatabaseConnection,
-    name: &str,
-    holder: &str,
-    lease: Duration,
-) -> Result<bool, DbErr> {
-    crate::store::lease::acquire_lease(control, name, holder, lease).await
-}
-
-/// Give `name` up if `holder` holds it.
-pub(crate) async fn give_up(
-    control: &DatabaseConnection,
-    name: &str,
-    holder: &str,
-) -> Result<bool, DbErr> {
-    crate::store::lease::release_lease(control, name, holder).await
 }
 
 #[cfg(test)]

@@ -322,7 +322,6 @@ impl FleetBuilder {
             refresh: self.refresh,
             source: self.source.clone(),
             tenants: RwLock::default(),
-            owned: RwLock::default(),
             default_database: self.default_database.clone(),
             shutdown: shutdown.clone(),
             base: self.base,
@@ -391,8 +390,6 @@ pub(crate) struct Shared {
     refresh: Duration,
     source: Arc<dyn DatabaseSource>,
     tenants: RwLock<BTreeMap<String, Arc<Tenant>>>,
-    /// The databases this instance owns now.
-    owned: RwLock<std::collections::BTreeSet<String>>,
     /// Where messages naming no database go (see [`FleetBuilder::default_database`]).
     default_database: Option<String>,
     shutdown: CancellationToken,
@@ -452,12 +449,15 @@ impl Shared {
             let consumer_name: &'static str = name;
             let route: crate::inbox::dispatch::Route = Arc::new(move |envelope| {
                 use crate::inbox::dispatch::Routed;
-                let named = envelope
+                let Some(shared) = shared.upgrade() else {
+                    return Routed::Unknown("the runtime is stopping".into());
+                };
+                let Some(database) = envelope
                     .extensions
                     .get(crate::envelope::DATABASE_EXTENSION)
-                    .and_then(|v| v.as_str());
-                let fallback = shared.upgrade().and_then(|s| s.default_database.clone());
-                let Some(database) = named.or(fallback.as_deref()) else {
+                    .and_then(|v| v.as_str())
+                    .or(shared.default_database.as_deref())
+                else {
                     return Routed::Unknown(format!(
                         "the message names no database (no `{}` extension), and this runtime \
                          serves a set of databases",
@@ -465,8 +465,7 @@ impl Shared {
                     ));
                 };
                 match shared
-                    .upgrade()
-                    .and_then(|s| s.tenant(database))
+                    .tenant(database)
                     .and_then(|t| t.consumer(consumer_name))
                 {
                     Some(consumer) => Routed::To(consumer),
@@ -552,11 +551,10 @@ impl Fleet {
     /// The databases this instance owns now.
     pub fn owned(&self) -> Vec<String> {
         self.shared
-            .owned
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .tenants()
             .iter()
-            .cloned()
+            .filter(|t| t.is_owner())
+            .map(|t| t.name.clone())
             .collect()
     }
 
@@ -580,13 +578,7 @@ impl Fleet {
     /// heartbeat are given up so the others take its databases over at once.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
-        for (health, task) in self.tasks {
-            if let Err(e) = task.await
-                && e.is_panic()
-            {
-                tracing::error!(task = %health.report().name, "outbox loop panicked");
-            }
-        }
+        crate::runtime::join(self.tasks).await;
         tracing::info!(instance = %self.shared.instance, "outbox fleet stopped");
     }
 }

@@ -8,7 +8,10 @@ use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
 use super::{FleetDatabase, Shared, assign::assign, checked, members, tenant::Tenant};
-use crate::health::LoopHealth;
+use crate::{
+    health::LoopHealth,
+    store::lease::{acquire_lease, release_lease},
+};
 
 pub(super) async fn run(shared: &Arc<Shared>, shutdown: &CancellationToken, health: &LoopHealth) {
     let mut refreshed = Instant::now();
@@ -61,14 +64,9 @@ pub(super) async fn apply_set(shared: &Shared, databases: Vec<FleetDatabase>) {
         tracing::info!(database = %tenant.name, "a database left the set; no longer served");
         let owned = tenant.is_owner();
         tenant.stop().await;
-        shared.owned_now(&tenant.name, false);
         if owned {
-            let _ = members::give_up(
-                &shared.control,
-                &shared.names.database(&tenant.name),
-                &shared.instance,
-            )
-            .await;
+            let lease = shared.names.database(&tenant.name);
+            let _ = release_lease(&shared.control, &lease, &shared.instance).await;
         }
     }
     for database in databases {
@@ -86,22 +84,10 @@ pub(super) async fn apply_set(shared: &Shared, databases: Vec<FleetDatabase>) {
     }
 }
 
-impl Shared {
-    fn owned_now(&self, database: &str, owned: bool) {
-        let mut set = self.owned.write().unwrap_or_else(|p| p.into_inner());
-        if owned {
-            set.insert(database.to_owned());
-        } else {
-            set.remove(database);
-        }
-        crate::metrics::fleet_owned_here(set.len());
-    }
-}
-
 /// One heartbeat: renew, read, assign, take and hand over.
 async fn tick(shared: &Shared) -> Result<(), DbErr> {
     let me = shared.instance.as_str();
-    members::hold(
+    acquire_lease(
         &shared.control,
         &shared.names.instance(me),
         me,
@@ -121,12 +107,12 @@ async fn tick(shared: &Shared) -> Result<(), DbErr> {
         let mine = owners.get(tenant.name.as_str()) == Some(&me);
         let holder = membership.owner(&shared.names, &tenant.name);
         let owned = if mine && holder.is_none_or(|h| h == me) {
-            members::hold(&shared.control, &lease, me, shared.lease).await?
+            acquire_lease(&shared.control, &lease, me, shared.lease).await?
         } else {
             if tenant.is_owner() || holder == Some(me) {
                 // Stop first (claims handed back), then let the next owner in.
                 tenant.disown(shared).await;
-                members::give_up(&shared.control, &lease, me).await?;
+                release_lease(&shared.control, &lease, me).await?;
             }
             false
         };
@@ -135,10 +121,10 @@ async fn tick(shared: &Shared) -> Result<(), DbErr> {
         } else if tenant.is_owner() {
             tenant.disown(shared).await;
         }
-        shared.owned_now(&tenant.name, owned);
         let someone = owned || holder.is_some_and(|h| h != me);
         crate::metrics::fleet_database_owned(&tenant.name, someone);
     }
+    crate::metrics::fleet_owned_here(tenants.iter().filter(|t| t.is_owner()).count());
     Ok(())
 }
 
@@ -146,25 +132,19 @@ async fn tick(shared: &Shared) -> Result<(), DbErr> {
 /// others take over at their next heartbeat instead of after the lease.
 async fn leave(shared: &Shared) {
     let tenants = shared.tenants();
+    let owned: Vec<&Arc<Tenant>> = tenants.iter().filter(|t| t.is_owner()).collect();
     for tenant in &tenants {
         tenant.stop().await;
     }
-    for tenant in &tenants {
-        if shared
-            .owned
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&tenant.name)
-        {
-            let lease = shared.names.database(&tenant.name);
-            if let Err(e) = members::give_up(&shared.control, &lease, &shared.instance).await {
-                tracing::debug!(error = %e, database = %tenant.name, "could not give a lease up; it expires");
-            }
+    for tenant in owned {
+        let lease = shared.names.database(&tenant.name);
+        if let Err(e) = release_lease(&shared.control, &lease, &shared.instance).await {
+            tracing::debug!(error = %e, database = %tenant.name, "could not give a lease up; it expires");
         }
-        shared.owned_now(&tenant.name, false);
     }
+    crate::metrics::fleet_owned_here(0);
     let me = shared.names.instance(&shared.instance);
-    if let Err(e) = members::give_up(&shared.control, &me, &shared.instance).await {
+    if let Err(e) = release_lease(&shared.control, &me, &shared.instance).await {
         tracing::debug!(error = %e, "could not give the heartbeat up; it expires");
     }
 }

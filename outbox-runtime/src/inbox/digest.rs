@@ -12,7 +12,7 @@ fn fnv1a(state: u64, bytes: &[u8]) -> u64 {
 }
 
 /// FNV-1a (64-bit) of `bytes`.
-pub(super) fn digest(bytes: &[u8]) -> u64 {
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
     fnv1a(OFFSET_BASIS, bytes)
 }
 

@@ -181,7 +181,7 @@ impl Consumer {
                         (_, decoded) => (self.clone(), decoded),
                     };
                     let key = match &decoded {
-                        Ok(e) => format!("{}/{}", consumer.database, lane_key(e)),
+                        Ok(e) => lane_key(&consumer.database, e),
                         Err(_) => delivery.message_id.clone().unwrap_or_default(),
                     };
                     let lane = (digest(key.as_bytes()) % lanes.len() as u64) as usize;
@@ -272,10 +272,11 @@ enum Taken {
     Other(Decoded),
 }
 
-/// Deliveries with the same key run in the same lane, one after another.
-fn lane_key(envelope: &Envelope) -> String {
+/// Deliveries with the same key run in the same lane, one after another: the aggregate (or the
+/// message), within its database in a set of databases.
+fn lane_key(database: &str, envelope: &Envelope) -> String {
     match (&envelope.aggregate_type, &envelope.subject) {
-        (Some(t), Some(id)) => format!("{t}/{id}"),
-        _ => envelope.id.clone(),
+        (Some(t), Some(id)) => format!("{database}/{t}/{id}"),
+        _ => format!("{database}/{}", envelope.id),
     }
 }

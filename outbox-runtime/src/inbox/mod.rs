@@ -14,7 +14,7 @@ mod batch;
 mod config;
 pub(crate) mod consumer;
 mod deliver;
-mod digest;
+pub(crate) mod digest;
 pub(crate) mod dispatch;
 pub(crate) mod linked;
 mod receive;

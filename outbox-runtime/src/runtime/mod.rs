@@ -27,7 +27,7 @@
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 mod start;
-pub(crate) use start::{ByConsumer, Loops, RelayRole};
+pub(crate) use start::{ByConsumer, Loops, RelayRole, join};
 
 use sea_orm::DatabaseConnection;
 use tokio::{sync::Notify, task::JoinHandle};
@@ -467,13 +467,7 @@ impl Runtime {
     /// are handed back. Returns the final counters once every loop has ended.
     pub async fn shutdown(self) -> RuntimeReport {
         self.shutdown.cancel();
-        for (health, task) in self.tasks {
-            if let Err(e) = task.await
-                && e.is_panic()
-            {
-                tracing::error!(task = %health.report().name, "outbox loop panicked");
-            }
-        }
+        start::join(self.tasks).await;
         let report = RuntimeReport {
             consumers: self
                 .consumers

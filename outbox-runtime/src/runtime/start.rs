@@ -46,13 +46,7 @@ impl Loops {
     /// Stop them and wait until every one has ended.
     pub(crate) async fn stop(self) {
         self.shutdown.cancel();
-        for (health, task) in self.tasks {
-            if let Err(e) = task.await
-                && e.is_panic()
-            {
-                tracing::error!(task = %health.report().name, "outbox loop panicked");
-            }
-        }
+        join(self.tasks).await;
     }
 
     /// Spawn the loop `name`, which reports to its health and is marked stopped when it ends.
@@ -81,6 +75,17 @@ impl Loops {
             stopped.stopped();
         });
         self.tasks.push((health, task));
+    }
+}
+
+/// Wait until every loop has ended (their shutdown asked for), logging those that panicked.
+pub(crate) async fn join(tasks: Vec<(Arc<LoopHealth>, JoinHandle<()>)>) {
+    for (health, task) in tasks {
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            tracing::error!(task = %health.report().name, "outbox loop panicked");
+        }
     }
 }
 
