@@ -34,7 +34,31 @@ pub use outbox_runtime::{
     OutboxBuilder, OutboxError, OutboxTransaction, SkippedEvent, TransactionError, WakeReceiver,
     inbox, registry, relay, runtime, trace, transport,
 };
-pub use outbox_runtime::{admin, catalogue, fleet, health, metrics, retention, upcast};
+pub use outbox_runtime::{admin, catalogue, health, metrics, retention, upcast};
+
+/// One runtime over a set of databases (a database per tenant or shard): see
+/// [`outbox_runtime::fleet`] for how instances share the set, and the guide's chapter on many
+/// databases. [`migrate_all`](fleet::migrate_all) and [`status`](fleet::status) operate the set.
+pub mod fleet {
+    pub use outbox_runtime::fleet::*;
+
+    /// Apply the SDK's migrations ([`crate::migrate`]) to each of `databases`, a few at a time,
+    /// going on past a database that fails: one entry per database, in the order given, with
+    /// the error text of each that failed.
+    ///
+    /// ```no_run
+    /// # async fn demo(databases: Vec<outbox::fleet::FleetDatabase>) {
+    /// for migrated in outbox::fleet::migrate_all(&databases).await {
+    ///     if let Err(error) = &migrated.result {
+    ///         eprintln!("{}: {error}", migrated.database);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub async fn migrate_all(databases: &[FleetDatabase]) -> Vec<DatabaseMigration> {
+        migrate_each(databases, |db| async move { crate::migrate(&db).await }).await
+    }
+}
 
 /// schemars 1.x, for `#[derive(JsonSchema)]` on event types (feature `catalogue`):
 /// `#[schemars(crate = "outbox::schemars")]` lets a crate use it without its own dependency.

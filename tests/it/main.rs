@@ -24,6 +24,8 @@ mod claim_floor;
 mod claim_window;
 #[cfg(feature = "cli")]
 mod cli;
+#[cfg(all(feature = "cli", feature = "postgres", feature = "mysql"))]
+mod cli_set;
 mod compact;
 mod conformance;
 #[cfg(feature = "console")]

@@ -94,7 +94,7 @@ pub(crate) fn db_error(doing: &'static str) -> impl FnOnce(DbErr) -> AdminError 
 }
 
 /// Serialize an optional duration as seconds (a float).
-fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
     match d {
         Some(d) => s.serialize_f64(d.as_secs_f64()),
         None => s.serialize_none(),

@@ -84,6 +84,11 @@ use crate::{
 };
 use members::Names;
 use tenant::Tenant;
+mod ops;
+pub use ops::{
+    DatabaseFigures, DatabaseMigration, DatabaseStatus, Ownership, check_database_name,
+    migrate_each, status,
+};
 
 /// A database of the set: its name (the tenant or shard, carried by every envelope it sends)
 /// and its connection.

@@ -282,3 +282,34 @@ pub(crate) fn parse_inbox_id(text: &str) -> Result<i64, Failure> {
         .into()),
     }
 }
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Every database of --databases FILE, one row each: owner, pending events and the age of
+    /// the oldest, dead rows, inbox backlog. Exit status 5 when a database is unowned or cannot
+    /// be read.
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// With --all: the fleet's control database, where the owners' leases are kept (without
+    /// it the owners are not shown).
+    #[arg(
+        long,
+        env = "OUTBOX_CONTROL_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) control_url: Option<String>,
+    /// With --control-url: the fleet's group, which is the service's CloudEvents source unless
+    /// it set `group(…)`. Required with --control-url: the control database keeps only digests
+    /// of group names, so there is none to guess.
+    #[arg(long, env = "OUTBOX_FLEET_GROUP", value_name = "NAME")]
+    pub(crate) group: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct MigrateArgs {
+    /// Every database of --databases FILE, going on past one that fails; one line each. Exit
+    /// status 1 when any failed.
+    #[arg(long)]
+    pub(crate) all: bool,
+}

@@ -18,12 +18,27 @@
 //! outbox pauses
 //! outbox audit --limit 20
 //! outbox migrate
+//! outbox --databases tenants.conf --database acme dead list     # one database of a set
+//! outbox --databases tenants.conf migrate --all
+//! outbox --databases tenants.conf status --all --control-url postgres://… --group order-service
 //! OUTBOX_CONSOLE_TOKEN=… outbox serve --listen 127.0.0.1:8080   # feature `console`
 //! outbox catalogue --from events.catalogue.json asyncapi --transport kafka --namespace shop
 //! ```
 //!
-//! Human-readable tables by default, `--json` for scripts. Exit status: 0 done, 1 error, 2 bad
-//! command line, 3 an action left some of the rows asked for unchanged, 4 `doctor` found errors.
+//! Human-readable tables by default, `--json` for scripts. Exit status: 0 done, 1 error (for
+//! `migrate --all`: a database was not migrated), 2 bad command line, 3 an action left some of
+//! the rows asked for unchanged, 4 `doctor` found errors, 5 `status --all` found a database
+//! nobody owns or that cannot be read (for an alert script to act on).
+//!
+//! **A set of databases** (a database per tenant, served by `outbox::fleet`) is a file given
+//! with `--databases FILE` (or `OUTBOX_DATABASES`): one `name = url` a line, blank lines and
+//! `#` comment lines skipped, names checked as the fleet checks them, each once. `--database
+//! NAME` picks one of them for any command; `migrate --all` migrates every one (going on past
+//! one that fails), `status --all` shows a row each: its owner (with `--control-url` and
+//! `--group`, the fleet's control database and group; `UNOWNED` when nobody holds its lease),
+//! pending events and the age of the oldest, dead rows, inbox backlog. The file holds
+//! passwords: nothing the CLI prints shows one (URLs are shown with the password masked, a bad
+//! line by its number only).
 //!
 //! What the tables show comes from the database and may hold anyone's text: control characters
 //! (terminal escape sequences among them) and bidirectional overrides are printed escaped
@@ -34,7 +49,8 @@
 
 //!
 //! One module a role: `args` (the command line), `connect` (the database URL), `commands` (one
-//! function a command), `render` (tables and escaping), `serve` (the console).
+//! function a command), `render` (tables and escaping), `serve` (the console), `set` (the set of
+//! databases of `--databases`).
 
 mod args;
 mod commands;
@@ -42,18 +58,26 @@ mod connect;
 mod render;
 #[cfg(feature = "console")]
 mod serve;
+mod set;
 
 use std::{fmt::Write as _, process::ExitCode};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum, parser::ValueSource};
 
 #[cfg(feature = "console")]
 use args::ServeArgs;
-use args::{DeadCommand, IgnoreArgs, PauseArgs, PurgeArgs, ReplayArgs, ResendArgs};
+use args::{
+    DeadCommand, IgnoreArgs, MigrateArgs, PauseArgs, PurgeArgs, ReplayArgs, ResendArgs, StatusArgs,
+};
 use render::printable;
 
-const AFTER_HELP: &str = "Exit status: 0 done, 1 error, 2 bad command line, \
-3 an action left some of the rows asked for unchanged, 4 `doctor` found errors.";
+const AFTER_HELP: &str = "Exit status: 0 done, 1 error (`migrate --all`: a database was not \
+migrated), 2 bad command line, 3 an action left some of the rows asked for unchanged, \
+4 `doctor` found errors, 5 `status --all` found a database nobody owns or that cannot be read.
+
+A set of databases (--databases FILE): one `name = url` a line, `#` comments and blank lines \
+allowed. --database NAME picks one of them for any command; `migrate --all` and \
+`status --all` run over all of them.";
 
 /// Operate the transactional outbox and inbox: see what is stuck, how far behind each consumer
 /// is and what died, and fix it.
@@ -63,6 +87,13 @@ struct Cli {
     /// Database URL: postgres://…, mysql://… or sqlite://…
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
+    /// A set of databases: a file with one `name = url` a line (for --database, `migrate --all`
+    /// and `status --all`).
+    #[arg(long, env = "OUTBOX_DATABASES", global = true, value_name = "FILE")]
+    databases: Option<std::path::PathBuf>,
+    /// Work on this database of the --databases file (instead of --database-url).
+    #[arg(long, global = true, value_name = "NAME")]
+    database: Option<String>,
     /// Print JSON for scripts instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -84,8 +115,9 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Counts per status, backlog and its oldest age, consumer lag, dead and stuck rows.
-    Status,
+    /// Counts per status, backlog and its oldest age, consumer lag, dead and stuck rows; with
+    /// --all, a row for every database of the set with its owner.
+    Status(StatusArgs),
     /// List or show dead letters.
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -113,8 +145,8 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: u32,
     },
-    /// Apply the SDK's migrations (idempotent).
-    Migrate,
+    /// Apply the SDK's migrations (idempotent); with --all, to every database of the set.
+    Migrate(MigrateArgs),
     /// Serve the operator console (web page and REST API) until interrupted. The token comes
     /// from OUTBOX_CONSOLE_TOKEN or --token-file, never from the command line.
     #[cfg(feature = "console")]
@@ -152,12 +184,19 @@ pub(crate) fn usage(error: impl std::fmt::Display) -> Failure {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     if let Command::Catalogue { args } = cli.command {
         return outbox::catalogue::cli::run(args);
     }
     init_log(&cli);
-    match run(cli).await {
+    // `--database NAME` beats a `DATABASE_URL` from the environment, not a `--database-url`.
+    let url_on_command_line =
+        matches.value_source("database_url") == Some(ValueSource::CommandLine);
+    match run(cli, url_on_command_line).await {
         Ok(code) => code,
         Err(e) => {
             let mut message = e.to_string();
@@ -181,7 +220,7 @@ fn init_log(cli: &Cli) {
     use tracing_subscriber::EnvFilter;
 
     let long_running = match &cli.command {
-        Command::Purge(_) | Command::Migrate => true,
+        Command::Purge(_) | Command::Migrate(_) => true,
         #[cfg(feature = "console")]
         Command::Serve(_) => true,
         _ => false,
@@ -197,12 +236,28 @@ fn init_log(cli: &Cli) {
     };
 }
 
-/// Open the database and run the command.
-async fn run(cli: Cli) -> Result<ExitCode, Failure> {
-    let db = connect::connect(cli.database_url.as_deref()).await?;
+/// Open the database (or the set's) and run the command.
+async fn run(cli: Cli, url_on_command_line: bool) -> Result<ExitCode, Failure> {
+    let given = set::Given {
+        url: cli.database_url.as_deref(),
+        url_on_command_line,
+        file: cli.databases.as_ref(),
+        name: cli.database.as_deref(),
+    };
     let json = cli.json;
+    match &cli.command {
+        Command::Migrate(MigrateArgs { all: true }) => {
+            return set::migrate_all(&given.all("migrate")?, json).await;
+        }
+        Command::Status(args) if args.all => {
+            return set::status_all(&given.all("status")?, args, json).await;
+        }
+        _ => {}
+    }
+    let url = given.one()?;
+    let db = connect::connect(url.as_deref()).await?;
     match cli.command {
-        Command::Status => commands::status(&db, json).await,
+        Command::Status(_) => commands::status(&db, json).await,
         Command::Dead(DeadCommand::List {
             filter,
             limit,
@@ -221,11 +276,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Pauses => commands::pauses(&db, json).await,
         Command::Doctor => commands::doctor(&db, json).await,
         Command::Audit { limit } => commands::audit(&db, json, limit).await,
-        Command::Migrate => commands::migrate(&db, json).await,
+        Command::Migrate(_) => commands::migrate(&db, json).await,
         #[cfg(feature = "console")]
         Command::Serve(args) => {
-            let url = cli.database_url.as_deref().unwrap_or_default();
-            serve::serve(db, url, args).await?;
+            serve::serve(db, url.as_deref().unwrap_or_default(), args).await?;
             Ok(ExitCode::SUCCESS)
         }
         // Handled in `main`, before any database is opened.
