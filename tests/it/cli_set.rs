@@ -432,7 +432,7 @@ async fn database_picks_one_of_the_set_for_any_command() {
         "{}",
         stderr(&out)
     );
-    std::fs::write(&bad, "acme = sqlite://a.db\nacme = sqlite://b.db\n").unwrap();
+    std::fs::write(bad, "acme = sqlite://a.db\nacme = sqlite://b.db\n").unwrap();
     let out = outbox(&["--databases", bad, "--database", "acme", "status"], &[]).await;
     expect(&out, 2, &["--databases", bad]);
     assert!(
