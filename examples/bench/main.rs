@@ -38,6 +38,12 @@
 //! - P11 idle cost: statements per second (and the server's CPU) that 1 and 3 idle instances
 //!   send to one database, with the list of them. Only with `--only p11` (`pg_stat_statements`
 //!   too; `BENCH_P11_SECONDS`, default 60, is the window).
+//! - P12 fleet throughput: events committed and handled per second, commit → effect latency,
+//!   CPU and connections, with `outbox::fleet` over 1, 2, 4 and 8 fresh databases on the bench's
+//!   server, one and two instances, the same 8 closed-loop producers spread over the databases.
+//!   Only with `--only p12` (it creates and drops `outbox_bench_p12_*`; `BENCH_P12_DATABASES`,
+//!   `BENCH_P12_INSTANCES`, `BENCH_P12_SECONDS` (20), `BENCH_P12_POOL` and `BENCH_P12_LANES`
+//!   narrow it down).
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
 //! narrow P3 down to some modes and offered loads. `BENCH_INBOX_ROTATION=off` switches the
@@ -53,6 +59,7 @@ mod kafka;
 mod p1;
 mod p10;
 mod p11;
+mod p12;
 mod p2;
 mod p3;
 mod p4;
@@ -69,11 +76,12 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 11] = [
-    "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11",
+const SCENARIOS: [&str; 12] = [
+    "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11", "p12",
 ];
-/// What runs without `--only`: every scenario but P9, which takes 45 minutes, and P10 and P11,
-/// which need `pg_stat_statements` (the smoke run takes them all, in seconds).
+/// What runs without `--only`: every scenario but P9, which takes 45 minutes, P10 and P11,
+/// which need `pg_stat_statements`, and P12, which creates databases (the smoke run takes them
+/// all, in seconds).
 const DEFAULT: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
 
 #[derive(Debug)]
@@ -161,6 +169,7 @@ async fn main() -> Result<(), BoxError> {
                 "p9" => continue,
                 "p10" => p10::run(&ctx).await,
                 "p11" => p11::run(&ctx).await,
+                "p12" => p12::run(&ctx).await,
                 _ => unreachable!("checked when parsing"),
             };
             let got = got.map_err(|e| format!("{scenario} failed: {e}"))?;

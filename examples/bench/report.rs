@@ -180,6 +180,7 @@ pub(crate) fn build(
             "p9" => crate::p9::specs(),
             "p10" => crate::p10::specs(ctx),
             "p11" => crate::p11::specs(),
+            "p12" => crate::p12::specs(ctx),
             _ => Vec::new(),
         });
     }
