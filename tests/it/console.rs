@@ -1102,6 +1102,7 @@ fn the_openapi_document_describes_every_route() {
         documented,
         [
             "GET /api/audit",
+            "GET /api/databases",
             "GET /api/dead-letters",
             "GET /api/dead-letters/{id}",
             "GET /api/doctor",
@@ -1140,7 +1141,16 @@ fn the_openapi_document_describes_every_route() {
     ] {
         assert!(names.contains(&name), "{name} not documented: {names:?}");
     }
+    // Over a set, every route but the list of databases takes the database's name.
+    assert_eq!(
+        paths["/api/status"]["get"]["parameters"][0]["name"],
+        "database"
+    );
+    assert_eq!(paths["/api/replay"]["post"]["parameters"][0]["in"], "query");
+    assert!(names.contains(&"database"), "{names:?}");
+    assert!(paths["/api/databases"]["get"]["parameters"].is_null());
     for schema in [
+        "DatabaseRow",
         "Status",
         "DeadLetter",
         "DeadLetterDetail",
@@ -1160,12 +1170,12 @@ fn the_openapi_document_describes_every_route() {
 }
 
 /// Where the browser test finds Node, playwright-core and Chromium (`.ci/run` installs them).
-struct BrowserTools {
-    chromium: std::path::PathBuf,
-    playwright_core: std::path::PathBuf,
+pub(crate) struct BrowserTools {
+    pub(crate) chromium: std::path::PathBuf,
+    pub(crate) playwright_core: std::path::PathBuf,
 }
 
-fn browser_tools() -> Option<BrowserTools> {
+pub(crate) fn browser_tools() -> Option<BrowserTools> {
     let chromium = std::env::var_os("CHROMIUM")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| "/usr/bin/chromium".into());
@@ -1195,7 +1205,7 @@ fn browser_tools() -> Option<BrowserTools> {
 }
 
 /// Run `command` to its end off the runtime's threads.
-async fn output_of(mut command: std::process::Command) -> std::process::Output {
+pub(crate) async fn output_of(mut command: std::process::Command) -> std::process::Output {
     tokio::task::spawn_blocking(move || command.output())
         .await
         .unwrap()
@@ -1742,7 +1752,7 @@ async fn generated_requests_get_no_server_error(t: TestDb) {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        report.contains("Tested: 14"),
+        report.contains("Tested: 15"),
         "not every operation was tested:\n{report}"
     );
 }

@@ -30,6 +30,8 @@ mod compact;
 mod conformance;
 #[cfg(feature = "console")]
 mod console;
+#[cfg(all(feature = "console", feature = "postgres", feature = "mysql"))]
+mod console_set;
 mod dashboards;
 mod delayed;
 #[cfg(feature = "testing")]

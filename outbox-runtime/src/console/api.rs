@@ -5,7 +5,7 @@ use std::{str::FromStr, sync::Arc};
 use axum::{
     Json,
     extract::{
-        DefaultBodyLimit, FromRequest, Path, Query, State,
+        DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, State,
         rejection::{JsonRejection, PathRejection, QueryRejection},
     },
     http::StatusCode,
@@ -42,18 +42,37 @@ const MAX_PAGE: u64 = 1_000_000;
 /// Longest text parameter (a filter, a reason).
 const MAX_TEXT_CHARS: usize = 1_000;
 
-/// What every handler shares.
+/// What the handlers share about one database.
 #[derive(Debug)]
 pub(super) struct Shared {
     pub(super) db: DatabaseConnection,
     pub(super) doctor: DoctorOptions,
-    /// The OpenAPI document, as JSON.
-    pub(super) openapi: Arc<String>,
     /// Backlog and lag over time.
     pub(super) history: Arc<History>,
 }
 
-type St = State<Arc<Shared>>;
+/// The database a request works on, and what the console keeps for it: chosen from the
+/// request's `database` parameter by [`super::set::select`] before the handler runs.
+pub(super) struct Db(pub(super) Arc<Shared>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Db {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<Arc<Shared>>()
+            .cloned()
+            .map(Db)
+            .ok_or_else(|| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no database selected")
+                    .caused_by("the console's database selection did not run")
+            })
+    }
+}
 
 /// An error answer: the HTTP status and what went wrong, for a person to read.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -87,7 +106,7 @@ impl ApiError {
         self
     }
 
-    fn bad_request(error: impl Into<String>) -> Self {
+    pub(super) fn bad_request(error: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, error)
     }
 }
@@ -321,7 +340,7 @@ pub(super) struct DeadLetterPage {
 /// the relays and their brokers, the WAL slots.
 #[utoipa::path(get, path = "/api/status", tag = "status",
     responses((status = 200, body = Status), (status = 401, body = ApiError)))]
-async fn status(State(s): St) -> ApiResult<Status> {
+async fn status(Db(s): Db) -> ApiResult<Status> {
     let status = admin::status(&s.db).await?;
     s.history.record(&status);
     Ok(Json(status))
@@ -351,7 +370,7 @@ pub(super) struct Samples {
     responses((status = 200, body = Samples), (status = 400, body = ApiError),
         (status = 401, body = ApiError)))]
 async fn samples(
-    State(s): St,
+    Db(s): Db,
     params: Result<Query<SamplesParams>, QueryRejection>,
 ) -> ApiResult<Samples> {
     let Query(p) = params?;
@@ -366,7 +385,7 @@ async fn samples(
     responses((status = 200, body = DeadLetterPage), (status = 400, body = ApiError),
         (status = 401, body = ApiError)))]
 async fn dead_letters(
-    State(s): St,
+    Db(s): Db,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> ApiResult<DeadLetterPage> {
     let Query(p) = params?;
@@ -418,7 +437,7 @@ pub(super) struct GroupParams {
     responses((status = 200, body = Vec<FailureGroup>), (status = 400, body = ApiError),
         (status = 401, body = ApiError)))]
 async fn failure_groups(
-    State(s): St,
+    Db(s): Db,
     params: Result<Query<GroupParams>, QueryRejection>,
 ) -> ApiResult<Vec<FailureGroup>> {
     let Query(p) = params?;
@@ -451,7 +470,7 @@ fn fingerprint(group: &str) -> Result<&str, ApiError> {
     responses((status = 200, body = DeadLetterDetail), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 404, body = ApiError)))]
 async fn dead_letter(
-    State(s): St,
+    Db(s): Db,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<DeadLetterDetail> {
     let Path(id) = id?;
@@ -520,7 +539,7 @@ fn only_group(something_else: bool) -> Result<(), ApiError> {
     responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn replay(
-    State(s): St,
+    Db(s): Db,
     Write { actor, body: r }: Write<ReplayRequest>,
 ) -> ApiResult<ActionReport> {
     if let Some(group) = &r.group {
@@ -556,7 +575,7 @@ pub(super) struct IgnoreRequest {
     responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn ignore(
-    State(s): St,
+    Db(s): Db,
     Write { actor, body: r }: Write<IgnoreRequest>,
 ) -> ApiResult<ActionReport> {
     if let Some(group) = &r.group {
@@ -638,7 +657,7 @@ pub(super) struct ResendRequest {
     responses((status = 200, body = ActionReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn resend(
-    State(s): St,
+    Db(s): Db,
     Write { actor, body: r }: Write<ResendRequest>,
 ) -> ApiResult<ActionReport> {
     let which = match (r.event_ids, r.filter) {
@@ -689,10 +708,7 @@ fn duration(name: &str, value: Option<String>, default: &str) -> Result<HumanDur
 #[utoipa::path(post, path = "/api/purge", tag = "actions", request_body = PurgeRequest,
     responses((status = 200, body = PurgeReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
-async fn purge(
-    State(s): St,
-    Write { actor, body: r }: Write<PurgeRequest>,
-) -> ApiResult<PurgeReport> {
+async fn purge(Db(s): Db, Write { actor, body: r }: Write<PurgeRequest>) -> ApiResult<PurgeReport> {
     let policy = RetentionPolicy::default()
         .sent_after(duration("sent_after", r.sent_after, "7d")?.0)
         .done_after(duration("done_after", r.done_after, "14d")?.0);
@@ -704,7 +720,7 @@ async fn purge(
 /// Is the database ready for the SDK, and is anything stuck?
 #[utoipa::path(get, path = "/api/doctor", tag = "status",
     responses((status = 200, body = DoctorReport), (status = 401, body = ApiError)))]
-async fn doctor(State(s): St) -> ApiResult<DoctorReport> {
+async fn doctor(Db(s): Db) -> ApiResult<DoctorReport> {
     Ok(Json(admin::doctor(&s.db, &s.doctor).await?))
 }
 
@@ -723,7 +739,7 @@ pub(super) struct AuditParams {
     responses((status = 200, body = Vec<AdminAction>), (status = 400, body = ApiError),
         (status = 401, body = ApiError)))]
 async fn audit(
-    State(s): St,
+    Db(s): Db,
     params: Result<Query<AuditParams>, QueryRejection>,
 ) -> ApiResult<Vec<AdminAction>> {
     let Query(p) = params?;
@@ -739,7 +755,7 @@ async fn audit(
 /// Every pause in force, consumers first, by name: who paused it, since when, why.
 #[utoipa::path(get, path = "/api/pauses", tag = "pauses",
     responses((status = 200, body = Vec<Paused>), (status = 401, body = ApiError)))]
-async fn pauses(State(s): St) -> ApiResult<Vec<Paused>> {
+async fn pauses(Db(s): Db) -> ApiResult<Vec<Paused>> {
     Ok(Json(admin::pauses(&s.db).await?))
 }
 
@@ -784,10 +800,7 @@ impl PauseRequest {
 #[utoipa::path(post, path = "/api/pause", tag = "pauses", request_body = PauseRequest,
     responses((status = 200, body = PauseReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
-async fn pause(
-    State(s): St,
-    Write { actor, body: r }: Write<PauseRequest>,
-) -> ApiResult<PauseReport> {
+async fn pause(Db(s): Db, Write { actor, body: r }: Write<PauseRequest>) -> ApiResult<PauseReport> {
     Ok(Json(admin::pause(&s.db, r.kind, r.name()?, &actor).await?))
 }
 
@@ -797,17 +810,17 @@ async fn pause(
     responses((status = 200, body = PauseReport), (status = 400, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)))]
 async fn resume(
-    State(s): St,
+    Db(s): Db,
     Write { actor, body: r }: Write<PauseRequest>,
 ) -> ApiResult<PauseReport> {
     Ok(Json(admin::resume(&s.db, r.kind, r.name()?, &actor).await?))
 }
 
 /// The OpenAPI document.
-pub(super) async fn openapi_json(State(s): St) -> Response {
+pub(super) async fn openapi_json(State(openapi): State<Arc<String>>) -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        s.openapi.as_ref().clone(),
+        openapi.as_ref().clone(),
     )
         .into_response()
 }
@@ -833,8 +846,8 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The documented routes (state still to be given).
-pub(super) fn routes() -> OpenApiRouter<Arc<Shared>> {
+/// The documented routes of one database (chosen by the request's `database` parameter).
+pub(super) fn routes() -> OpenApiRouter {
     OpenApiRouter::with_openapi(Doc::openapi())
         .routes(routes!(status))
         .routes(routes!(samples))
@@ -851,9 +864,4 @@ pub(super) fn routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(pause))
         .routes(routes!(resume))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-}
-
-/// The OpenAPI document of [`routes`].
-pub(super) fn openapi() -> utoipa::openapi::OpenApi {
-    routes().split_for_parts().1
 }

@@ -10,7 +10,7 @@ use axum::{
     response::Response,
 };
 
-use super::{Operator, api::Cause};
+use super::{Operator, api::Cause, set::Selected};
 
 /// The longest path written to the log, in characters (a path is the client's text).
 const MAX_LOGGED_PATH: usize = 200;
@@ -40,14 +40,22 @@ pub(super) async fn request(request: Request, next: Next) -> Response {
         .extensions()
         .get::<Operator>()
         .map(|o| o.0.as_str());
+    // Over a set: the database it worked on.
+    let database = response
+        .extensions()
+        .get::<Selected>()
+        .map(|d| d.0.as_str());
     if response.status().is_server_error() {
         let cause = response.extensions().get::<Cause>().map(|c| c.0.as_str());
         tracing::error!(
-            %method, path, status, elapsed_ms, operator, cause,
+            %method, path, status, elapsed_ms, operator, database, cause,
             "console request failed"
         );
     } else {
-        tracing::info!(%method, path, status, elapsed_ms, operator, "console request");
+        tracing::info!(
+            %method, path, status, elapsed_ms, operator, database,
+            "console request"
+        );
     }
     response
 }

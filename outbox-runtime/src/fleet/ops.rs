@@ -266,13 +266,7 @@ pub async fn status(
         },
     };
     let figures: Vec<Result<DatabaseFigures, String>> = futures_util::stream::iter(databases)
-        .map(|database| async move {
-            answers(database.connection()).await?;
-            admin::status(database.connection())
-                .await
-                .map(|status| DatabaseFigures::of(&status))
-                .map_err(|e| e.to_string())
-        })
+        .map(figures_of)
         .buffered(AT_ONCE)
         .collect()
         .await;
@@ -286,6 +280,17 @@ pub async fn status(
             figures,
         })
         .collect()
+}
+
+/// One database's figures. A named function, not a closure: its future is `Send` for any
+/// lifetime of the reference, so [`status`] can run on a multi-threaded runtime's task (the
+/// console's handler).
+async fn figures_of(database: &FleetDatabase) -> Result<DatabaseFigures, String> {
+    answers(database.connection()).await?;
+    admin::status(database.connection())
+        .await
+        .map(|status| DatabaseFigures::of(&status))
+        .map_err(|e| e.to_string())
 }
 
 impl fmt::Display for Ownership {

@@ -22,6 +22,7 @@
 //! outbox --databases tenants.conf migrate --all
 //! outbox --databases tenants.conf status --all --control-url postgres://… --group order-service
 //! OUTBOX_CONSOLE_TOKEN=… outbox serve --listen 127.0.0.1:8080   # feature `console`
+//! outbox --databases tenants.conf serve --control-url postgres://… --group order-service
 //! outbox catalogue --from events.catalogue.json asyncapi --transport kafka --namespace shop
 //! ```
 //!
@@ -36,7 +37,10 @@
 //! NAME` picks one of them for any command; `migrate --all` migrates every one (going on past
 //! one that fails), `status --all` shows a row each: its owner (with `--control-url` and
 //! `--group`, the fleet's control database and group; `UNOWNED` when nobody holds its lease),
-//! pending events and the age of the oldest, dead rows, inbox backlog. The file holds
+//! pending events and the age of the oldest, dead rows, inbox backlog; `serve` without
+//! `--database` serves one console over the whole set (a database selector, every database's
+//! owner and oldest pending age, the unowned highlighted; with `--control-url` and `--group` for
+//! the owners). The file holds
 //! passwords: nothing the CLI prints shows one (URLs are shown with the password masked, a bad
 //! line by its number only).
 //!
@@ -76,8 +80,8 @@ migrated), 2 bad command line, 3 an action left some of the rows asked for uncha
 4 `doctor` found errors, 5 `status --all` found a database nobody owns or that cannot be read.
 
 A set of databases (--databases FILE): one `name = url` a line, `#` comments and blank lines \
-allowed. --database NAME picks one of them for any command; `migrate --all` and \
-`status --all` run over all of them.";
+allowed. --database NAME picks one of them for any command; `migrate --all`, \
+`status --all` and `serve` (without --database) run over all of them.";
 
 /// Operate the transactional outbox and inbox: see what is stuck, how far behind each consumer
 /// is and what died, and fix it.
@@ -254,6 +258,15 @@ async fn run(cli: Cli, url_on_command_line: bool) -> Result<ExitCode, Failure> {
         }
         _ => {}
     }
+    #[cfg(feature = "console")]
+    if let Command::Serve(args) = cli.command {
+        let served = match given.set_to_serve()? {
+            Some(entries) => serve::Served::Set(entries),
+            None => serve::Served::One(given.one()?),
+        };
+        serve::serve(served, args).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let url = given.one()?;
     let db = connect::connect(url.as_deref()).await?;
     match cli.command {
@@ -278,10 +291,7 @@ async fn run(cli: Cli, url_on_command_line: bool) -> Result<ExitCode, Failure> {
         Command::Audit { limit } => commands::audit(&db, json, limit).await,
         Command::Migrate(_) => commands::migrate(&db, json).await,
         #[cfg(feature = "console")]
-        Command::Serve(args) => {
-            serve::serve(db, url.as_deref().unwrap_or_default(), args).await?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Serve(_) => unreachable!("served above"),
         // Handled in `main`, before any database is opened.
         Command::Catalogue { args } => Ok(outbox::catalogue::cli::run(args)),
     }

@@ -6,15 +6,20 @@ use crate::{
     Failure,
     args::{ServeArgs, named_or_user},
     commands::sdk_migrations,
-    connect::redact,
+    connect::{self, redact},
+    set::{self, Entry},
 };
 
+/// What `outbox serve` serves.
+pub(crate) enum Served {
+    /// One database (`--database-url`, or `--database NAME` of the set).
+    One(Option<String>),
+    /// Every database of `--databases FILE`.
+    Set(Vec<Entry>),
+}
+
 /// `outbox serve`: the console on `--listen` until Ctrl-C or SIGTERM.
-pub(crate) async fn serve(
-    db: DatabaseConnection,
-    database_url: &str,
-    args: ServeArgs,
-) -> Result<(), Failure> {
+pub(crate) async fn serve(served: Served, args: ServeArgs) -> Result<(), Failure> {
     use outbox::console::{Console, ConsoleAuth};
 
     if !args.listen.ip().is_loopback() && !args.public {
@@ -34,15 +39,35 @@ pub(crate) async fn serve(
     };
     let operator = named_or_user(args.operator).unwrap_or_else(|| "console".to_owned());
     let auth = ConsoleAuth::bearer(operator.as_str(), token.trim())?;
-    let console = Console::new(db, auth)
-        .doctor_options(DoctorOptions::new(sdk_migrations()).without_handler_check());
+    let (console, what) = match served {
+        Served::One(url) => {
+            let db: DatabaseConnection = connect::connect(url.as_deref()).await?;
+            let what = redact(url.as_deref().unwrap_or_default());
+            (Console::new(db, auth), what)
+        }
+        Served::Set(entries) => {
+            let control = set::control(args.control_url.as_deref(), args.group.as_deref()).await?;
+            // A database that cannot be connected is served unconnected: the console lists it
+            // with its error, and the others are served.
+            let (databases, _) = set::connect_each(&entries).await;
+            let what = format!("{} databases of the set", databases.len());
+            let console = Console::for_set(databases, auth);
+            let console = match control {
+                Some((control, group)) => console.control(control, group),
+                None => console,
+            };
+            (console, what)
+        }
+    };
+    let console =
+        console.doctor_options(DoctorOptions::new(sdk_migrations()).without_handler_check());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let address = listener.local_addr()?;
     tracing::info!(
         url = %format_args!("http://{address}/"),
-        database = %redact(database_url),
+        database = %what,
         auth = "bearer token",
         operator = %operator,
         public = args.public,

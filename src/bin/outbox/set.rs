@@ -1,7 +1,7 @@
 //! A set of databases from a file (`--databases FILE`, one `name = url` a line): `--database
 //! NAME` picks one of them for any command, `migrate --all` and `status --all` run over all of
-//! them. URLs are never printed but with their password masked; errors about a line name the
-//! line, not its text.
+//! them, and `serve` without `--database` serves one console over all of them. URLs are never
+//! printed but with their password masked; errors about a line name the line, not its text.
 
 use std::{
     path::{Path, PathBuf},
@@ -73,6 +73,19 @@ impl Given<'_> {
                 )))
             }
             (None, _) => Ok(self.url.map(str::to_owned)),
+        }
+    }
+
+    /// Every database of the file when `serve` is to serve the whole set: `--databases FILE`
+    /// without `--database NAME`.
+    pub(crate) fn set_to_serve(&self) -> Result<Option<Vec<Entry>>, Failure> {
+        match (self.file, self.name) {
+            (Some(_), None) if self.url_on_command_line => Err(usage(
+                "`serve` serves the set of --databases FILE, or the one database of \
+                 --database-url: give one of them",
+            )),
+            (Some(file), None) => load(file).map(Some),
+            _ => Ok(None),
         }
     }
 
@@ -187,7 +200,7 @@ fn known(entries: &[Entry]) -> String {
 
 /// Each database connected; one that cannot be joins the set unconnected (the fleet's
 /// functions report it), with why (its URL's password masked) to report instead.
-async fn connect_each(entries: &[Entry]) -> (Vec<FleetDatabase>, Vec<Option<String>>) {
+pub(crate) async fn connect_each(entries: &[Entry]) -> (Vec<FleetDatabase>, Vec<Option<String>>) {
     let mut databases = Vec::with_capacity(entries.len());
     let mut failed = Vec::with_capacity(entries.len());
     for entry in entries {
@@ -255,30 +268,13 @@ pub(crate) async fn status_all(
     args: &StatusArgs,
     json: bool,
 ) -> Result<ExitCode, Failure> {
-    let group = match (&args.control_url, &args.group) {
-        (Some(_), None) => {
-            return Err(usage(
-                "--control-url needs --group NAME (or OUTBOX_FLEET_GROUP): the fleet's group, \
-                 which is the service's CloudEvents source unless it set `group(…)`",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(usage(
-                "--group names a fleet in a control database: give --control-url too",
-            ));
-        }
-        (_, group) => group.as_deref().unwrap_or_default(),
-    };
-    let control = match &args.control_url {
-        Some(url) => Some(
-            connect::connect(Some(url))
-                .await
-                .map_err(|e| format!("the control database: {e}"))?,
-        ),
-        None => None,
+    let control = control(args.control_url.as_deref(), args.group.as_deref()).await?;
+    let (control, group) = match &control {
+        Some((db, group)) => (Some(db), group.as_str()),
+        None => (None, ""),
     };
     let (databases, failed) = connect_each(entries).await;
-    let mut rows = fleet::status(control.as_ref(), group, &databases).await;
+    let mut rows = fleet::status(control, group, &databases).await;
     for (row, why) in rows.iter_mut().zip(failed) {
         if let Some(why) = why {
             row.figures = Err(why);
@@ -294,6 +290,30 @@ pub(crate) async fn status_all(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The fleet's control database (connected) and group, from `--control-url` and `--group`:
+/// both or neither.
+pub(crate) async fn control(
+    url: Option<&str>,
+    group: Option<&str>,
+) -> Result<Option<(DatabaseConnection, String)>, Failure> {
+    match (url, group) {
+        (Some(_), None) => Err(usage(
+            "--control-url needs --group NAME (or OUTBOX_FLEET_GROUP): the fleet's group, \
+             which is the service's CloudEvents source unless it set `group(…)`",
+        )),
+        (None, Some(_)) => Err(usage(
+            "--group names a fleet in a control database: give --control-url too",
+        )),
+        (None, None) => Ok(None),
+        (Some(url), Some(group)) => {
+            let db = connect::connect(Some(url))
+                .await
+                .map_err(|e| format!("the control database: {e}"))?;
+            Ok(Some((db, group.to_owned())))
+        }
+    }
 }
 
 /// A row a database, then what needs attention.

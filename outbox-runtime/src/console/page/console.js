@@ -3,10 +3,12 @@
 // (textContent or an attribute), never parsed as markup.
 (function () {
   const TOKEN_KEY = "outbox-console-token";
+  const DATABASE_KEY = "outbox-console-database";
   // The API lives beside the page, wherever the service mounted the console.
   const base = window.location.pathname.replace(/\/?$/, "/");
   const $ = (id) => document.getElementById(id);
-  const state = { token: sessionStorage.getItem(TOKEN_KEY), view: "overview", page: 1, limit: 25, filter: {}, selected: null, timer: null };
+  // Over a set of databases, `databases` lists them and `database` is the one every view shows.
+  const state = { token: sessionStorage.getItem(TOKEN_KEY), view: "overview", page: 1, limit: 25, filter: {}, selected: null, timer: null, databases: [], database: sessionStorage.getItem(DATABASE_KEY) };
 
   function el(tag, text, attrs) {
     const node = document.createElement(tag);
@@ -28,6 +30,10 @@
     if (options && options.body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(options.body);
+    }
+    // Every route but the list of databases works on the database selected.
+    if (state.database && path !== "databases") {
+      path += (path.includes("?") ? "&" : "?") + "database=" + encodeURIComponent(state.database);
     }
     const response = await fetch(base + "api/" + path, init);
     const body = await response.json().catch(() => ({}));
@@ -105,6 +111,7 @@
   function logout(text) {
     sessionStorage.removeItem(TOKEN_KEY);
     state.token = null;
+    $("database-picker").hidden = true;
     show("login");
     say(text || "", Boolean(text));
   }
@@ -123,8 +130,9 @@
     state.token = $("token").value.trim();
     $("token").value = "";
     guarded(async () => {
-      await api("status");
+      const databases = await api("databases");
       sessionStorage.setItem(TOKEN_KEY, state.token);
+      showDatabases(databases);
       say("");
       show("overview");
     });
@@ -134,9 +142,84 @@
     b.addEventListener("click", () => { say(""); show(b.dataset.view); });
   }
 
+  // ---- the set of databases ---------------------------------------------------------------
+  // A console over a set lists its databases (none over one database): the selector picks the
+  // one every view shows, the overview's first table shows them all, those nobody owns or that
+  // cannot be read marked.
+  function owner(o) {
+    if (o.state === "owned") return o.instance;
+    if (o.state === "unowned") return "UNOWNED";
+    if (o.state === "unknown") return "unknown";
+    return "–";
+  }
+
+  function trouble(d) {
+    if (d.error) return "unreadable";
+    if (d.owner.state === "unowned") return "unowned";
+    if (d.owner.state === "unknown") return "owner unknown";
+    return "";
+  }
+
+  function showDatabases(list) {
+    state.databases = list;
+    const isSet = list.length > 0;
+    $("database-picker").hidden = !isSet;
+    $("set").hidden = !isSet;
+    if (!isSet) {
+      state.database = null;
+      return;
+    }
+    if (!list.some((d) => d.database === state.database)) state.database = list[0].database;
+    sessionStorage.setItem(DATABASE_KEY, state.database);
+    $("database").replaceChildren(...list.map((d) => el("option",
+      d.needs_attention ? d.database + " (" + trouble(d) + ")" : d.database,
+      { value: d.database, "data-attention": String(d.needs_attention) })));
+    $("database").value = state.database;
+    $("showing").textContent = "Database " + state.database;
+    fill("databases", list.map((d) => {
+      const tr = row([
+        { text: d.database },
+        { text: owner(d.owner), className: "owner" + (d.owner.state === "owned" ? "" : " bad"), attrs: { title: d.owner.error || "" } },
+        { text: d.pending === null ? "?" : d.pending, className: "num" },
+        { text: d.error ? "?" : age(d.oldest_pending_age_secs), className: "num" },
+        { text: d.dead === null ? "?" : d.dead, className: "num" + (d.dead > 0 ? " bad" : "") },
+        { text: d.inbox_backlog === null ? "?" : d.inbox_backlog, className: "num" },
+        { text: d.error ? firstLine(d.error) : trouble(d), box: "clip", attrs: { title: d.error || "" } },
+      ], {
+        class: "clickable" + (d.needs_attention ? " attention" : "") + (d.database === state.database ? " selected" : ""),
+        "data-database": d.database, "data-attention": String(d.needs_attention), tabindex: "0",
+      });
+      tr.addEventListener("click", () => choose(d.database));
+      tr.addEventListener("keydown", (e) => { if (e.key === "Enter") choose(d.database); });
+      return tr;
+    }), "no database");
+  }
+
+  // Every view shows `name` from now on.
+  function choose(name) {
+    if (name === state.database) return;
+    state.database = name;
+    sessionStorage.setItem(DATABASE_KEY, name);
+    $("database").value = name;
+    $("showing").textContent = "Database " + name;
+    for (const tr of $("databases").querySelectorAll("tbody tr")) tr.classList.toggle("selected", tr.dataset.database === name);
+    state.filter = {};
+    state.page = 1;
+    state.selected = null;
+    $("filters").reset();
+    $("replay-matching").disabled = true;
+    $("ignore-matching").disabled = true;
+    $("detail").hidden = true;
+    say("");
+    show(state.view);
+  }
+
+  $("database").addEventListener("change", () => choose($("database").value));
+
   // ---- overview ----------------------------------------------------------------------------
   function refreshOverview() {
     return guarded(async () => {
+      if (state.databases.length > 0) showDatabases(await api("databases"));
       const [status, samples] = await Promise.all([api("status"), api("samples")]);
       const o = status.outbox;
       const deadTotal = o.dead + status.consumers.reduce((n, c) => n + c.dead, 0);
@@ -511,6 +594,10 @@
     });
   }
 
-  if (state.token) show("overview");
-  else show("login");
+  if (state.token) {
+    guarded(async () => {
+      showDatabases(await api("databases"));
+      show("overview");
+    });
+  } else show("login");
 })();
