@@ -37,7 +37,7 @@ struct Set {
     base: String,
     client: HttpClient,
     task: tokio::task::JoinHandle<()>,
-    _control: TestDb,
+    control: TestDb,
 }
 
 impl Set {
@@ -97,7 +97,7 @@ impl Set {
             base: format!("http://{addr}"),
             client: client(),
             task,
-            _control: control,
+            control,
         })
     }
 
@@ -414,5 +414,138 @@ async fn the_page_over_a_set_in_a_real_browser() {
     );
     assert_eq!(seen["acmeDead"], json!(["no dead letters"]), "{seen}");
     assert!(shots.join("set.png").exists());
+    set.stop().await;
+}
+
+/// `outbox --databases FILE serve` serves the set (owners from `--control-url` and `--group`),
+/// and logs the database each request worked on; with `--database NAME` it serves that one.
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_serve_serves_the_set_of_the_file() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let Some(set) = Set::start("console_set_cli").await else {
+        return;
+    };
+    let dir = std::env::temp_dir().join("outbox-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("console_set_cli.conf");
+    std::fs::write(
+        &file,
+        format!("acme = {}\nglobex = {}\n", set.acme.url, set.globex.url),
+    )
+    .unwrap();
+    // The console over `args`, its log lines as they come.
+    let serve = |args: Vec<String>, serve_args: Vec<String>| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .env_remove("DATABASE_URL")
+            .env_remove("OUTBOX_DATABASES")
+            .env_remove("OUTBOX_CONTROL_URL")
+            .env_remove("OUTBOX_FLEET_GROUP")
+            .env_remove("RUST_LOG")
+            .env("OUTBOX_CONSOLE_TOKEN", TOKEN)
+            .args(args)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(serve_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start outbox serve");
+        let (send, lines) = std::sync::mpsc::channel::<String>();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, lines)
+    };
+    let wait_for = |lines: &std::sync::mpsc::Receiver<String>, parts: &[&str]| {
+        let mut seen = Vec::new();
+        while let Ok(line) = lines.recv_timeout(Duration::from_secs(30)) {
+            if parts.iter().all(|p| line.contains(p)) {
+                return line;
+            }
+            seen.push(line);
+        }
+        panic!("no log line with {parts:?} in:\n{}", seen.join("\n"));
+    };
+    let base_of = |start: &str| {
+        start
+            .split("url=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no url in {start}"))
+            .trim_end_matches('/')
+            .to_owned()
+    };
+    let file = file.to_str().unwrap().to_owned();
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "authorization",
+        HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap(),
+    );
+    let get = |url: String| {
+        let headers = headers.clone();
+        let client = set.client.clone();
+        async move {
+            let answer = send(&client, Method::GET, &url, &headers, vec![])
+                .await
+                .unwrap();
+            (answer.status, json_of(&answer))
+        }
+    };
+
+    let (mut child, lines) = serve(
+        vec!["--databases".into(), file.clone()],
+        vec![
+            "--control-url".into(),
+            set.control.url.clone(),
+            "--group".into(),
+            "console-set".into(),
+        ],
+    );
+    let start = wait_for(&lines, &["outbox console serving"]);
+    assert!(start.contains("2 databases of the set"), "{start}");
+    let base = base_of(&start);
+    let (status, rows) = get(format!("{base}/api/databases")).await;
+    assert_eq!(status, StatusCode::OK, "{rows}");
+    assert_eq!(rows[0]["database"], "acme");
+    assert_eq!(rows[0]["owner"]["instance"], "pod-a");
+    assert_eq!(rows[1]["database"], "globex");
+    assert_eq!(rows[1]["owner"]["state"], "unowned");
+    assert_eq!(rows[1]["dead"], 1);
+    let (status, globex) = get(format!("{base}/api/status?database=globex")).await;
+    assert_eq!(status, StatusCode::OK, "{globex}");
+    assert_eq!(globex["outbox"]["backlog"], 2);
+    let logged = wait_for(&lines, &["console request", r#"path="/api/status""#]);
+    assert!(logged.contains(r#"database="globex""#), "{logged}");
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // One database of the file: a console over it alone.
+    let (mut child, lines) = serve(
+        vec![
+            "--databases".into(),
+            file,
+            "--database".into(),
+            "globex".into(),
+        ],
+        vec![],
+    );
+    let base = base_of(&wait_for(&lines, &["outbox console serving"]));
+    let (_, rows) = get(format!("{base}/api/databases")).await;
+    assert_eq!(rows, json!([]));
+    let (status, globex) = get(format!("{base}/api/status")).await;
+    assert_eq!(status, StatusCode::OK, "{globex}");
+    assert_eq!(globex["outbox"]["backlog"], 2);
+    let _ = child.kill();
+    let _ = child.wait();
     set.stop().await;
 }

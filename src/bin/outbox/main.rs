@@ -91,8 +91,8 @@ struct Cli {
     /// Database URL: postgres://…, mysql://… or sqlite://…
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
-    /// A set of databases: a file with one `name = url` a line (for --database, `migrate --all`
-    /// and `status --all`).
+    /// A set of databases: a file with one `name = url` a line (for --database, `migrate --all`,
+    /// `status --all` and `serve`).
     #[arg(long, env = "OUTBOX_DATABASES", global = true, value_name = "FILE")]
     databases: Option<std::path::PathBuf>,
     /// Work on this database of the --databases file (instead of --database-url).
@@ -151,7 +151,8 @@ enum Command {
     },
     /// Apply the SDK's migrations (idempotent); with --all, to every database of the set.
     Migrate(MigrateArgs),
-    /// Serve the operator console (web page and REST API) until interrupted. The token comes
+    /// Serve the operator console (web page and REST API) until interrupted; with --databases
+    /// FILE and no --database, one console over every database of the set. The token comes
     /// from OUTBOX_CONSOLE_TOKEN or --token-file, never from the command line.
     #[cfg(feature = "console")]
     Serve(ServeArgs),
