@@ -12,6 +12,7 @@ pub struct InboxConfig {
     pub(crate) batch_size: usize,
     pub(crate) lease: Duration,
     pub(crate) poll_interval: Duration,
+    pub(crate) idle_poll_interval: Option<Duration>,
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Backoff,
     pub(crate) ordering: bool,
@@ -30,6 +31,7 @@ impl Default for InboxConfig {
             batch_size: 100,
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
+            idle_poll_interval: None,
             max_attempts: 10,
             backoff: Backoff::default(),
             ordering: true,
@@ -59,6 +61,13 @@ crate::util::setters! {
 
         /// Worker sleep when idle and not woken. Default 1 s.
         poll_interval: Duration,
+
+        /// While the worker's claims find nothing, its sleep doubles from `poll_interval` up to
+        /// this, and never runs past the earliest retry's due time; a message stored or a retry
+        /// written in this process, or a claim that finds work, brings it back to
+        /// `poll_interval`. While idle, what other instances store and leases that expire are
+        /// seen within it. `None` (the default): five poll intervals (5 s).
+        idle_poll_interval: impl Into<Option<Duration>>,
 
         /// Handler attempts before DEAD (a handler's `max_attempts` overrides it). Default 10.
         max_attempts: u32,

@@ -28,6 +28,12 @@ impl Consumer {
         shutdown: CancellationToken,
         health: Arc<LoopHealth>,
     ) {
+        // Rounds in a row that found nothing since the last wake-up: the sleep backs off.
+        let mut empty_claims = 0u32;
+        let idle_max = self
+            .config
+            .idle_poll_interval
+            .unwrap_or(self.config.poll_interval.saturating_mul(5));
         while !shutdown.is_cancelled() {
             let notified = self.wake.notified();
             tokio::pin!(notified);
@@ -46,20 +52,47 @@ impl Consumer {
                 Ok(claimed) => {
                     health.success();
                     if claimed >= self.config.batch_size {
+                        empty_claims = 0;
                         continue;
                     }
+                    empty_claims = match claimed {
+                        0 => empty_claims.saturating_add(1),
+                        _ => 0,
+                    };
                 }
                 Err(e) => {
+                    empty_claims = 0;
                     health.failure(&e.to_string());
                     tracing::warn!(consumer = self.name, error = %e, "inbox worker round failed; retrying");
                 }
             }
+            let sleep = self.idle_sleep(idle_max, empty_claims).await;
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = &mut notified => {}
-                _ = tokio::time::sleep(self.config.poll_interval) => {}
+                _ = &mut notified => empty_claims = 0,
+                _ = tokio::time::sleep(sleep) => {}
             }
         }
+    }
+
+    /// The sleep before the next round ([`idle_sleep`](crate::util::backoff::idle_sleep));
+    /// when it would be longer than the poll interval, it ends by the earliest retry's due time
+    /// (one statement; unknown on error).
+    async fn idle_sleep(
+        &self,
+        idle_max: std::time::Duration,
+        empty_claims: u32,
+    ) -> std::time::Duration {
+        use crate::util::backoff::idle_sleep;
+        let poll = self.config.poll_interval;
+        let backed_off = idle_sleep(poll, idle_max, empty_claims, None);
+        if backed_off <= poll {
+            return backed_off;
+        }
+        let next_due = store::inbox::next_retry_in(&self.db, self.name)
+            .await
+            .unwrap_or_default();
+        idle_sleep(poll, idle_max, empty_claims, next_due)
     }
 
     /// One worker round: claim, handle per aggregate in order, aggregates in parallel.

@@ -12,6 +12,7 @@ pub struct RelayConfig {
     pub(crate) lease: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) linger: Option<Duration>,
+    pub(crate) idle_poll_interval: Option<Duration>,
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Backoff,
     pub(crate) ordering: bool,
@@ -32,6 +33,7 @@ impl Default for RelayConfig {
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             linger: Some(Duration::from_millis(1)),
+            idle_poll_interval: None,
             max_attempts: 12,
             backoff: Backoff::default(),
             ordering: true,
@@ -71,6 +73,17 @@ crate::util::setters! {
         /// costs at most one empty claim per claim that found events. `None`: wait for a wake-up or
         /// the poll. Default 1 ms.
         linger: impl Into<Option<Duration>>,
+
+        /// While claims find nothing, the sleep between them doubles from `poll_interval` up to
+        /// this; a commit, a notification or a claim that finds events brings it back to
+        /// `poll_interval`, and it never runs past the due time of the earliest delayed event.
+        /// While idle, failed events' retries, resumed destinations and events committed
+        /// elsewhere that no wake-up announced are seen within it instead of within
+        /// `poll_interval`. `None` (the default): five poll intervals (5 s) where the relay
+        /// listens (PostgreSQL with `listen`: other processes' commits wake it, the poll only
+        /// finds what a wake-up missed), `poll_interval` elsewhere (MySQL/MariaDB and SQLite
+        /// hear only this process's commits, the poll finds the others').
+        idle_poll_interval: impl Into<Option<Duration>>,
 
         /// Failed attempts (including expired leases) before an event is DEAD. Default 12.
         max_attempts: u32,

@@ -145,6 +145,10 @@ struct ClaimLoop<'a> {
     look_now: bool,
     /// The last claim found events: look again after `linger`.
     lingering: bool,
+    /// Claims in a row that found nothing since the last wake-up: the poll backs off.
+    empty_claims: u32,
+    /// The longest idle sleep ([`RelayConfig::idle_poll_interval`], resolved).
+    idle_max: Duration,
     /// When the loop claims next without a wake-up: set when it starts waiting, kept while the
     /// other sources' rounds come and go (otherwise a busy fast path would put the poll off for
     /// as long as commits keep coming, and due retries and other processes' events with it).
@@ -182,6 +186,12 @@ impl Relay {
         if !self.wal_mode() && self.claims {
             beside.listener = self.spawn_listener(&shutdown);
         }
+        // Backing off is safe where other processes' commits wake the loop.
+        let idle_max = match self.config.idle_poll_interval {
+            Some(max) => max,
+            None if beside.listener.is_some() => self.config.poll_interval.saturating_mul(5),
+            None => self.config.poll_interval,
+        };
         tracing::info!(relay = %self.config.relay_id, transport = self.sink.name(), "outbox relay started");
         let mut claims = ClaimLoop {
             health,
@@ -189,6 +199,8 @@ impl Relay {
             in_flight: None,
             look_now: true,
             lingering: false,
+            empty_claims: 0,
+            idle_max,
             poll_at: None,
             sources: self.start_sources(&shutdown),
         };
@@ -303,13 +315,16 @@ impl Relay {
         hint: &Notify,
         shutdown: &'a CancellationToken,
     ) -> Woken {
-        let sleep = match self.config.linger {
-            Some(linger) if claims.lingering => linger,
-            _ => self.config.poll_interval,
+        let poll_at = match claims.poll_at {
+            Some(at) => at,
+            None => {
+                let sleep = match self.config.linger {
+                    Some(linger) if claims.lingering => linger,
+                    _ => self.idle_sleep(claims.idle_max, claims.empty_claims).await,
+                };
+                *claims.poll_at.insert(tokio::time::Instant::now() + sleep)
+            }
         };
-        let poll_at = *claims
-            .poll_at
-            .get_or_insert_with(|| tokio::time::Instant::now() + sleep);
         let ClaimLoop {
             in_flight, sources, ..
         } = claims;
@@ -320,8 +335,14 @@ impl Relay {
                     Some(w) => w.woken().await,
                     None => std::future::pending().await,
                 }
-            } => None,
-            _ = hint.notified() => None,
+            } => {
+                claims.empty_claims = 0;
+                None
+            }
+            _ = hint.notified() => {
+                claims.empty_claims = 0;
+                None
+            }
             _ = async {
                 if self.claims {
                     tokio::time::sleep_until(poll_at).await
@@ -348,6 +369,21 @@ impl Relay {
             claims.look_now = true;
         }
         Woken::Other
+    }
+
+    /// The sleep before the next claim while idle ([`idle_sleep`](crate::util::backoff::idle_sleep)); when it would be
+    /// longer than the poll interval, it ends by the earliest delayed event's due time (one
+    /// statement; unknown on error, as without delayed events).
+    async fn idle_sleep(&self, idle_max: Duration, empty_claims: u32) -> Duration {
+        let poll = self.config.poll_interval;
+        let backed_off = crate::util::backoff::idle_sleep(poll, idle_max, empty_claims, None);
+        if backed_off <= poll {
+            return backed_off;
+        }
+        let next_due = store::scheduled::next_due_in(&self.db)
+            .await
+            .unwrap_or_default();
+        crate::util::backoff::idle_sleep(poll, idle_max, empty_claims, next_due)
     }
 
     /// Claim the next batch, beside the round in flight (whose publish and settle go on
@@ -377,6 +413,10 @@ impl Relay {
                 claims.look_now |=
                     round.report.claimed + round.report.dead >= self.config.batch_size;
                 claims.lingering = round.report.claimed > 0;
+                claims.empty_claims = match round.report.claimed + round.report.dead {
+                    0 => claims.empty_claims.saturating_add(1),
+                    _ => 0,
+                };
                 failed |= !self.account(Ok(round), claims.health, &mut claims.publishing_failed);
             }
             Ok(Claimed::Publish {
@@ -387,6 +427,7 @@ impl Relay {
             }) => {
                 claims.look_now |= report.claimed + report.dead >= self.config.batch_size;
                 claims.lingering = true;
+                claims.empty_claims = 0;
                 claims.in_flight = Some(Box::pin(self.publish_step(
                     transport,
                     claim,

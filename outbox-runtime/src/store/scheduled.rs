@@ -173,6 +173,25 @@ pub struct Waiting {
     pub next_due: Option<DateTime<Utc>>,
 }
 
+/// How long until the earliest delayed event is due, by the database's clock (zero when one is
+/// due already); `None` when none waits. One statement: what an idle relay asks before it sleeps
+/// longer than its poll interval, so that its sleep ends by then.
+pub async fn next_due_in(db: &DatabaseConnection) -> Result<Option<Duration>, DbErr> {
+    let dialect = Dialect::of(db);
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT MIN(due_at) AS next_due, ")
+        .time(DbTime::NOW)
+        .push(&format!(" AS now FROM {SCHEDULED_TABLE}"));
+    let Some(row) = db.query_one_raw(sql.build()).await? else {
+        return Ok(None);
+    };
+    let Some(due) = dialect.get_opt_timestamp(&row, "next_due")? else {
+        return Ok(None);
+    };
+    let now = dialect.get_timestamp(&row, "now")?;
+    Ok(Some((due - now).to_std().unwrap_or(Duration::ZERO)))
+}
+
 /// Count the delayed events (for `status`).
 pub async fn waiting(db: &DatabaseConnection) -> Result<Waiting, DbErr> {
     let dialect = Dialect::of(db);

@@ -53,9 +53,63 @@ impl Backoff {
     }
 }
 
+/// How long an idle loop (the relay's claim loop, an inbox worker) sleeps before it claims
+/// again: `poll` doubled for each claim in a row that found nothing (`empty_claims`), at most `idle_max`, and never past `next_due`, the
+/// time until the earliest waiting row (a delayed event, a retry) is due (but at least `poll`). `idle_max` below `poll`
+/// means no back-off.
+pub(crate) fn idle_sleep(
+    poll: Duration,
+    idle_max: Duration,
+    empty_claims: u32,
+    next_due: Option<Duration>,
+) -> Duration {
+    let doubled = poll.saturating_mul(1u32 << empty_claims.min(16));
+    let sleep = doubled.min(idle_max).max(poll);
+    match next_due {
+        Some(due) => sleep.min(due.max(poll)),
+        None => sleep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_loop_backs_off_to_its_cap_and_no_further() {
+        let (poll, cap) = (Duration::from_secs(1), Duration::from_secs(5));
+        let sleeps: Vec<u64> = (0..6)
+            .map(|n| idle_sleep(poll, cap, n, None).as_secs())
+            .collect();
+        assert_eq!(sleeps, [1, 2, 4, 5, 5, 5]);
+        assert_eq!(idle_sleep(poll, cap, u32::MAX, None), cap, "no overflow");
+    }
+
+    #[test]
+    fn without_a_cap_above_the_poll_there_is_no_back_off() {
+        let poll = Duration::from_millis(200);
+        for n in [0, 3, 40] {
+            assert_eq!(idle_sleep(poll, poll, n, None), poll);
+            assert_eq!(idle_sleep(poll, Duration::ZERO, n, None), poll);
+        }
+    }
+
+    #[test]
+    fn an_idle_sleep_ends_when_a_delayed_event_is_due_but_not_before_the_poll() {
+        let (poll, cap) = (Duration::from_secs(1), Duration::from_secs(5));
+        let due_in = |ms| Some(Duration::from_millis(ms));
+        assert_eq!(
+            idle_sleep(poll, cap, 4, due_in(2500)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            idle_sleep(poll, cap, 4, due_in(0)),
+            poll,
+            "due already: the poll"
+        );
+        assert_eq!(idle_sleep(poll, cap, 4, due_in(60_000)), cap);
+        assert_eq!(idle_sleep(poll, cap, 0, due_in(100)), poll);
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -8,7 +8,7 @@ mod worker;
 #[cfg(feature = "test-util")]
 pub use worker::mark_done;
 pub(crate) use worker::mark_done_seen;
-pub use worker::{ClaimedMessage, claim_from, mark_failed, release, sample_floor};
+pub use worker::{ClaimedMessage, claim_from, mark_failed, next_retry_in, release, sample_floor};
 #[cfg(feature = "test-util")]
 pub use worker::{InboxClaim, claim};
 

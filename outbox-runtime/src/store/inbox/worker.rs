@@ -72,6 +72,31 @@ pub async fn claim(
     claim_from(db, consumer, params, None).await
 }
 
+/// How long until the earliest RETRY of `consumer` is due, by the database's clock (zero when
+/// one is due already); `None` when none waits. One statement: what an idle worker asks before it
+/// sleeps longer than its poll interval, so that its sleep ends by then.
+pub async fn next_retry_in(
+    db: &DatabaseConnection,
+    consumer: &str,
+) -> Result<Option<std::time::Duration>, DbErr> {
+    let dialect = Dialect::of(db);
+    let mut sql = Sql::new(dialect);
+    sql.push("SELECT MIN(next_attempt_at) AS next_due, ")
+        .time(DbTime::NOW)
+        .push(&format!(" AS now FROM {INBOX_TABLE} WHERE consumer = "))
+        .bind(consumer.into())
+        // A literal: the partial index on unfinished rows serves it.
+        .push(&format!(" AND status = {}", InboxStatus::Retry.literal()));
+    let Some(row) = db.query_one_raw(sql.build()).await? else {
+        return Ok(None);
+    };
+    let Some(due) = dialect.get_opt_timestamp(&row, "next_due")? else {
+        return Ok(None);
+    };
+    let now = dialect.get_timestamp(&row, "now")?;
+    Ok(Some((due - now).to_std().unwrap_or_default()))
+}
+
 /// A consumer's unfinished messages as a work queue.
 fn inbox_queue(dialect: Dialect, consumer: &str) -> Queue<'_> {
     Queue {
