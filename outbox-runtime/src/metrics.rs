@@ -32,6 +32,17 @@
 //! | `inbox_backlog_messages` | gauge | `consumer`, `status` | unfinished inbox rows per status (the retry backlog is `RETRY`) |
 //! | `outbox_paused` | gauge | `kind`, `name` | 1 while an operator has paused the consumer or destination (`outbox pause`), 0 once resumed |
 //! | `inbox_end_to_end_seconds` | histogram | `consumer` | from the producer's commit (the event's enqueue time, by the producer database's clock) to the commit of the handler's transaction (by this process's clock): the figure to page on |
+//! | `outbox_fleet_database_owned` | gauge | `database` | over a set of databases (`fleet`): 1 while an instance holds the database's lease, 0 while nobody does (set by every instance) |
+//! | `outbox_fleet_owned_databases` | gauge | | over a set: how many databases this instance owns |
+//!
+//! **Over a set of databases** (`fleet`) the series of a database's loops also carry
+//! `database`, the database's name: the relay's (`outbox_events_published_total`,
+//! `outbox_fast_path_events_total`, `outbox_publish_failures_total`, `outbox_events_dead_total`,
+//! `outbox_stale_claims_total`, `outbox_events_held_back_total`, `outbox_publish_lag_seconds`),
+//! the consumers' (`inbox_messages_total`, `inbox_handler_duration_seconds`,
+//! `inbox_end_to_end_seconds`) and the sampler's gauges; `outbox_fleet_database_owned` has
+//! `database` alone. A runtime over one database writes no `database` label, so its series and
+//! the queries over them stay as they were.
 //!
 //! Beside these, the OpenTelemetry messaging conventions' own metrics are recorded under their
 //! names (`messaging.client.sent.messages`, `messaging.client.operation.duration`,
@@ -48,7 +59,7 @@
 use std::time::Duration;
 
 use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Label, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 
 /// Event rows written at commit.
@@ -259,28 +270,46 @@ pub(crate) fn events_written(n: usize) {
     counter!(EVENTS_WRITTEN).increment(n as u64);
 }
 
-pub(crate) fn fast_path_events(transport: &'static str, events: usize) {
-    counter!(FAST_PATH_EVENTS, "transport" => transport).increment(events as u64);
+/// A series' labels, with `database` when the loop serves one database of a set (`fleet`);
+/// without it for a runtime over one database, whose series stay as they were.
+fn with_database(mut labels: Vec<Label>, database: Option<&str>) -> Vec<Label> {
+    if let Some(database) = database.filter(|d| !d.is_empty()) {
+        labels.push(Label::new("database", database.to_owned()));
+    }
+    labels
 }
 
+fn by_transport(transport: &'static str, database: Option<&str>) -> Vec<Label> {
+    with_database(
+        vec![Label::from_static_parts("transport", transport)],
+        database,
+    )
+}
+
+pub(crate) fn fast_path_events(transport: &'static str, database: Option<&str>, events: usize) {
+    counter!(FAST_PATH_EVENTS, by_transport(transport, database)).increment(events as u64);
+}
+
+/// What a relay round did; `database`: the relay's database in a set.
 pub(crate) fn relay_round(
     transport: &'static str,
+    database: Option<&str>,
     sent: usize,
     failed: usize,
     dead: usize,
     stale: usize,
 ) {
     if sent > 0 {
-        counter!(EVENTS_PUBLISHED, "transport" => transport).increment(sent as u64);
+        counter!(EVENTS_PUBLISHED, by_transport(transport, database)).increment(sent as u64);
     }
     if failed > 0 {
-        counter!(PUBLISH_FAILURES, "transport" => transport).increment(failed as u64);
+        counter!(PUBLISH_FAILURES, by_transport(transport, database)).increment(failed as u64);
     }
     if dead > 0 {
-        counter!(EVENTS_DEAD).increment(dead as u64);
+        counter!(EVENTS_DEAD, with_database(Vec::new(), database)).increment(dead as u64);
     }
     if stale > 0 {
-        counter!(STALE_CLAIMS).increment(stale as u64);
+        counter!(STALE_CLAIMS, with_database(Vec::new(), database)).increment(stale as u64);
     }
 }
 
@@ -300,9 +329,9 @@ pub(crate) fn broker_seen(transport: &'static str, ago: Option<Duration>) {
 }
 
 /// `n` claimed events were handed back without an attempt: the broker is unavailable.
-pub(crate) fn held_back(transport: &'static str, n: usize) {
+pub(crate) fn held_back(transport: &'static str, database: Option<&str>, n: usize) {
     if n > 0 {
-        counter!(EVENTS_HELD_BACK, "transport" => transport).increment(n as u64);
+        counter!(EVENTS_HELD_BACK, by_transport(transport, database)).increment(n as u64);
     }
 }
 
@@ -316,8 +345,8 @@ pub(crate) fn wal_fallback(slot: &str) {
     counter!(WAL_FALLBACKS, "slot" => slot.to_owned()).increment(1);
 }
 
-pub(crate) fn publish_lag(transport: &'static str, lag: Duration) {
-    histogram!(PUBLISH_LAG, "transport" => transport).record(lag.as_secs_f64());
+pub(crate) fn publish_lag(transport: &'static str, database: Option<&str>, lag: Duration) {
+    histogram!(PUBLISH_LAG, by_transport(transport, database)).record(lag.as_secs_f64());
 }
 
 pub(crate) fn claim_duration(transport: &'static str, took: Duration) {
@@ -328,8 +357,14 @@ pub(crate) fn relay_error() {
     counter!(RELAY_ERRORS).increment(1);
 }
 
-pub(crate) fn inbox(consumer: &'static str, outcome: &'static str) {
-    counter!(INBOX_MESSAGES, "consumer" => consumer, "outcome" => outcome).increment(1);
+/// One message of `consumer` counted; `database`: the consumer's database in a set (empty for
+/// a runtime over one).
+pub(crate) fn inbox(consumer: &'static str, database: &str, outcome: &'static str) {
+    let labels = vec![
+        Label::from_static_parts("consumer", consumer),
+        Label::from_static_parts("outcome", outcome),
+    ];
+    counter!(INBOX_MESSAGES, with_database(labels, Some(database))).increment(1);
 }
 
 /// An external message received for `consumer`, counted under the same metric as every inbox
@@ -342,12 +377,22 @@ pub(crate) fn paused(kind: &'static str, name: &str, paused: bool) {
     gauge!(PAUSED, "kind" => kind, "name" => name.to_owned()).set(if paused { 1.0 } else { 0.0 });
 }
 
-pub(crate) fn end_to_end(consumer: &'static str, age: Duration) {
-    histogram!(END_TO_END, "consumer" => consumer).record(age.as_secs_f64());
+pub(crate) fn end_to_end(consumer: &'static str, database: &str, age: Duration) {
+    let labels = vec![Label::from_static_parts("consumer", consumer)];
+    histogram!(END_TO_END, with_database(labels, Some(database))).record(age.as_secs_f64());
 }
 
-pub(crate) fn handler_duration(consumer: &'static str, event_type: &str, elapsed: Duration) {
-    histogram!(HANDLER_DURATION, "consumer" => consumer, "event_type" => event_type.to_owned())
+pub(crate) fn handler_duration(
+    consumer: &'static str,
+    database: &str,
+    event_type: &str,
+    elapsed: Duration,
+) {
+    let labels = vec![
+        Label::from_static_parts("consumer", consumer),
+        Label::new("event_type", event_type.to_owned()),
+    ];
+    histogram!(HANDLER_DURATION, with_database(labels, Some(database)))
         .record(elapsed.as_secs_f64());
 }
 

@@ -327,3 +327,89 @@ fn the_conventions_metrics_and_the_end_to_end_time_are_recorded() {
         );
     });
 }
+
+#[inbox_handler(consumer = "t-metrics-fleet")]
+async fn handle_fleet(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
+/// The sum of the samples of `name` whose labels include every one of `labels`.
+fn labelled(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Over a set of databases, the relay's and the consumers' series carry the database's name:
+/// two tenant databases, events in each, counted apart.
+#[test]
+fn a_fleets_series_carry_the_database() {
+    recorded(|handle| async move {
+        let (Some(control), Some(acme), Some(globex)) = (
+            test_db(Backend::SqliteFile, "metrics_fleet_control").await,
+            test_db(Backend::SqliteFile, "metrics_fleet_acme").await,
+            test_db(Backend::SqliteFile, "metrics_fleet_globex").await,
+        ) else {
+            return;
+        };
+        let fleet = Runtime::builder(control.db.clone())
+            .source("metrics-fleet")
+            .transport(outbox::transport::memory::MemoryTransport::new())
+            .consumers(["t-metrics-fleet"])
+            .relay_config(RelayConfig::default().poll_interval(Duration::from_millis(50)))
+            .metrics_interval(None)
+            .databases(vec![
+                outbox::fleet::FleetDatabase::new("acme", acme.db.clone()),
+                outbox::fleet::FleetDatabase::new("globex", globex.db.clone()),
+            ])
+            .start()
+            .await
+            .unwrap();
+        for (t, name, n) in [(&acme, "acme", 3), (&globex, "globex", 2)] {
+            let outbox = fleet.outbox(name).expect("served");
+            let tx = outbox.begin(&t.db).await.unwrap();
+            for seq in 0..n {
+                tx.enqueue(&LineAdded {
+                    cart: format!("{name}-cart"),
+                    seq,
+                })
+                .unwrap();
+            }
+            let _ = tx.commit().await.unwrap();
+        }
+        let handled = |name: &str| {
+            let labels = [
+                ("consumer", "t-metrics-fleet"),
+                ("outcome", "handled"),
+                ("database", name),
+            ];
+            labelled(&handle.render(), "inbox_messages_total", &labels)
+        };
+        let both = eventually(Duration::from_secs(30), || async {
+            handled("acme") == 3.0 && handled("globex") == 2.0
+        })
+        .await;
+        let body = handle.render();
+        assert!(both, "handled per database: {body}");
+        for (name, n) in [("acme", 3.0), ("globex", 2.0)] {
+            let published = labelled(
+                &body,
+                "outbox_events_published_total",
+                &[("transport", "memory"), ("database", name)],
+            );
+            assert_eq!(published, n, "{name} published: {body}");
+        }
+        assert_eq!(
+            labelled(&body, "inbox_messages_total", &[("outcome", "handled")]),
+            5.0,
+            "no series without the database: {body}"
+        );
+        fleet.shutdown().await;
+    });
+}

@@ -156,7 +156,7 @@ impl Consumer {
     }
 
     pub(super) fn count(&self, counter: Counter) {
-        self.stats.count(self.name, counter);
+        self.stats.count(self.name, &self.database, counter);
     }
 
     /// The handler registered for the envelope's type and schema version, or else for the

@@ -152,7 +152,7 @@ impl Consumer {
             None => handler.instrument(span).await,
         };
         let took = started.elapsed();
-        crate::metrics::handler_duration(self.name, &envelope.event_type, took);
+        crate::metrics::handler_duration(self.name, &self.database, &envelope.event_type, took);
         #[cfg(feature = "testing")]
         let outcome = match (injected, outcome) {
             (Some(fault), Ok(Ok(()))) => Ok(Err(fault.error)),
@@ -224,7 +224,7 @@ impl Consumer {
             && let Some(time) = envelope.time
         {
             let age = (chrono::Utc::now() - time).to_std().unwrap_or_default();
-            crate::metrics::end_to_end(self.name, age);
+            crate::metrics::end_to_end(self.name, &self.database, age);
         }
     }
 

@@ -76,7 +76,7 @@ pub(super) enum Counter {
 
 impl ConsumerStats {
     /// Count one message of `consumer`, in the counters and the metric.
-    pub(super) fn count(&self, consumer: &'static str, counter: Counter) {
+    pub(super) fn count(&self, consumer: &'static str, database: &str, counter: Counter) {
         let (field, outcome) = match counter {
             Counter::handled => (&self.handled, "handled"),
             Counter::duplicates => (&self.duplicates, "duplicate"),
@@ -88,7 +88,7 @@ impl ConsumerStats {
             Counter::unrecorded => (&self.unrecorded, "unrecorded"),
         };
         field.fetch_add(1, Ordering::Relaxed);
-        crate::metrics::inbox(consumer, outcome);
+        crate::metrics::inbox(consumer, database, outcome);
     }
 
     /// Count a batch that ran again with savepoints.

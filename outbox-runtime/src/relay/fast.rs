@@ -298,7 +298,7 @@ impl Relay {
             claimed: ids.len(),
             ..RoundReport::default()
         };
-        crate::metrics::fast_path_events(transport.name(), ids.len());
+        crate::metrics::fast_path_events(transport.name(), self.database.as_deref(), ids.len());
         match self
             .publish_step(
                 transport,

@@ -71,7 +71,14 @@ impl Relay {
         if let Sink::Local(delivery) = &self.sink {
             let moved =
                 with_transient_retries(|| delivery.deliver(&self.db, &params, &held)).await?;
-            crate::metrics::relay_round("database-local", moved.events, 0, moved.dead, 0);
+            crate::metrics::relay_round(
+                "database-local",
+                self.database.as_deref(),
+                moved.events,
+                0,
+                moved.dead,
+                0,
+            );
             let report = RoundReport {
                 claimed: moved.events,
                 sent: moved.events,
@@ -149,7 +156,11 @@ impl Relay {
         }
         if outage.is_some() {
             self.broker.held_back(&settlement.released);
-            crate::metrics::held_back(transport.name(), settlement.released.len());
+            crate::metrics::held_back(
+                transport.name(),
+                self.database.as_deref(),
+                settlement.released.len(),
+            );
         }
         let fence = source.fence(claim.token);
         let settled = self.settle(fence, &settlement).await?;
@@ -177,11 +188,16 @@ impl Relay {
         if let Some(claimed_at) = claim.claimed_at {
             for event in claim.events.iter().filter(|e| sent.contains(&e.id)) {
                 let waited = (claimed_at - event.created_at).to_std().unwrap_or_default();
-                crate::metrics::publish_lag(transport.name(), waited + since_claim);
+                crate::metrics::publish_lag(
+                    transport.name(),
+                    self.database.as_deref(),
+                    waited + since_claim,
+                );
             }
         }
         crate::metrics::relay_round(
             transport.name(),
+            self.database.as_deref(),
             report.sent,
             settlement.failed.len(),
             report.dead,
