@@ -39,6 +39,8 @@ mod failure_groups;
 mod fast_path;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "kafka"))]
 mod fleet;
+#[cfg(feature = "postgres-wal")]
+mod fleet_wal;
 mod golden_sql;
 #[cfg(feature = "axum")]
 mod health;

@@ -53,8 +53,12 @@
 //! database (the `OutboxDatabaseUnowned` alert rule), and the owner's sampler reports each
 //! database's `outbox_oldest_pending_age_seconds{database}`.
 //!
-//! Not yet over a set: the WAL relay (`wal()` is refused: replication slots are named per
-//! server), the CLI and the console (they serve one database at a time).
+//! Not over a set: the WAL relay (`wal()` is refused: replication slots are named per server,
+//! each database would need its own). The `outbox` CLI operates a set from a file of names and
+//! URLs (`--databases FILE`: `migrate --all`, `status --all` with each database's owner, and
+//! `--database NAME` for any command); [`migrate_each`] (the facade's
+//! `outbox::fleet::migrate_all` runs the SDK's migrations with it) and [`status`] are the same
+//! as functions.
 //!
 //! **When the control database is unreachable** every instance keeps what it owns (and no
 //! instance takes over anything): the tenants' work goes on, and the assignment resumes when the
@@ -96,6 +100,9 @@ pub use ops::{
 pub struct FleetDatabase {
     name: String,
     db: DatabaseConnection,
+    /// The WAL relay's settings for this database, run by its owner.
+    #[cfg(feature = "postgres-wal")]
+    wal: Option<crate::relay::WalConfig>,
 }
 
 impl fmt::Debug for FleetDatabase {
@@ -113,7 +120,22 @@ impl FleetDatabase {
         FleetDatabase {
             name: name.into(),
             db,
+            #[cfg(feature = "postgres-wal")]
+            wal: None,
         }
+    }
+
+    /// The database's owner relays from its write-ahead log (PostgreSQL with
+    /// `wal_level = logical`; see [`Relay::with_wal`](crate::relay::Relay::with_wal)) instead
+    /// of polling its table; every other instance still runs the fast path for its own commits.
+    /// Each database needs a slot of its own (slots are named per server): name it after the
+    /// database. When the database changes owner, the new owner's relay waits as a standby
+    /// (polling the table) until the old owner's replication connection has gone, then takes
+    /// the slot over.
+    #[cfg(feature = "postgres-wal")]
+    pub fn wal(mut self, config: crate::relay::WalConfig) -> Self {
+        self.wal = Some(config);
+        self
     }
 
     /// Its name.
@@ -299,7 +321,9 @@ impl FleetBuilder {
         #[cfg(feature = "postgres-wal")]
         if self.base.wal.is_some() {
             return Err(RuntimeError::Settings(
-                "`wal()` cannot apply over a set of databases yet: replication slots are named                  per server, and each database of the set would need a slot of its own; the                  owners' claim loops publish instead"
+                "`wal()` cannot apply over a set of databases: replication slots are named per \
+                 server and each database needs a slot of its own; give each database its WAL \
+                 settings with `FleetDatabase::wal`"
                     .into(),
             ));
         }
@@ -371,6 +395,27 @@ fn checked(databases: Vec<FleetDatabase>) -> Result<Vec<FleetDatabase>, String> 
                  characters, not blank, without control characters",
                 crate::util::text::truncate(&database.name, 64)
             ));
+        }
+        #[cfg(feature = "postgres-wal")]
+        if let Some(wal) = &database.wal {
+            if database.db.get_database_backend() != sea_orm::DbBackend::Postgres {
+                return Err(format!(
+                    "database {:?}: `wal()` needs PostgreSQL; its owner's claim loop can poll it \
+                     instead (leave `wal()` out)",
+                    database.name
+                ));
+            }
+            let taken = out.iter().any(|other: &FleetDatabase| {
+                other.name != database.name
+                    && other.wal.as_ref().is_some_and(|w| w.slot == wal.slot)
+            });
+            if taken && !seen.contains(&database.name) {
+                return Err(format!(
+                    "database {:?}: its WAL slot {:?} is another database's too; give each \
+                     database a slot of its own",
+                    database.name, wal.slot
+                ));
+            }
         }
         if seen.insert(database.name.clone()) {
             out.push(database);

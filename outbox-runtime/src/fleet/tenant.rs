@@ -35,6 +35,9 @@ pub(crate) struct Tenant {
     wakes: BTreeMap<&'static str, Arc<Notify>>,
     pauses: Arc<Pauses>,
     running: Mutex<Running>,
+    /// The owner's WAL relay settings, if the database streams its WAL.
+    #[cfg(feature = "postgres-wal")]
+    wal: Option<crate::relay::WalConfig>,
 }
 
 impl Tenant {
@@ -66,6 +69,8 @@ impl Tenant {
             wakes.insert(*name, wake);
         }
         Tenant {
+            #[cfg(feature = "postgres-wal")]
+            wal: database.wal,
             name: database.name,
             db: database.db,
             outbox,
@@ -181,7 +186,14 @@ impl Tenant {
                 },
             );
         }
-        let builder = self.builder(shared);
+        #[allow(unused_mut)]
+        let mut builder = self.builder(shared);
+        // The owner streams the WAL where the database has its settings; the fast path on
+        // every instance (`builder` without them) publishes that instance's commits.
+        #[cfg(feature = "postgres-wal")]
+        {
+            builder.wal = self.wal.clone();
+        }
         builder.start_relay(
             &shared.by_consumer,
             &self.outbox,
