@@ -125,7 +125,7 @@ impl Consumer {
             workers.push(tokio::spawn(async move {
                 let mut arrived = Vec::with_capacity(batch);
                 'lane: while rx.recv_many(&mut arrived, batch).await > 0 {
-                    // Consecutive deliveries of one consumer (one database) go together.
+                    // The deliveries of one consumer (one database) go together.
                     for (consumer, run) in runs_by_consumer(std::mem::take(&mut arrived)) {
                         // Paused: what arrived waits here, neither handled nor nacked.
                         if !consumer.wait_while_paused(&shutdown).await {
@@ -254,16 +254,24 @@ impl Consumer {
     }
 }
 
-/// Deliveries in arrival order, cut into runs of one consumer.
+/// What arrived, one run per consumer (per database in a set), in the order the consumers first
+/// appear, each run in arrival order. An aggregate lives in one database, so its deliveries keep
+/// their order; a lane whose deliveries alternate between databases still commits each
+/// database's share together instead of one transaction a delivery.
 fn runs_by_consumer(arrived: Vec<Laned>) -> Vec<(Arc<Consumer>, Vec<Decoded>)> {
-    let mut runs: Vec<(Arc<Consumer>, Vec<Decoded>)> = Vec::new();
-    for (consumer, decoded) in arrived {
-        match runs.last_mut() {
-            Some((last, run)) if Arc::ptr_eq(last, &consumer) => run.push(decoded),
-            _ => runs.push((consumer, vec![decoded])),
+    grouped(arrived, |a, b| Arc::ptr_eq(a, b))
+}
+
+/// `items` grouped by key (`same`), groups in order of first appearance, items in order.
+fn grouped<K, V>(items: Vec<(K, V)>, same: impl Fn(&K, &K) -> bool) -> Vec<(K, Vec<V>)> {
+    let mut groups: Vec<(K, Vec<V>)> = Vec::new();
+    for (key, item) in items {
+        match groups.iter_mut().find(|(k, _)| same(k, &key)) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((key, vec![item])),
         }
     }
-    runs
+    groups
 }
 
 /// A delivery a lane took: one to run inline, or one that goes the single way.
@@ -278,5 +286,30 @@ fn lane_key(database: &str, envelope: &Envelope) -> String {
     match (&envelope.aggregate_type, &envelope.subject) {
         (Some(t), Some(id)) => format!("{database}/{t}/{id}"),
         _ => format!("{database}/{}", envelope.id),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grouped;
+
+    #[test]
+    fn deliveries_are_grouped_by_database_keeping_their_order() {
+        let arrived = vec![
+            ("acme", 1),
+            ("globex", 2),
+            ("acme", 3),
+            ("initech", 4),
+            ("globex", 5),
+        ];
+        assert_eq!(
+            grouped(arrived, |a, b| a == b),
+            [
+                ("acme", vec![1, 3]),
+                ("globex", vec![2, 5]),
+                ("initech", vec![4]),
+            ]
+        );
+        assert!(grouped(Vec::<(u8, u8)>::new(), |a, b| a == b).is_empty());
     }
 }
