@@ -991,26 +991,8 @@ impl Harness {
     }
 
     fn terminate_all(&mut self) {
-        for slot in &mut self.slots {
-            if let Some(child) = &slot.child {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &child.id().to_string()])
-                    .status();
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for slot in &mut self.slots {
-            if let Some(mut child) = slot.child.take() {
-                while Instant::now() < deadline {
-                    if let Ok(Some(_)) = child.try_wait() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+        let children = self.slots.iter_mut().filter_map(|s| s.child.take());
+        common::terminate(children.collect(), Duration::from_secs(20));
     }
 
     fn log_tail(&self) -> String {

@@ -40,8 +40,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::carts::LineAdded;
-use common::{Backend, TestDb, connect, effects, inbox_rows, insert_effect, test_db};
+use common::carts::{LineAdded, record_in_database};
+use common::{Backend, TestDb, connect, effects, inbox_rows, test_db};
 use outbox::fleet::{DatabaseSource, FleetDatabase, SourceError};
 use outbox::prelude::*;
 use outbox::relay::RelayConfig;
@@ -69,14 +69,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Records the line with the database the handler was told it runs in.
 #[inbox_handler(consumer = "fleet-kill")]
 async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
-    let database = event.meta().database.clone().unwrap_or_default();
-    insert_effect(
-        tx,
-        event.id(),
-        &format!("{database}|{}", event.cart),
-        i64::from(event.seq),
-    )
-    .await
+    record_in_database(tx, &event).await
 }
 
 fn main() {
@@ -377,26 +370,8 @@ impl Harness {
     }
 
     fn terminate_all(&mut self) {
-        for slot in &mut self.slots {
-            if let Some(child) = &slot.child {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &child.id().to_string()])
-                    .status();
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for slot in &mut self.slots {
-            if let Some(mut child) = slot.child.take() {
-                while Instant::now() < deadline {
-                    if let Ok(Some(_)) = child.try_wait() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+        let children = self.slots.iter_mut().filter_map(|s| s.child.take());
+        common::terminate(children.collect(), Duration::from_secs(20));
     }
 }
 
@@ -591,6 +566,24 @@ async fn even(
     (max - min <= 1).then_some(counts)
 }
 
+/// Within a minute, the spread once it is within one of even (`None` if it never was); an
+/// instance that died on its own is a failure.
+async fn spread_evenly(
+    h: &mut Harness,
+    control: &DatabaseConnection,
+    watch: &Mutex<Watch>,
+) -> Result<Option<BTreeMap<String, usize>>, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        h.check_alive()?;
+        if let Some(counts) = even(control, watch).await {
+            return Ok(Some(counts));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(None)
+}
+
 async fn run(
     h: &mut Harness,
     control: &TestDb,
@@ -599,15 +592,9 @@ async fn run(
     watch: &Arc<Mutex<Watch>>,
     started: Instant,
 ) -> Result<serde_json::Value, String> {
-    let mut settled = None;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while settled.is_none() && Instant::now() < deadline {
-        h.check_alive()?;
-        settled = even(&control.db, watch).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let first =
-        settled.ok_or_else(|| "the twelve databases were never spread evenly".to_owned())?;
+    let first = spread_evenly(h, &control.db, watch)
+        .await?
+        .ok_or_else(|| "the twelve databases were never spread evenly".to_owned())?;
     let first_spread = started.elapsed();
     println!("fleet_kill: 12 databases owned {first:?} after {first_spread:.1?}");
 
@@ -699,14 +686,7 @@ async fn run(
     let produced_for = started.elapsed();
 
     // Every instance back: the set spreads evenly again.
-    let mut spread = None;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while spread.is_none() && Instant::now() < deadline {
-        h.check_alive()?;
-        spread = even(&control.db, watch).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let spread = spread.ok_or_else(|| {
+    let spread = spread_evenly(h, &control.db, watch).await?.ok_or_else(|| {
         format!(
             "not spread within one of even after the last restart; alive {:?}",
             watch.lock().unwrap().alive

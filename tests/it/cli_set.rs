@@ -4,12 +4,11 @@
 //! nobody owns) and its pending events, `--database NAME` points any command at one of them, and
 //! a bad file is refused by line number. No password of the file is ever printed.
 
-use std::{path::PathBuf, process::Output, time::Duration};
+use std::{path::PathBuf, process::Output};
 
 use crate::cli::{stderr, stdout};
 use crate::common::carts::produce;
 use crate::common::*;
-use outbox::fleet::FleetDatabase;
 use outbox::prelude::*;
 use outbox::relay::Relay;
 use outbox::transport::OutgoingMessage;
@@ -207,23 +206,7 @@ async fn status_all_shows_each_owner_pending_events_and_the_unowned() {
     assert!(table.contains("owners not asked"), "{table}");
 
     // A fleet over acme only: acme is owned, globex is nobody's.
-    let fleet = Runtime::builder(control.db.clone())
-        .source("cli-set")
-        .instance_id("pod-a")
-        .without_relay()
-        .consumers(Vec::<String>::new())
-        .metrics_interval(None)
-        .databases(vec![FleetDatabase::new("acme", acme.db.clone())])
-        .heartbeat(Duration::from_millis(200))
-        .lease(Duration::from_secs(2))
-        .start()
-        .await
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while fleet.owned() != ["acme"] {
-        assert!(tokio::time::Instant::now() < deadline, "acme never owned");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let fleet = fleet_owning(&control.db, "cli-set", "acme", &acme.db).await;
     let control_url = control.url.as_str();
     let args = [
         "--json",

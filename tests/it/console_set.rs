@@ -62,23 +62,7 @@ impl Set {
         assert_eq!(produce(&globex, &producer, 2, 1, 10).await, 2);
         assert_eq!(produce(&acme, &producer, 3, 1, 10).await, 3);
 
-        let fleet = Runtime::builder(control.db.clone())
-            .source("console-set")
-            .instance_id("pod-a")
-            .without_relay()
-            .consumers(Vec::<String>::new())
-            .metrics_interval(None)
-            .databases(vec![FleetDatabase::new("acme", acme.db.clone())])
-            .heartbeat(Duration::from_millis(200))
-            .lease(Duration::from_secs(2))
-            .start()
-            .await
-            .unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while fleet.owned() != ["acme"] {
-            assert!(tokio::time::Instant::now() < deadline, "acme never owned");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let fleet = fleet_owning(&control.db, "console-set", "acme", &acme.db).await;
         let app = Console::for_set(
             vec![
                 FleetDatabase::new("acme", acme.db.clone()),

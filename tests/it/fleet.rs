@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use crate::common::carts::LineAdded;
+use crate::common::carts::{LineAdded, record_in_database};
 use crate::common::*;
 use outbox::fleet::{DatabaseSource, Fleet, FleetDatabase, SourceError};
 use outbox::prelude::*;
@@ -30,14 +30,7 @@ async fn kafka(namespace: &str) -> Option<KafkaTransport> {
 /// Records the line with the database the handler was told it runs in.
 #[inbox_handler(consumer = "t-fleet")]
 async fn handle(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
-    let database = event.meta().database.clone().unwrap_or_default();
-    insert_effect(
-        tx,
-        event.id(),
-        &format!("{database}|{}", event.cart),
-        i64::from(event.seq),
-    )
-    .await
+    record_in_database(tx, &event).await
 }
 
 /// The tenants' list (names and URLs, shared like a tenants table), read by each instance

@@ -179,39 +179,13 @@ pub(super) struct Listed {
     pub(super) control: Option<(DatabaseConnection, String)>,
 }
 
-/// Who holds a database's lease.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub(super) enum Owner {
-    /// The console was given no control database: owners are not shown.
-    NotAsked,
-    /// `instance` holds the lease until `until`.
-    Owned {
-        /// The instance's id.
-        instance: String,
-        /// When its lease ends unless renewed.
-        until: Option<DateTime<Utc>>,
-    },
-    /// Nobody holds the lease: the database's background work runs nowhere. `until`: when the
-    /// last lease ended.
-    Unowned {
-        /// When the last lease ended.
-        until: Option<DateTime<Utc>>,
-    },
-    /// The control database could not be read.
-    Unknown {
-        /// Why.
-        error: String,
-    },
-}
-
 /// One database of the set: its owner and its figures (or why it could not be read).
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct DatabaseRow {
     /// The database's name: the `database` parameter of the other routes.
     database: String,
     /// Who holds its lease.
-    owner: Owner,
+    owner: Ownership,
     /// Outbox events not yet sent (PENDING, PROCESSING and RETRY).
     pending: Option<u64>,
     /// When the oldest of them was enqueued.
@@ -231,12 +205,7 @@ pub(super) struct DatabaseRow {
 impl DatabaseRow {
     fn of(status: fleet::DatabaseStatus) -> Self {
         let needs_attention = status.needs_attention();
-        let owner = match status.ownership {
-            Ownership::NotAsked => Owner::NotAsked,
-            Ownership::Owned { instance, until } => Owner::Owned { instance, until },
-            Ownership::Unowned { until } => Owner::Unowned { until },
-            Ownership::Unknown { error } => Owner::Unknown { error },
-        };
+        let owner = status.ownership;
         let (figures, error) = match status.figures {
             Ok(figures) => (Some(figures), None),
             Err(error) => (None, Some(error)),

@@ -129,6 +129,7 @@ where
 
 /// Who holds a database's lease, in a [`DatabaseStatus`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
 #[serde(tag = "state", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Ownership {

@@ -259,7 +259,7 @@ impl Consumer {
 /// their order; a lane whose deliveries alternate between databases still commits each
 /// database's share together instead of one transaction a delivery.
 fn runs_by_consumer(arrived: Vec<Laned>) -> Vec<(Arc<Consumer>, Vec<Decoded>)> {
-    grouped(arrived, |a, b| Arc::ptr_eq(a, b))
+    grouped(arrived, Arc::ptr_eq)
 }
 
 /// `items` grouped by key (`same`), groups in order of first appearance, items in order.

@@ -26,19 +26,9 @@ pub(crate) struct ServeArgs {
     /// A file holding the console token (at least 16 characters); else OUTBOX_CONSOLE_TOKEN.
     #[arg(long, value_name = "PATH")]
     pub(crate) token_file: Option<std::path::PathBuf>,
-    /// Serving the set of --databases FILE: the fleet's control database, where the owners'
-    /// leases are kept (without it the console does not show owners).
-    #[arg(
-        long,
-        env = "OUTBOX_CONTROL_URL",
-        hide_env_values = true,
-        value_name = "URL"
-    )]
-    pub(crate) control_url: Option<String>,
-    /// With --control-url: the fleet's group (the service's CloudEvents source unless it set
-    /// `group(…)`).
-    #[arg(long, env = "OUTBOX_FLEET_GROUP", value_name = "NAME")]
-    pub(crate) group: Option<String>,
+    /// Serving the set of --databases FILE: where its owners are read.
+    #[command(flatten)]
+    pub(crate) owners: OwnersArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -303,8 +293,16 @@ pub(crate) struct StatusArgs {
     /// be read.
     #[arg(long)]
     pub(crate) all: bool,
-    /// With --all: the fleet's control database, where the owners' leases are kept (without
-    /// it the owners are not shown).
+    /// With --all: where the owners are read.
+    #[command(flatten)]
+    pub(crate) owners: OwnersArgs,
+}
+
+/// Where the owners of a set's databases are read: the fleet's control database and group.
+#[derive(Debug, Args)]
+pub(crate) struct OwnersArgs {
+    /// The fleet's control database, where the owners' leases are kept (without it the owners
+    /// are not shown).
     #[arg(
         long,
         env = "OUTBOX_CONTROL_URL",

@@ -46,7 +46,11 @@ pub(crate) async fn serve(served: Served, args: ServeArgs) -> Result<(), Failure
             (Console::new(db, auth), what)
         }
         Served::Set(entries) => {
-            let control = set::control(args.control_url.as_deref(), args.group.as_deref()).await?;
+            let control = set::control(
+                args.owners.control_url.as_deref(),
+                args.owners.group.as_deref(),
+            )
+            .await?;
             // A database that cannot be connected is served unconnected: the console lists it
             // with its error, and the others are served.
             let (databases, _) = set::connect_each(&entries).await;

@@ -268,7 +268,11 @@ pub(crate) async fn status_all(
     args: &StatusArgs,
     json: bool,
 ) -> Result<ExitCode, Failure> {
-    let control = control(args.control_url.as_deref(), args.group.as_deref()).await?;
+    let control = control(
+        args.owners.control_url.as_deref(),
+        args.owners.group.as_deref(),
+    )
+    .await?;
     let (control, group) = match &control {
         Some((db, group)) => (Some(db), group.as_str()),
         None => (None, ""),

@@ -129,3 +129,19 @@ pub async fn wait_all_sent(t: &TestDb, total: usize, timeout: std::time::Duratio
         super::status_counts(&t.db).await
     );
 }
+
+/// The effect of a line handled in a set of databases: recorded under `database|cart`, the
+/// database being the one the handler was told it runs in (`EventMeta::database`).
+pub async fn record_in_database(
+    tx: &InboxTransaction,
+    event: &Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    let database = event.meta().database.clone().unwrap_or_default();
+    super::insert_effect(
+        tx,
+        event.id(),
+        &format!("{database}|{}", event.cart),
+        i64::from(event.seq),
+    )
+    .await
+}

@@ -1014,3 +1014,52 @@ pub fn quick_inbox() -> outbox::inbox::InboxConfig {
                 .jitter(0.1),
         )
 }
+
+/// An instance `pod-a` of a fleet (no relay, no consumer) over the one database `name`, returned
+/// once it owns it: for tests that need an owned database beside an unowned one.
+pub async fn fleet_owning(
+    control: &DatabaseConnection,
+    source: &str,
+    name: &str,
+    db: &DatabaseConnection,
+) -> outbox::fleet::Fleet {
+    let fleet = outbox::runtime::Runtime::builder(control.clone())
+        .source(source)
+        .instance_id("pod-a")
+        .without_relay()
+        .consumers(Vec::<String>::new())
+        .metrics_interval(None)
+        .databases(vec![outbox::fleet::FleetDatabase::new(name, db.clone())])
+        .heartbeat(Duration::from_millis(200))
+        .lease(Duration::from_secs(2))
+        .start()
+        .await
+        .unwrap();
+    let owned = eventually(Duration::from_secs(30), || async {
+        fleet.owned() == [name]
+    })
+    .await;
+    assert!(owned, "{name} never owned");
+    fleet
+}
+
+/// Stop child processes as an orchestrator would: SIGTERM to each, up to `grace` for them all to
+/// exit, then SIGKILL for any still running.
+pub fn terminate(children: Vec<std::process::Child>, grace: Duration) {
+    for child in &children {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+    }
+    let deadline = std::time::Instant::now() + grace;
+    for mut child in children {
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
