@@ -78,6 +78,7 @@ impl Given<'_> {
 
     /// Every database of the file when `serve` is to serve the whole set: `--databases FILE`
     /// without `--database NAME`.
+    #[cfg(feature = "console")]
     pub(crate) fn set_to_serve(&self) -> Result<Option<Vec<Entry>>, Failure> {
         match (self.file, self.name) {
             (Some(_), None) if self.url_on_command_line => Err(usage(
