@@ -60,8 +60,9 @@ const DATABASES: usize = 12;
 const LEASE: Duration = Duration::from_secs(3);
 const HEARTBEAT: Duration = Duration::from_millis(500);
 /// Room for a loaded machine beyond the lease and a heartbeat's tick: the instances are debug
-/// builds sharing two cores with the databases and the broker.
-const SLACK: Duration = Duration::from_secs(3);
+/// builds sharing two cores with the databases, the broker and, in CI, the tests before them
+/// (a run there saw 5.7 s with the other runs at 3.2–3.4 s).
+const SLACK: Duration = Duration::from_secs(5);
 const CARTS: u32 = 4;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -276,7 +277,7 @@ impl Watch {
         }
         let quiet = self
             .last_change
-            .is_none_or(|at| now.duration_since(at) > LEASE + SLACK);
+            .is_none_or(|at| now.duration_since(at) > LEASE + Duration::from_secs(3));
         if quiet && all_owned && self.alive.len() == INSTANCES {
             let (min, max) = (
                 counts.values().min().copied().unwrap_or(0),
