@@ -444,6 +444,25 @@ async fn set_tenant(control: &DatabaseConnection, name: &str, url: Option<&str>)
     control.execute_raw(statement).await.expect("tenants table");
 }
 
+/// A tenant joins the set: a row of the tenants table, watched from now, produced to.
+async fn join(
+    control: &DatabaseConnection,
+    watch: &Mutex<Watch>,
+    production: &Mutex<Production>,
+    name: &str,
+    t: &TestDb,
+) {
+    set_tenant(control, name, Some(&t.url)).await;
+    watch
+        .lock()
+        .unwrap()
+        .set
+        .insert(name.to_owned(), Instant::now());
+    let mut p = production.lock().unwrap();
+    p.active.insert(name.to_owned(), t.db.clone());
+    p.next_seq.insert(name.to_owned(), 0);
+}
+
 async fn supervise() -> Result<bool, String> {
     let Some(control) = test_db(Backend::Postgres, "fleetkill_control").await else {
         return Ok(false);
@@ -480,15 +499,7 @@ async fn supervise() -> Result<bool, String> {
     let production = Arc::new(Mutex::new(Production::default()));
     let watch = Arc::new(Mutex::new(Watch::default()));
     for (name, t) in &tenants[..DATABASES] {
-        set_tenant(&control.db, name, Some(&t.url)).await;
-        watch
-            .lock()
-            .unwrap()
-            .set
-            .insert(name.clone(), Instant::now());
-        let mut p = production.lock().unwrap();
-        p.active.insert(name.clone(), t.db.clone());
-        p.next_seq.insert(name.clone(), 0);
+        join(&control.db, &watch, &production, name, t).await;
     }
     let dir = std::env::temp_dir().join(format!("outbox-fleet-kill-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -640,15 +651,7 @@ async fn run(
         }
         if !added && now >= add_at {
             for (name, t) in &tenants[DATABASES..] {
-                set_tenant(&control.db, name, Some(&t.url)).await;
-                watch
-                    .lock()
-                    .unwrap()
-                    .set
-                    .insert(name.clone(), Instant::now());
-                let mut p = production.lock().unwrap();
-                p.active.insert(name.clone(), t.db.clone());
-                p.next_seq.insert(name.clone(), 0);
+                join(&control.db, watch, production, name, t).await;
             }
             watch.lock().unwrap().changed();
             added = true;
