@@ -300,8 +300,7 @@ impl FleetBuilder {
 
     /// Where a message that names no database goes (one from a service that runs over a
     /// single database, without the `tenant` extension): this database of the set. Without
-    /// one, such messages are handed back to the broker a few times, then kept DEAD in the
-    /// control database for an operator.
+    /// one, such messages are kept DEAD in the control database for an operator.
     pub fn default_database(mut self, name: impl Into<String>) -> Self {
         self.default_database = Some(name.into());
         self
@@ -519,10 +518,13 @@ impl Shared {
                     .and_then(|t| t.consumer(consumer_name))
                 {
                     Some(consumer) => Routed::To(consumer),
-                    None => Routed::Unknown(format!(
-                        "database `{}` is not one this runtime serves",
-                        crate::util::text::truncate(database, MAX_DATABASE_NAME_CHARS)
-                    )),
+                    None => Routed::NotServed(
+                        database.to_owned(),
+                        format!(
+                            "database `{}` is not one this runtime serves",
+                            crate::util::text::truncate(database, MAX_DATABASE_NAME_CHARS)
+                        ),
+                    ),
                 }
             });
             let health = Arc::new(LoopHealth::new(format!("dispatch:{name}")));

@@ -11,7 +11,7 @@
 //! [`InboxConfig::concurrency`]: super::InboxConfig::concurrency
 //! [`InboxConfig::commit_batch`]: super::InboxConfig::commit_batch
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -32,19 +32,25 @@ use crate::{
 pub(crate) enum Routed {
     /// Record and handle it through this consumer (its database).
     To(Arc<Consumer>),
-    /// Its envelope names a database this runtime does not serve (or none, where one is
-    /// needed): the reason.
+    /// Its envelope names no database where one is needed: the reason.
     Unknown(String),
+    /// Its envelope names a database this runtime does not serve, or not yet (a database just
+    /// added reaches each instance's set at its next refresh): the database and the reason.
+    NotServed(String, String),
 }
 
 /// Picks the consumer of each decoded delivery (see `fleet`); without one, every delivery goes
 /// to the dispatcher's own consumer.
 pub(crate) type Route = Arc<dyn Fn(&Envelope) -> Routed + Send + Sync>;
 
-/// Deliveries whose database is unknown are handed back to the broker this many times (the set
-/// of databases may not have caught up with a database just added), then kept DEAD in the
-/// dispatcher's own database for an operator.
-const UNKNOWN_DATABASE_REDELIVERIES: u32 = 5;
+/// How long the dispatcher waits for a database a delivery names to join this runtime's set
+/// (holding what comes behind it, so that nothing of its aggregate overtakes it) before the
+/// delivery is kept DEAD in the dispatcher's own database for an operator.
+const NOT_SERVED_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A database waited for in vain is not waited for again for this long: its deliveries go
+/// DEAD at once meanwhile (a database removed from the set, not one being added).
+const NOT_SERVED_MEMORY: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// A delivery in a lane, with the consumer that records and handles it.
 type Laned = (Arc<Consumer>, Decoded);
@@ -149,6 +155,8 @@ impl Consumer {
         health: &LoopHealth,
         shutdown: &CancellationToken,
     ) -> Pumped {
+        // Databases waited for in vain, and when.
+        let mut not_served: HashMap<String, std::time::Instant> = HashMap::new();
         loop {
             // Paused: take nothing more from the broker (what was taken waits in the lanes).
             if !self.wait_while_paused(shutdown).await {
@@ -165,17 +173,22 @@ impl Consumer {
                     let (consumer, decoded) = match (route, decoded) {
                         (Some(route), Ok(envelope)) => match route(&envelope) {
                             Routed::To(consumer) => (consumer, Ok(envelope)),
-                            Routed::Unknown(why) => {
-                                if delivery.delivery_count < UNKNOWN_DATABASE_REDELIVERIES {
-                                    tracing::warn!(consumer = self.name, message_id = %envelope.id, reason = %why, "a delivery for a database this runtime does not serve; handed back to the broker");
-                                    if let Err(e) =
-                                        delivery.nack(Some(std::time::Duration::from_secs(5))).await
-                                    {
-                                        tracing::warn!(consumer = self.name, error = %e, "could not hand a delivery back; the broker redelivers it after its ack wait");
-                                    }
-                                    continue;
+                            Routed::Unknown(why) => (self.clone(), Err(why)),
+                            Routed::NotServed(database, why) => {
+                                match self
+                                    .await_database(
+                                        route,
+                                        &envelope,
+                                        &database,
+                                        &mut not_served,
+                                        shutdown,
+                                    )
+                                    .await
+                                {
+                                    Some(consumer) => (consumer, Ok(envelope)),
+                                    None if shutdown.is_cancelled() => return Pumped::Shutdown,
+                                    None => (self.clone(), Err(why)),
                                 }
-                                (self.clone(), Err(why))
                             }
                         },
                         (_, decoded) => (self.clone(), decoded),
@@ -251,6 +264,41 @@ impl Consumer {
             },
             Err(error) => Taken::Other((delivery, Err(error))),
         }
+    }
+}
+
+impl Consumer {
+    /// A delivery names a database this runtime does not serve: wait for it to join the set,
+    /// taking nothing more from the broker meanwhile (what comes behind it, its aggregate's
+    /// later events among them, must not overtake it), re-routing every 200 ms for up to
+    /// [`NOT_SERVED_WAIT`]. `None`: it did not join (remembered for [`NOT_SERVED_MEMORY`]), or
+    /// shutdown.
+    async fn await_database(
+        &self,
+        route: &Route,
+        envelope: &Envelope,
+        database: &str,
+        not_served: &mut HashMap<String, std::time::Instant>,
+        shutdown: &CancellationToken,
+    ) -> Option<Arc<Consumer>> {
+        not_served.retain(|_, at| at.elapsed() < NOT_SERVED_MEMORY);
+        if not_served.contains_key(database) {
+            return None;
+        }
+        tracing::info!(consumer = self.name, message_id = %envelope.id, database, "a delivery for a database this runtime does not serve yet; waiting for the set to catch up");
+        let deadline = tokio::time::Instant::now() + NOT_SERVED_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            }
+            if let Routed::To(consumer) = route(envelope) {
+                return Some(consumer);
+            }
+        }
+        tracing::warn!(consumer = self.name, message_id = %envelope.id, database, "a delivery for a database this runtime does not serve; kept DEAD here for an operator");
+        not_served.insert(database.to_owned(), std::time::Instant::now());
+        None
     }
 }
 
