@@ -553,14 +553,10 @@ async fn create_databases(ctx: &Ctx, n: usize) -> Result<Vec<String>, BoxError> 
     let admin = Database::connect(format!("{server}/postgres{query}")).await?;
     let mut urls = Vec::with_capacity(n);
     for i in 0..n {
-        // An identifier cannot be a bound parameter: a fixed prefix and a number.
         let name = format!("{PREFIX}{i}");
-        admin
-            .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        crate::support::database_ddl(&admin, "DROP DATABASE IF EXISTS %I WITH (FORCE)", &name)
             .await?;
-        admin
-            .execute_unprepared(&format!("CREATE DATABASE {name}"))
-            .await?;
+        crate::support::database_ddl(&admin, "CREATE DATABASE %I", &name).await?;
         let url = format!("{server}/{name}{query}");
         let db = Database::connect(url.as_str()).await?;
         outbox::migrate(&db).await?;
@@ -583,8 +579,8 @@ async fn drop_databases(ctx: &Ctx, n: usize) -> Result<(), BoxError> {
     let (server, query) = server(ctx)?;
     let admin = Database::connect(format!("{server}/postgres{query}")).await?;
     for i in 0..n {
-        admin
-            .execute_unprepared(&format!("DROP DATABASE IF EXISTS {PREFIX}{i} WITH (FORCE)"))
+        let name = format!("{PREFIX}{i}");
+        crate::support::database_ddl(&admin, "DROP DATABASE IF EXISTS %I WITH (FORCE)", &name)
             .await?;
     }
     admin.close().await?;

@@ -221,11 +221,30 @@ async fn create_database(url: &str) -> Result<(), BoxError> {
         .await?
         .is_some();
     if !exists {
-        // An identifier cannot be a bound parameter: quoted, after the check above.
-        let create = format!("CREATE DATABASE \"{name}\"");
-        admin.execute_unprepared(&create).await?;
+        database_ddl(&admin, "CREATE DATABASE %I", name).await?;
     }
     admin.close().await?;
+    Ok(())
+}
+
+/// Run `template` (DDL with one `%I`) for the database `name`: an identifier cannot be a bound
+/// parameter, so the server quotes the bound name into the statement (`format(…, %I)`) and the
+/// statement it returns is run.
+pub(crate) async fn database_ddl(
+    admin: &DatabaseConnection,
+    template: &str,
+    name: &str,
+) -> Result<(), BoxError> {
+    let row = admin
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT format($1, $2)",
+            [template.into(), name.into()],
+        ))
+        .await?
+        .ok_or("format() returned no row")?;
+    let statement: String = row.try_get_by_index(0)?;
+    admin.execute_unprepared(&statement).await?;
     Ok(())
 }
 
