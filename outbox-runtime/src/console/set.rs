@@ -158,17 +158,12 @@ fn decoded(pair: &str) -> Option<(String, String)> {
 
 /// A database name as the fleet takes them.
 fn check(name: &str) -> Result<(), ApiError> {
-    let chars = name.chars().count();
-    if name.trim().is_empty()
-        || chars > MAX_DATABASE_NAME_CHARS
-        || name.chars().any(char::is_control)
-    {
-        return Err(ApiError::bad_request(format!(
+    fleet::check_database_name(name).map_err(|_| {
+        ApiError::bad_request(format!(
             "`{PARAMETER}` names a database: 1 to {MAX_DATABASE_NAME_CHARS} characters, not blank, \
              without control characters"
-        )));
-    }
-    Ok(())
+        ))
+    })
 }
 
 /// What `GET /api/databases` reads: the set, and where its owners are kept.

@@ -384,17 +384,7 @@ fn checked(databases: Vec<FleetDatabase>) -> Result<Vec<FleetDatabase>, String> 
     let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::with_capacity(databases.len());
     for database in databases {
-        let chars = database.name.chars().count();
-        if database.name.trim().is_empty()
-            || chars > MAX_DATABASE_NAME_CHARS
-            || database.name.chars().any(char::is_control)
-        {
-            return Err(format!(
-                "database name {:?} cannot serve: names are 1 to {MAX_DATABASE_NAME_CHARS} \
-                 characters, not blank, without control characters",
-                crate::util::text::truncate(&database.name, 64)
-            ));
-        }
+        check_database_name(&database.name)?;
         #[cfg(feature = "postgres-wal")]
         if let Some(wal) = &database.wal {
             if database.db.get_database_backend() != sea_orm::DbBackend::Postgres {

@@ -27,7 +27,7 @@ use futures_util::StreamExt;
 use sea_orm::{DatabaseConnection, DbErr};
 use serde::{Serialize, Serializer};
 
-use super::FleetDatabase;
+use super::{FleetDatabase, MAX_DATABASE_NAME_CHARS};
 use crate::admin;
 
 /// How many databases are read or migrated at once.
@@ -38,11 +38,18 @@ const AT_ONCE: usize = 4;
 /// control characters (the check a [`Fleet`](super::Fleet) makes when it reads its set). The
 /// error says what is wrong.
 pub fn check_database_name(name: &str) -> Result<(), String> {
-    super::checked(vec![FleetDatabase::new(
-        name,
-        DatabaseConnection::default(),
-    )])
-    .map(|_| ())
+    let chars = name.chars().count();
+    if name.trim().is_empty()
+        || chars > MAX_DATABASE_NAME_CHARS
+        || name.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "database name {:?} cannot serve: names are 1 to {MAX_DATABASE_NAME_CHARS} \
+             characters, not blank, without control characters",
+            crate::util::text::truncate(name, 64)
+        ));
+    }
+    Ok(())
 }
 
 /// The database answers a ping: a connection that is not connected
