@@ -34,6 +34,9 @@
 //! | `inbox_end_to_end_seconds` | histogram | `consumer` | from the producer's commit (the event's enqueue time, by the producer database's clock) to the commit of the handler's transaction (by this process's clock): the figure to page on |
 //! | `outbox_fleet_database_owned` | gauge | `database` | over a set of databases (`fleet`): 1 while an instance holds the database's lease, 0 while nobody does (set by every instance) |
 //! | `outbox_fleet_owned_databases` | gauge | | over a set: how many databases this instance owns |
+//! | `outbox_fleet_database_refused` | gauge | `database` | over a set with a connection budget: 1 while the database is refused (its server's connections would exceed the budget), 0 once it joins |
+//! | `outbox_fleet_server_connection_ceiling` | gauge | `server` | over a set: the most connections the service's live instances can hold on the database server (instances × its databases' pool sizes) |
+//! | `outbox_fleet_server_connection_limit` | gauge | `server` | over a set: the connection budget per server, or the server's own `max_connections` without one |
 //!
 //! **Over a set of databases** (`fleet`) the series of a database's loops also carry
 //! `database`, the database's name: the relay's (`outbox_events_published_total`,
@@ -123,6 +126,12 @@ pub const END_TO_END: &str = "inbox_end_to_end_seconds";
 pub const FLEET_DATABASE_OWNED: &str = "outbox_fleet_database_owned";
 /// How many databases of a set this instance owns.
 pub const FLEET_OWNED_HERE: &str = "outbox_fleet_owned_databases";
+/// Per database of a set with a connection budget: 1 while it is refused for its server's budget.
+pub const FLEET_DATABASE_REFUSED: &str = "outbox_fleet_database_refused";
+/// Per database server of a set: live instances × the pool sizes of its databases.
+pub const FLEET_SERVER_CEILING: &str = "outbox_fleet_server_connection_ceiling";
+/// Per database server of a set: the budget, or the server's own `max_connections`.
+pub const FLEET_SERVER_LIMIT: &str = "outbox_fleet_server_connection_limit";
 
 /// Inbox backlog series reported so far, so an emptied one can be set back to 0.
 #[allow(clippy::type_complexity)]
@@ -257,6 +266,21 @@ pub fn describe() {
         FLEET_OWNED_HERE,
         Unit::Count,
         "Databases of the set this instance owns"
+    );
+    describe_gauge!(
+        FLEET_DATABASE_REFUSED,
+        Unit::Count,
+        "1 while the database is refused: its server's connections would exceed the budget"
+    );
+    describe_gauge!(
+        FLEET_SERVER_CEILING,
+        Unit::Count,
+        "The most connections the service's live instances can hold on the database server"
+    );
+    describe_gauge!(
+        FLEET_SERVER_LIMIT,
+        Unit::Count,
+        "The connection budget per server, or the server's own max_connections"
     );
     crate::telemetry::describe();
     describe_gauge!(
@@ -406,6 +430,21 @@ pub(crate) fn fleet_database_owned(database: &str, owned: bool) {
 
 pub(crate) fn fleet_owned_here(count: usize) {
     gauge!(FLEET_OWNED_HERE).set(count as f64);
+}
+
+pub(crate) fn fleet_database_refused(database: &str, refused: bool) {
+    gauge!(FLEET_DATABASE_REFUSED, "database" => database.to_owned()).set(if refused {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+pub(crate) fn fleet_server_connections(server: &str, ceiling: u64, limit: Option<u64>) {
+    gauge!(FLEET_SERVER_CEILING, "server" => server.to_owned()).set(ceiling as f64);
+    if let Some(limit) = limit {
+        gauge!(FLEET_SERVER_LIMIT, "server" => server.to_owned()).set(limit as f64);
+    }
 }
 
 /// `pairs`, and the `database` label when sampling a database of a set (`fleet`).

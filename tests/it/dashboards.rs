@@ -137,7 +137,7 @@ fn the_alerting_rules_query_only_registered_metrics() {
         .filter_map(|l| l.trim().strip_prefix("expr:"))
         .map(|e| e.trim().to_owned())
         .collect();
-    assert_eq!(exprs.len(), 13, "{exprs:?}");
+    assert_eq!(exprs.len(), 15, "{exprs:?}");
     assert_all_registered("the alerting rules", &exprs, &registered());
 }
 

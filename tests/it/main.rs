@@ -39,6 +39,7 @@ mod failure_groups;
 mod fast_path;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "kafka"))]
 mod fleet;
+mod fleet_budget;
 #[cfg(feature = "postgres-wal")]
 mod fleet_wal;
 mod golden_sql;

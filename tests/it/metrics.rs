@@ -168,7 +168,7 @@ async fn scrape_while_running(port: u16) {
 
 /// Run `body` on a tokio runtime of its own whose threads record into a fresh Prometheus recorder;
 /// `body` gets the handle that renders what was recorded.
-fn recorded<F: std::future::Future<Output = ()>>(
+pub(crate) fn recorded<F: std::future::Future<Output = ()>>(
     body: impl FnOnce(metrics_exporter_prometheus::PrometheusHandle) -> F,
 ) {
     let recorder: &'static metrics_exporter_prometheus::PrometheusRecorder = Box::leak(Box::new(
@@ -334,7 +334,7 @@ async fn handle_fleet(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<
 }
 
 /// The sum of the samples of `name` whose labels include every one of `labels`.
-fn labelled(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn labelled(body: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     body.lines()
         .filter(|l| l.starts_with(&format!("{name}{{")))
         .filter(|l| {

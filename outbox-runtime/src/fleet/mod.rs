@@ -60,11 +60,18 @@
 //! `outbox::fleet::migrate_all` runs the SDK's migrations with it) and [`status`] are the same
 //! as functions.
 //!
+//! **Connections** are bounded per database server, not per database × instance:
+//! [`FleetBuilder::connections_per_server`] refuses a database new to the fleet whose pool would
+//! take its server past the budget (see [`Fleet::refused`]), and every instance reports each
+//! server's ceiling (live instances × its databases' pool sizes) against the budget, or the
+//! server's own `max_connections`.
+//!
 //! **When the control database is unreachable** every instance keeps what it owns (and no
 //! instance takes over anything): the tenants' work goes on, and the assignment resumes when the
 //! control database answers.
 
 mod assign;
+mod budget;
 mod members;
 mod run;
 mod tenant;
@@ -237,6 +244,7 @@ pub struct FleetBuilder {
     refresh: Duration,
     group: Option<String>,
     default_database: Option<String>,
+    connections_per_server: Option<u32>,
 }
 
 impl fmt::Debug for FleetBuilder {
@@ -248,6 +256,7 @@ impl fmt::Debug for FleetBuilder {
             .field("refresh", &self.refresh)
             .field("group", &self.group)
             .field("default_database", &self.default_database)
+            .field("connections_per_server", &self.connections_per_server)
             .finish()
     }
 }
@@ -265,6 +274,7 @@ impl RuntimeBuilder {
             refresh: Duration::from_secs(10),
             group: None,
             default_database: None,
+            connections_per_server: None,
         }
     }
 }
@@ -306,6 +316,20 @@ impl FleetBuilder {
         self
     }
 
+    /// The most connections the service's instances together may hold on one database server
+    /// (PostgreSQL or MySQL/MariaDB; a SQLite file has none): live instances × the
+    /// `max_connections` of the pools of that server's databases. A database new to the
+    /// fleet that would take its server past it is refused (logged, [`Fleet::refused`], the
+    /// `outbox_fleet_database_refused` gauge) and tried again at every refresh; one the fleet
+    /// already serves is never dropped, and a server taken past it by instances joining is
+    /// reported (`outbox_fleet_server_connection_ceiling` over `_limit`). Without a budget the
+    /// same figures are reported against each server's own `max_connections`, and nothing is
+    /// refused.
+    pub fn connections_per_server(mut self, connections: u32) -> Self {
+        self.connections_per_server = Some(connections);
+        self
+    }
+
     /// Check the settings, read the set of databases, and start serving it.
     pub async fn start(self) -> Result<Fleet, RuntimeError> {
         crate::metrics::describe();
@@ -316,6 +340,11 @@ impl FleetBuilder {
                  the heartbeat must be above zero",
                 self.lease, self.heartbeat
             )));
+        }
+        if self.connections_per_server == Some(0) {
+            return Err(RuntimeError::Settings(
+                "`connections_per_server` must allow at least one connection".into(),
+            ));
         }
         #[cfg(feature = "postgres-wal")]
         if self.base.wal.is_some() {
@@ -350,6 +379,10 @@ impl FleetBuilder {
             refresh: self.refresh,
             source: self.source.clone(),
             tenants: RwLock::default(),
+            connections_per_server: self.connections_per_server,
+            instances: std::sync::atomic::AtomicUsize::new(1),
+            refused: RwLock::default(),
+            reported: std::sync::Mutex::default(),
             default_database: self.default_database.clone(),
             shutdown: shutdown.clone(),
             base: self.base,
@@ -358,6 +391,17 @@ impl FleetBuilder {
             RuntimeError::Settings(format!("the set of databases could not be read: {e}"))
         })?;
         let databases = checked(databases).map_err(RuntimeError::Settings)?;
+        // The instances already running count in each server's connections from the start.
+        if let Ok(membership) = members::read(&shared.control, &shared.names).await {
+            let others = membership
+                .instances
+                .iter()
+                .filter(|i| **i != shared.instance)
+                .count();
+            shared
+                .instances
+                .store(others + 1, std::sync::atomic::Ordering::Relaxed);
+        }
         run::apply_set(&shared, databases).await;
         let mut tasks = shared.start_dispatchers();
         let health = Arc::new(LoopHealth::periodic("fleet".to_owned(), shared.heartbeat));
@@ -429,6 +473,14 @@ pub(crate) struct Shared {
     refresh: Duration,
     source: Arc<dyn DatabaseSource>,
     tenants: RwLock<BTreeMap<String, Arc<Tenant>>>,
+    /// See [`FleetBuilder::connections_per_server`].
+    connections_per_server: Option<u32>,
+    /// The live instances at the last heartbeat (this one included).
+    instances: std::sync::atomic::AtomicUsize,
+    /// The databases of the set refused for their server's budget, and why.
+    refused: RwLock<BTreeMap<String, String>>,
+    /// Each server's connection load last reported, to warn once per change.
+    reported: std::sync::Mutex<BTreeMap<String, budget::Load>>,
     /// Where messages naming no database go (see [`FleetBuilder::default_database`]).
     default_database: Option<String>,
     shutdown: CancellationToken,
@@ -588,6 +640,19 @@ impl Fleet {
     /// The names of the databases served now.
     pub fn databases(&self) -> Vec<String> {
         self.shared.database_names()
+    }
+
+    /// The databases of the set not served because their server's connections would exceed
+    /// the budget ([`FleetBuilder::connections_per_server`]), each with why; tried again at
+    /// every refresh.
+    pub fn refused(&self) -> Vec<(String, String)> {
+        self.shared
+            .refused
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(name, why)| (name.clone(), why.clone()))
+            .collect()
     }
 
     /// The databases this instance owns now.

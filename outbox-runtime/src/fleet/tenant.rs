@@ -31,6 +31,8 @@ pub(crate) struct Tenant {
     pub(super) name: String,
     pub(super) db: DatabaseConnection,
     pub(super) outbox: Outbox,
+    /// Its server and pool size, where it has a server (see [`budget`](super::budget)).
+    pub(super) footprint: Option<super::budget::Footprint>,
     consumers: BTreeMap<&'static str, Arc<Consumer>>,
     wakes: BTreeMap<&'static str, Arc<Notify>>,
     pauses: Arc<Pauses>,
@@ -41,7 +43,11 @@ pub(crate) struct Tenant {
 }
 
 impl Tenant {
-    pub(super) fn new(shared: &Shared, database: FleetDatabase) -> Tenant {
+    pub(super) fn new(
+        shared: &Shared,
+        database: FleetDatabase,
+        footprint: Option<super::budget::Footprint>,
+    ) -> Tenant {
         let outbox = match &shared.base.outbox {
             Some(outbox) => outbox.sibling(),
             None => Outbox::new(shared.source_name.clone()),
@@ -74,6 +80,7 @@ impl Tenant {
             name: database.name,
             db: database.db,
             outbox,
+            footprint,
             consumers,
             wakes,
             pauses,
