@@ -45,6 +45,10 @@
 //!   sequence order;
 //! - duplicates were delivered to consumers (the crash windows were hit) and suppressed.
 //!
+//! One more run goes through PgBouncer in transaction pooling mode (`scripts/pgbouncer`,
+//! `OUTBOX_CHAOS_POOLER=0` for none): every process reaches PostgreSQL through the pooler, which
+//! shares server sessions between clients, so the relays poll instead of listening.
+//!
 //! Short run (CI, part of `cargo test --workspace --all-features`): 3,000 events and at least
 //! one kill per failpoint where the time bound allows. Long run, for `docs/RELIABILITY.md`:
 //!
@@ -212,6 +216,9 @@ struct Settings {
     /// cluster with `wal_level = logical`, the producer runs no relay, and the relays stream
     /// from one slot, the first to connect while the others stand by and poll the table.
     wal: bool,
+    /// Every process reaches PostgreSQL through PgBouncer in transaction pooling mode
+    /// (`scripts/pgbouncer`): server sessions shared between clients, no `LISTEN`.
+    pooled: bool,
 }
 
 impl Settings {
@@ -231,18 +238,22 @@ impl Settings {
             broker_fault_secs: env_u64("OUTBOX_CHAOS_BROKER_FAULT_SECS", 4),
             broker: ChaosBroker::from_env().unwrap_or(ChaosBroker::Nats),
             wal: false,
+            pooled: false,
         }
     }
 
-    /// The run's name: the broker's, with `-wal` for WAL relays.
+    /// The run's name: the broker's, with `-wal` for WAL relays and `-pgbouncer` through the
+    /// pooler.
     fn name(&self) -> String {
-        match self.wal {
-            true => format!("{}-wal", self.broker.name()),
-            false => self.broker.name().to_owned(),
+        match (self.wal, self.pooled) {
+            (true, _) => format!("{}-wal", self.broker.name()),
+            (false, true) => format!("{}-pgbouncer", self.broker.name()),
+            (false, false) => self.broker.name().to_owned(),
         }
     }
 
-    /// The runs this invocation covers: one per broker with polling relays and, with the
+    /// The runs this invocation covers: one per broker with polling relays, one on the first
+    /// of them through PgBouncer (`OUTBOX_CHAOS_POOLER`: `0` for none) and, with the
     /// `postgres-wal` feature, one on NATS with WAL relays (`OUTBOX_CHAOS_WAL`: `0` for none,
     /// `only` for that one alone).
     fn runs() -> Vec<Settings> {
@@ -257,6 +268,15 @@ impl Settings {
                 })
                 .collect(),
         };
+        if std::env::var("OUTBOX_CHAOS_POOLER").unwrap_or_default() != "0"
+            && let Some(first) = runs.first()
+        {
+            let pooled = Settings {
+                pooled: true,
+                ..first.clone()
+            };
+            runs.push(pooled);
+        }
         if cfg!(feature = "postgres-wal") && wal != "0" {
             let broker = ChaosBroker::from_env().unwrap_or(ChaosBroker::Nats);
             runs.push(Settings {
@@ -414,7 +434,12 @@ fn main() {
     for settings in runs {
         let name = settings.name();
         println!(
-            "chaos on {name}: process kills over PostgreSQL and {}{}",
+            "chaos on {name}: process kills over PostgreSQL{} and {}{}",
+            if settings.pooled {
+                " through PgBouncer (transaction pooling)"
+            } else {
+                ""
+            },
             settings.broker.label(),
             if settings.wal {
                 ", relays reading the WAL"
@@ -1163,6 +1188,7 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
     let db_name = format!("ob_chaos_{tag}");
     let namespace = format!("chaos_{tag}");
     let db_url = match setup_database(&db_name, settings.wal).await {
+        Ok(_) if settings.pooled => common::through_pgbouncer(&db_name),
         Ok(url) => url,
         Err(e) => return skip("PostgreSQL", e),
     };

@@ -666,7 +666,7 @@ async fn batched_deliveries_isolate_each_handler(t: TestDb) {
     assert_eq!(rows.len(), 8);
     assert!(rows.iter().all(|r| r.status == "DONE"), "{rows:?}");
 
-    if t.backend == Backend::Postgres {
+    if t.backend.is_postgres() {
         let xids = BATCH_XIDS.lock().unwrap();
         let ours: Vec<i64> = xids
             .iter()

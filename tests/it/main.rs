@@ -73,6 +73,7 @@ mod partitions;
     feature = "cli"
 ))]
 mod pause;
+mod pooler;
 #[cfg(all(feature = "postgres", feature = "kafka"))]
 mod rebalance;
 mod relay;

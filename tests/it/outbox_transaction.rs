@@ -438,13 +438,13 @@ async fn bad_events_fail_at_enqueue_and_keep_the_transaction(t: TestDb) {
     let mut nul = placed(1);
     nul.order_no = "A\0B".into();
     let result = tx.enqueue(&nul);
-    if t.backend == Backend::Postgres {
+    if t.backend.is_postgres() {
         let err = result.unwrap_err();
         assert!(err.to_string().contains("jsonb"), "{err}");
     } else {
         assert!(result.is_ok(), "other backends store a NUL in the payload");
     }
-    let expected = usize::from(t.backend != Backend::Postgres);
+    let expected = usize::from(!t.backend.is_postgres());
     assert_eq!(tx.buffered(), expected, "failed enqueues buffer nothing");
     drop(tx);
     let tx = outbox.begin(&t.db).await.unwrap();
@@ -532,7 +532,7 @@ async fn after_commit_runs_only_once_committed(t: TestDb) {
         &["outer", "released savepoint"]
     };
     assert_eq!(*ran.lock().unwrap(), expected);
-    assert_eq!(committed, t.backend != Backend::Postgres);
+    assert_eq!(committed, !t.backend.is_postgres());
     assert_eq!(count_orders(&t.db).await, 1);
     let mut expected = expected.to_vec();
 
@@ -543,7 +543,7 @@ async fn after_commit_runs_only_once_committed(t: TestDb) {
     let inner = tx.savepoint().await.unwrap();
     order(1).insert(&inner).await.unwrap_err();
     let released = inner.commit().await.is_ok();
-    assert_eq!(released, t.backend != Backend::Postgres);
+    assert_eq!(released, !t.backend.is_postgres());
     let _ = tx.commit().await.unwrap();
     expected.push("after a failed savepoint");
     assert_eq!(*ran.lock().unwrap(), expected);
@@ -560,7 +560,7 @@ async fn after_commit_runs_only_once_committed(t: TestDb) {
     assert_eq!(*ran.lock().unwrap(), expected);
     assert_eq!(count_orders(&t.db).await, 2);
 
-    if t.backend == Backend::Postgres {
+    if t.backend.is_postgres() {
         // A statement given up on before its answer (its future dropped by a timeout) that the
         // server then failed: the driver reports its error at the commit, and no callback runs.
         let tx = outbox.begin(&t.db).await.unwrap();
@@ -614,7 +614,7 @@ async fn after_commit_asks_only_after_a_failure(t: TestDb) {
     order(1).insert(&tx).await.unwrap_err();
     tx.after_commit(note());
     let committed = tx.commit().await.is_ok();
-    let postgres = t.backend == Backend::Postgres;
+    let postgres = t.backend.is_postgres();
     assert_eq!(committed, !postgres);
     assert_eq!(asked(), usize::from(postgres));
     assert_eq!(

@@ -577,7 +577,7 @@ async fn database_down_answers_503_and_loses_nothing(t: TestDb) {
         Lock(sea_orm::DatabaseConnection),
     }
     let (receiver_db, outage) = match t.backend {
-        Backend::Postgres | Backend::MySql => {
+        Backend::Postgres | Backend::PgBouncer | Backend::MySql => {
             let proxy = web::Proxy::start(web::server_of(&t.url)).await;
             let db = connect(&web::through(&t.url, proxy.addr), 4).await.unwrap();
             proxy.down();

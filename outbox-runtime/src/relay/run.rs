@@ -184,7 +184,7 @@ impl Relay {
         };
         let hint = self.heard.clone();
         if !self.wal_mode() && self.claims {
-            beside.listener = self.spawn_listener(&shutdown);
+            beside.listener = self.spawn_listener(&shutdown).await;
         }
         // Backing off is safe where other processes' commits wake the loop.
         let idle_max = match self.config.idle_poll_interval {
@@ -628,7 +628,7 @@ impl Relay {
     }
 
     /// The listener of other processes' commit notifications, where the dialect has them.
-    pub(super) fn spawn_listener(
+    pub(super) async fn spawn_listener(
         &self,
         shutdown: &CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
@@ -643,6 +643,7 @@ impl Relay {
             shutdown.clone(),
             self.config.relay_id.clone(),
         )
+        .await
     }
 
     /// One round, claim then publish and settle.

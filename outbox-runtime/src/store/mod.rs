@@ -40,7 +40,7 @@ pub mod kit;
 pub mod lease;
 pub mod local;
 pub mod mysql;
-pub(crate) mod notify;
+pub mod notify;
 pub(crate) mod outbox;
 pub mod pause;
 pub mod postgres;

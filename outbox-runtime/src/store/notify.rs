@@ -70,8 +70,11 @@ impl Heard {
 
 /// Listen on `channel` until shutdown and call `hint.heard()` for every notification (and
 /// after every reconnect, since notifications may have been missed meanwhile). `None` where the
-/// dialect has no notifications.
-pub(crate) fn spawn_listener(
+/// dialect has no notifications, and where PostgreSQL is reached through a pooler that shares
+/// server sessions between clients (PgBouncer, Supavisor or pgcat in transaction mode): there a
+/// `LISTEN` stays on a server connection other clients go on to use, and the notifications it
+/// receives would reach them in the middle of their statements.
+pub(crate) async fn spawn_listener(
     db: &DatabaseConnection,
     channel: String,
     hint: Arc<Heard>,
@@ -84,6 +87,22 @@ pub(crate) fn spawn_listener(
     #[cfg(feature = "postgres")]
     {
         let pool = db.get_postgres_connection_pool().clone();
+        match sessions_shared(&pool).await {
+            Ok(true) => {
+                tracing::warn!(
+                    relay = %owner,
+                    "PostgreSQL is reached through a pooler that shares server sessions between \
+                     clients (one server session answered two client connections): the relay \
+                     does not LISTEN there and polls every poll_interval instead; \
+                     `RelayConfig::listen(false)` says so without this check"
+                );
+                return None;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::debug!(relay = %owner, error = %e, "could not tell whether sessions are pooled; listening");
+            }
+        }
         Some(tokio::spawn(listen(pool, channel, hint, shutdown, owner)))
     }
     #[cfg(not(feature = "postgres"))]
@@ -91,6 +110,41 @@ pub(crate) fn spawn_listener(
         let _ = (channel, hint, shutdown, owner);
         None
     }
+}
+
+/// Whether the server sessions behind `pool` are shared between client connections. A session
+/// of its own answers a connection's every statement and no other connection's while it is
+/// open, so either sign proves a pooler in transaction (or statement) mode: one connection's
+/// statements answered by two backends (likely when the pooler is busy), or a second
+/// connection answered by the first one's backend (likely when it is quiet: poolers hand the
+/// session just released out again first). A few rounds make a miss unlikely; a direct
+/// connection can never look pooled.
+#[cfg(feature = "postgres")]
+pub async fn sessions_shared(pool: &sea_orm::sqlx::PgPool) -> Result<bool, sea_orm::sqlx::Error> {
+    use sea_orm::sqlx::{Connection, postgres::PgConnection};
+    const PID: &str = "SELECT pg_backend_pid()";
+    let options = pool.connect_options();
+    let mut first = PgConnection::connect_with(&options).await?;
+    let mine: i32 = sea_orm::sqlx::query_scalar(PID)
+        .fetch_one(&mut first)
+        .await?;
+    let mut shared = false;
+    for _ in 0..8 {
+        let mut second = PgConnection::connect_with(&options).await?;
+        let theirs: i32 = sea_orm::sqlx::query_scalar(PID)
+            .fetch_one(&mut second)
+            .await?;
+        let _ = second.close().await;
+        let again: i32 = sea_orm::sqlx::query_scalar(PID)
+            .fetch_one(&mut first)
+            .await?;
+        if theirs == mine || again != mine {
+            shared = true;
+            break;
+        }
+    }
+    let _ = first.close().await;
+    Ok(shared)
 }
 
 #[cfg(feature = "postgres")]

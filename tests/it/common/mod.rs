@@ -31,9 +31,19 @@ pub mod rabbitmq;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Postgres,
+    /// PostgreSQL through PgBouncer in transaction pooling mode (`scripts/pgbouncer`): the
+    /// database is created on the server, and the test connects through the pooler.
+    PgBouncer,
     MySql,
     SqliteFile,
     SqliteMemory,
+}
+
+impl Backend {
+    /// PostgreSQL, directly or through the pooler.
+    pub fn is_postgres(self) -> bool {
+        matches!(self, Backend::Postgres | Backend::PgBouncer)
+    }
 }
 
 pub fn services_required() -> bool {
@@ -43,6 +53,17 @@ pub fn services_required() -> bool {
 pub fn postgres_admin_url() -> String {
     std::env::var("OUTBOX_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// PgBouncer in transaction mode in front of the `postgres_admin_url` server.
+pub fn pgbouncer_url() -> String {
+    std::env::var("OUTBOX_TEST_PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".into())
+}
+
+/// The URL of database `name` through PgBouncer.
+pub fn through_pgbouncer(name: &str) -> String {
+    with_database(&pgbouncer_url(), name)
 }
 
 pub fn mysql_admin_url() -> String {
@@ -171,6 +192,17 @@ pub async fn test_db(backend: Backend, test: &str) -> Option<TestDb> {
             match fresh_server_db(&postgres_admin_url(), &drop, &name).await {
                 Ok(pair) => pair,
                 Err(e) => return skip_or_fail("PostgreSQL", e),
+            }
+        }
+        Backend::PgBouncer => {
+            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            if let Err(e) = fresh_server_db(&postgres_admin_url(), &drop, &name).await {
+                return skip_or_fail("PostgreSQL", e);
+            }
+            let url = through_pgbouncer(&name);
+            match connect(&url, 20).await {
+                Ok(db) => (url, db),
+                Err(e) => return skip_or_fail("PgBouncer (scripts/pgbouncer start)", e),
             }
         }
         Backend::MySql => {
@@ -643,6 +675,11 @@ macro_rules! backend_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
                 run($crate::common::Backend::Postgres, "pg").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn pgbouncer() {
+                run($crate::common::Backend::PgBouncer, "pb").await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
