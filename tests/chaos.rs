@@ -219,6 +219,9 @@ struct Settings {
     /// Every process reaches PostgreSQL through PgBouncer in transaction pooling mode
     /// (`scripts/pgbouncer`): server sessions shared between clients, no `LISTEN`.
     pooled: bool,
+    /// On the NATS cluster: times the stream leader's server is killed (SIGKILL) and started
+    /// again during production (`OUTBOX_CHAOS_LEADER_KILLS`).
+    leader_kills: u64,
 }
 
 impl Settings {
@@ -239,6 +242,7 @@ impl Settings {
             broker: ChaosBroker::from_env().unwrap_or(ChaosBroker::Nats),
             wal: false,
             pooled: false,
+            leader_kills: env_u64("OUTBOX_CHAOS_LEADER_KILLS", 3),
         }
     }
 
@@ -295,6 +299,10 @@ impl Settings {
 #[serde(rename_all = "lowercase")]
 enum ChaosBroker {
     Nats,
+    /// Three NATS servers of the harness's own in one JetStream cluster, the stream kept on all
+    /// three; the stream leader's server is killed and started again.
+    #[serde(rename = "nats-cluster")]
+    NatsCluster,
     Kafka,
 }
 
@@ -306,10 +314,11 @@ impl ChaosBroker {
             .ok()?;
         match name.to_ascii_lowercase().as_str() {
             "nats" => Some(ChaosBroker::Nats),
+            "nats-cluster" => Some(ChaosBroker::NatsCluster),
             "kafka" => Some(ChaosBroker::Kafka),
-            other => {
-                panic!("chaos: unknown broker {other:?} (OUTBOX_CHAOS_BROKER: nats or kafka)")
-            }
+            other => panic!(
+                "chaos: unknown broker {other:?} (OUTBOX_CHAOS_BROKER: nats, nats-cluster or kafka)"
+            ),
         }
     }
 
@@ -317,14 +326,19 @@ impl ChaosBroker {
     fn selected() -> Vec<Self> {
         match Self::from_env() {
             Some(broker) => vec![broker],
-            None if cfg!(feature = "kafka") => vec![ChaosBroker::Nats, ChaosBroker::Kafka],
-            None => vec![ChaosBroker::Nats],
+            None if cfg!(feature = "kafka") => vec![
+                ChaosBroker::Nats,
+                ChaosBroker::NatsCluster,
+                ChaosBroker::Kafka,
+            ],
+            None => vec![ChaosBroker::Nats, ChaosBroker::NatsCluster],
         }
     }
 
     fn name(self) -> &'static str {
         match self {
             ChaosBroker::Nats => "nats",
+            ChaosBroker::NatsCluster => "nats-cluster",
             ChaosBroker::Kafka => "kafka",
         }
     }
@@ -332,31 +346,36 @@ impl ChaosBroker {
     fn label(self) -> &'static str {
         match self {
             ChaosBroker::Nats => "NATS JetStream",
+            ChaosBroker::NatsCluster => "a 3-node NATS JetStream cluster",
             ChaosBroker::Kafka => "Kafka",
         }
+    }
+
+    /// NATS JetStream, on one server or a cluster.
+    fn is_nats(self) -> bool {
+        matches!(self, ChaosBroker::Nats | ChaosBroker::NatsCluster)
     }
 
     /// The machine's broker, used when the harness runs no broker of its own.
     fn machine_url(self) -> String {
         match self {
-            ChaosBroker::Nats => env_str("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222"),
+            ChaosBroker::Nats | ChaosBroker::NatsCluster => {
+                env_str("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
+            }
             ChaosBroker::Kafka => env_str("OUTBOX_KAFKA", "127.0.0.1:9092"),
         }
     }
 
-    fn own_server(self) -> common::own_server::Broker {
+    /// The harness's own broker in a network namespace: a NATS server on its store, or a tansu
+    /// whose log is in an object store beside it, so that both come back from a kill with what
+    /// they confirmed.
+    async fn own_network(self, test: &str) -> Option<common::netns::Partitionable> {
         match self {
-            ChaosBroker::Nats => common::own_server::Broker::Nats,
-            ChaosBroker::Kafka => common::own_server::Broker::Kafka,
-        }
-    }
-
-    /// The second fault's name: a NATS server is killed and restarted on its data; tansu keeps
-    /// its log in memory, so it is frozen (SIGSTOP) instead of killed.
-    fn outage(self) -> &'static str {
-        match self {
-            ChaosBroker::Nats => "outage",
-            ChaosBroker::Kafka => "frozen",
+            ChaosBroker::Nats | ChaosBroker::NatsCluster => {
+                common::netns::Partitionable::with_broker(common::own_server::Broker::Nats, test)
+                    .await
+            }
+            ChaosBroker::Kafka => common::netns::Partitionable::with_durable_kafka(test).await,
         }
     }
 }
@@ -556,6 +575,15 @@ async fn transport(
                 .connect()
                 .await?,
         ),
+        // Every server's URL, and the stream on all three.
+        ChaosBroker::NatsCluster => Arc::new(
+            NatsTransport::builder(url)
+                .namespace(namespace)
+                .replicas(3)
+                .connection_timeout(Duration::from_secs(5))
+                .connect()
+                .await?,
+        ),
         ChaosBroker::Kafka => kafka_transport(url, namespace).await?,
     })
 }
@@ -617,9 +645,39 @@ async fn produce(dir: &Path) -> Result<(), BoxError> {
     // Half the transactions commit through a handle of their own, as another process's would:
     // their events go through the relays' claim loops.
     let handles = [runtime.outbox().clone(), Outbox::new("chaos-orders")];
-    let produced = produce_orders(dir, &db, &handles).await;
+    // The own relay's counters, as the relays write theirs.
+    let counters = async {
+        loop {
+            write_relay_stats(dir, Role::Producer, &runtime);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let produced = tokio::select! {
+        produced = produce_orders(dir, &db, &handles) => produced,
+        () = counters => unreachable!("the counters are written until production ends"),
+    };
+    write_relay_stats(dir, Role::Producer, &runtime);
     runtime.shutdown().await;
     produced
+}
+
+/// A relay's counters: what it claimed, sent and retried (each retry an attempt spent), and the
+/// outages it saw (each an opening of its breaker).
+fn write_relay_stats(dir: &Path, role: Role, runtime: &Runtime) {
+    let s = runtime.relay_stats().unwrap_or_default();
+    write_stats(
+        dir,
+        role,
+        &[
+            ("claimed", s.claimed),
+            ("sent", s.sent),
+            ("retried", s.retried),
+            ("dead", s.dead),
+            ("stale", s.stale),
+            ("errors", s.errors),
+            ("outages", s.outages),
+        ],
+    );
 }
 
 async fn produce_orders(
@@ -816,18 +874,7 @@ async fn relay(dir: &Path) -> Result<(), BoxError> {
                 );
             }
         }
-        let s = runtime.relay_stats().unwrap_or_default();
-        write_stats(
-            dir,
-            Role::Relay,
-            &[
-                ("claimed", s.claimed),
-                ("sent", s.sent),
-                ("retried", s.retried),
-                ("stale", s.stale),
-                ("errors", s.errors),
-            ],
-        );
+        write_relay_stats(dir, Role::Relay, &runtime);
         tokio::select! {
             _ = terminated() => break,
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
@@ -904,6 +951,13 @@ struct Harness {
     broker_url: String,
     /// The harness's own broker in its network namespace, when broker faults are on.
     network: Option<common::netns::Partitionable>,
+    /// The NATS cluster run's servers, and the supervisor's own client to ask JetStream who
+    /// leads the stream.
+    cluster: Option<(common::own_server::NatsCluster, NatsTransport)>,
+    /// The leader kills on the NATS cluster: where the current one is.
+    leader_chaos: LeaderChaos,
+    /// Every leader change: the server killed, the one elected, how long each step took.
+    leader_changes: Vec<LeaderChange>,
     /// When each broker fault began and ended, from the start of the run (seconds).
     broker_faults: BTreeMap<&'static str, (f64, f64)>,
 }
@@ -1068,6 +1122,151 @@ impl Harness {
     }
 }
 
+/// Where the leader kills on the NATS cluster are.
+enum LeaderChaos {
+    /// Every server runs; the next kill is due at `next`.
+    Idle { next: Instant },
+    /// The leader's server was killed at `since`; it stays down `down_for` and at least until
+    /// another server leads the stream.
+    Down {
+        change: LeaderChange,
+        since: Instant,
+        down_for: Duration,
+    },
+    /// The killed server runs again since `since`; the next kill waits until its copy of the
+    /// stream is current.
+    CatchingUp { since: Instant },
+}
+
+/// One leader change on the NATS cluster, in seconds from the start of the run.
+#[derive(Debug, Clone, Serialize)]
+struct LeaderChange {
+    killed: String,
+    killed_at_secs: f64,
+    /// The server that leads the stream after the kill.
+    elected: Option<String>,
+    /// From the kill until JetStream names another leader.
+    election_secs: Option<f64>,
+    /// From the kill until the server was started again.
+    down_secs: Option<f64>,
+    /// From the restart until the restarted server's copy was current again.
+    caught_up_secs: Option<f64>,
+}
+
+/// The stream's leader (a server name), and whether every other copy is current; `None` while
+/// the stream has no leader or JetStream does not answer.
+async fn stream_leader(nats: &NatsTransport) -> Option<(String, bool)> {
+    let ask = nats.jetstream().get_stream(nats.stream_name());
+    let stream = tokio::time::timeout(Duration::from_secs(3), ask)
+        .await
+        .ok()?
+        .ok()?;
+    let cluster = stream.cached_info().cluster.clone()?;
+    let leader = cluster.leader.filter(|l| !l.is_empty())?;
+    let current =
+        cluster.replicas.len() + 1 >= 3 && cluster.replicas.iter().all(|r| r.current && !r.offline);
+    Some((leader, current))
+}
+
+impl Harness {
+    /// One step of the leader kills on the NATS cluster: kill the stream leader's server when
+    /// one is due and every copy is current, start it again once another server leads and its
+    /// time down is over, and wait until it has caught up. `Ok(true)` while a kill is under way.
+    async fn leader_chaos_step(
+        &mut self,
+        started: Instant,
+        may_kill: bool,
+    ) -> Result<bool, String> {
+        let Some((cluster, nats)) = &self.cluster else {
+            return Ok(false);
+        };
+        let done = self.leader_changes.len() as u64 >= self.settings.leader_kills;
+        match &mut self.leader_chaos {
+            LeaderChaos::Idle { next } => {
+                if done || !may_kill || Instant::now() < *next {
+                    return Ok(false);
+                }
+                let Some((leader, true)) = stream_leader(nats).await else {
+                    return Ok(false);
+                };
+                cluster.kill(&leader);
+                println!(
+                    "chaos: {:>5.1} s, killed {leader}, the stream's leader",
+                    started.elapsed().as_secs_f64()
+                );
+                self.leader_chaos = LeaderChaos::Down {
+                    change: LeaderChange {
+                        killed: leader,
+                        killed_at_secs: started.elapsed().as_secs_f64(),
+                        elected: None,
+                        election_secs: None,
+                        down_secs: None,
+                        caught_up_secs: None,
+                    },
+                    since: Instant::now(),
+                    down_for: Duration::from_millis(fastrand::u64(1_000..4_000)),
+                };
+                Ok(true)
+            }
+            LeaderChaos::Down {
+                change,
+                since,
+                down_for,
+            } => {
+                if change.elected.is_none() {
+                    if let Some((leader, _)) = stream_leader(nats).await
+                        && leader != change.killed
+                    {
+                        change.election_secs = Some(since.elapsed().as_secs_f64());
+                        change.elected = Some(leader);
+                    } else if since.elapsed() > Duration::from_secs(60) {
+                        return Err(format!(
+                            "no server led the stream within 60 s of killing {}",
+                            change.killed
+                        ));
+                    }
+                }
+                if change.elected.is_some() && since.elapsed() >= *down_for {
+                    cluster.resume(&change.killed).await?;
+                    change.down_secs = Some(since.elapsed().as_secs_f64());
+                    let change = change.clone();
+                    println!(
+                        "chaos: {:>5.1} s, {} started again; {} elected after {:.1} s",
+                        started.elapsed().as_secs_f64(),
+                        change.killed,
+                        change.elected.as_deref().unwrap_or("?"),
+                        change.election_secs.unwrap_or_default()
+                    );
+                    self.leader_changes.push(change);
+                    self.leader_chaos = LeaderChaos::CatchingUp {
+                        since: Instant::now(),
+                    };
+                }
+                Ok(true)
+            }
+            LeaderChaos::CatchingUp { since } => {
+                if let Some((_, true)) = stream_leader(nats).await {
+                    let caught_up = since.elapsed().as_secs_f64();
+                    if let Some(last) = self.leader_changes.last_mut() {
+                        last.caught_up_secs = Some(caught_up);
+                    }
+                    self.leader_chaos = LeaderChaos::Idle {
+                        next: Instant::now() + Duration::from_millis(fastrand::u64(1_000..3_000)),
+                    };
+                    return Ok(false);
+                }
+                if since.elapsed() > Duration::from_secs(60) {
+                    return Err(
+                        "a restarted server's copy of the stream was not current within 60 s"
+                            .into(),
+                    );
+                }
+                Ok(true)
+            }
+        }
+    }
+}
+
 /// The WAL relays' slot of a run (slots are the cluster's).
 fn wal_slot(namespace: &str) -> String {
     format!("outbox_{namespace}")
@@ -1193,12 +1392,8 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
         Err(e) => return skip("PostgreSQL", e),
     };
     // The broker: the harness's own in a network namespace, so it can be cut off and killed.
-    let network = if settings.broker_fault_secs > 0 {
-        let network = common::netns::Partitionable::with_broker(
-            settings.broker.own_server(),
-            &format!("chaos{tag}"),
-        )
-        .await;
+    let network = if settings.broker_fault_secs > 0 && settings.broker != ChaosBroker::NatsCluster {
+        let network = settings.broker.own_network(&format!("chaos{tag}")).await;
         if network.is_none() {
             eprintln!("\n*** chaos: no broker faults, on the machine's broker ***\n");
             settings.broker_fault_secs = 0;
@@ -1207,9 +1402,26 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
     } else {
         None
     };
-    let broker_url = network
-        .as_ref()
-        .map_or_else(|| settings.broker.machine_url(), |n| n.server().url());
+    // On the cluster run: three servers of the harness's own on loopback instead.
+    let cluster = if settings.broker == ChaosBroker::NatsCluster {
+        settings.broker_fault_secs = 0;
+        let Some(cluster) = common::own_server::NatsCluster::start(&format!("chaos{tag}"), 3).await
+        else {
+            drop_database(&db_name, settings.wal).await;
+            return skip(
+                "a NATS cluster of the harness's own",
+                "nats-server did not start",
+            );
+        };
+        Some(cluster)
+    } else {
+        None
+    };
+    let broker_url = match (&cluster, &network) {
+        (Some(cluster), _) => cluster.url(),
+        (None, Some(network)) => network.server().url(),
+        (None, None) => settings.broker.machine_url(),
+    };
     // The stream or topics first, so that no child races another to create them.
     let transport = match transport(settings.broker, broker_url.clone(), namespace.clone()).await {
         Ok(t) => t,
@@ -1218,10 +1430,28 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
             return skip(settings.broker.label(), e);
         }
     };
-    transport
-        .setup()
-        .await
-        .map_err(|e| format!("broker setup: {e}"))?;
+    // A cluster elects its JetStream meta leader in the seconds after it starts: until then
+    // the stream cannot be created.
+    let setup_until = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = transport.setup().await {
+        if Instant::now() > setup_until {
+            return Err(format!("broker setup: {e}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let cluster = match cluster {
+        Some(cluster) => {
+            let client = NatsTransport::builder(broker_url.clone())
+                .namespace(namespace.clone())
+                .connection_timeout(Duration::from_secs(5))
+                .request_timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .map_err(|e| format!("the supervisor's client of the cluster: {e}"))?;
+            Some((cluster, client))
+        }
+        None => None,
+    };
 
     let dir = std::env::temp_dir().join(format!("outbox-chaos-{tag}"));
     for sub in ["stats", "confirms"] {
@@ -1258,6 +1488,11 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
         arming: true,
         broker_url,
         network,
+        cluster,
+        leader_chaos: LeaderChaos::Idle {
+            next: Instant::now() + Duration::from_secs(3),
+        },
+        leader_changes: Vec::new(),
         broker_faults: BTreeMap::new(),
     };
     println!(
@@ -1279,7 +1514,7 @@ async fn supervise(mut settings: Settings) -> Result<Outcome, String> {
             // Kafka topics stay (deleting topics under live clients is what tansu handles
             // worst); on the harness's own broker they go with it.
             if std::env::var("OUTBOX_CHAOS_KEEP").is_err() {
-                if h.settings.broker == ChaosBroker::Nats {
+                if h.settings.broker.is_nats() {
                     delete_stream(&h.broker_url, &h.namespace).await;
                 }
                 drop_database(&db_name, h.settings.wal).await;
@@ -1309,13 +1544,13 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
     let mut last_analyze = Instant::now();
     let mut producer_done = false;
     let mut stop_written = false;
-    // Broker faults: a silent partition from 3 s, the broker killed (or frozen) from 3 s after
-    // it healed.
+    // Broker faults: a silent partition from 3 s, the broker killed (SIGKILL) from 3 s after it
+    // healed and started again on its log after as long.
     let fault = Duration::from_secs(h.settings.broker_fault_secs);
     let mut faults = if h.network.is_some() {
         vec![
             ("partition", Duration::from_secs(3)),
-            (h.settings.broker.outage(), Duration::from_secs(6) + fault),
+            ("outage", Duration::from_secs(6) + fault),
         ]
     } else {
         Vec::new()
@@ -1330,7 +1565,6 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
                 Some((name, since)) if since.elapsed() >= fault => {
                     match name {
                         "partition" => network.heal(),
-                        "frozen" => network.server().thaw(),
                         _ => network.server().resume().await?,
                     }
                     let began = (since - started).as_secs_f64();
@@ -1345,7 +1579,6 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
                     let (name, _) = faults.pop().expect("a fault");
                     match name {
                         "partition" => network.partition(),
-                        "frozen" => network.server().freeze(),
                         _ => network.server().stop(),
                     }
                     fault_on = Some((name, Instant::now()));
@@ -1353,6 +1586,8 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
                 _ => {}
             }
         }
+        // No new leader kill once production is told to stop.
+        let leader_kill_on = h.leader_chaos_step(started, !stop_written).await?;
         for (i, status) in h.reap() {
             let role = h.slots[i].role;
             if role == Role::Producer && status.success() {
@@ -1368,15 +1603,18 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
         let kills = h.failpoint_kills();
         let sigkills: u64 = h.sigkills.values().sum();
         let kills_done = kills.values().all(|&k| k >= h.settings.kills_per_failpoint);
+        let leaders_done = h.cluster.is_none()
+            || (h.leader_changes.len() as u64 >= h.settings.leader_kills && !leader_kill_on);
         let enough = kills_done
             && sigkills >= h.settings.sigkills
             && faults.is_empty()
-            && fault_on.is_none();
+            && fault_on.is_none()
+            && leaders_done;
         // The highest order id is cheap to read and at least the number of orders (ids of
         // rolled-back orders are skipped); the exact count only when it may be enough.
         let orders = scalar(&db, "SELECT COALESCE(MAX(id), 0) FROM chaos_order").await as u64;
         if !stop_written
-            && (enough || Instant::now() > deadline)
+            && (enough || (Instant::now() > deadline && !leader_kill_on))
             && orders >= h.settings.events
             && scalar(&db, "SELECT COUNT(*) FROM chaos_order").await as u64 >= h.settings.events
         {
@@ -1528,7 +1766,9 @@ async fn verify(
 
     // The stream: every order's event is there, first copies in sequence order per customer.
     let stream = match h.settings.broker {
-        ChaosBroker::Nats => read_stream(&h.broker_url, &h.namespace).await?,
+        ChaosBroker::Nats | ChaosBroker::NatsCluster => {
+            read_stream(&h.broker_url, &h.namespace).await?
+        }
         ChaosBroker::Kafka => read_topics(&h.broker_url, &h.namespace).await?,
     };
     let mut first_seen: HashMap<i64, usize> = HashMap::new();
@@ -1584,6 +1824,14 @@ async fn verify(
     if duplicates == 0 {
         problems.push("no duplicate delivery was seen: the crash windows were not hit".into());
     }
+    // Every relay's breaker openings and attempts spent (the producer runs one too): broker
+    // faults are no event's fault, so a leader change should cost neither.
+    let relay_counter = |name: &str| {
+        stats.get(&format!("relay.{name}")).copied().unwrap_or(0)
+            + stats.get(&format!("producer.{name}")).copied().unwrap_or(0)
+    };
+    let breaker_openings = relay_counter("outages");
+    let attempts_spent = relay_counter("retried") + relay_counter("dead");
     let panics = std::fs::read_to_string(h.dir.join("panics.log")).unwrap_or_default();
     if !panics.is_empty() {
         problems.push(format!("unexpected panics:\n{panics}"));
@@ -1615,6 +1863,10 @@ async fn verify(
         "stream_duplicates": stream_duplicates,
         "wall_clock_skews": skewed,
         "broker_faults_secs": h.broker_faults,
+        "leader_changes_survived": h.leader_changes.len(),
+        "leader_changes": h.leader_changes,
+        "breaker_openings": breaker_openings,
+        "publish_attempts_spent": attempts_spent,
         "confirmed_publications": confirmed,
         "republished_copies_at_least": republished,
         "effects_expected": orders * CONSUMERS.len() as i64,

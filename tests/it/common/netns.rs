@@ -92,6 +92,23 @@ impl Partitionable {
         Some(network)
     }
 
+    /// A fresh namespace with a tansu inside whose log outlives it
+    /// ([`OwnServer::start_durable_kafka`]): killed and started again, it still has what it
+    /// confirmed. `None` (after a loud message) as [`with_broker`](Self::with_broker).
+    pub async fn with_durable_kafka(test: &str) -> Option<Self> {
+        let mut network = match Self::create() {
+            Ok(network) => network,
+            Err(why) => {
+                skip_or_fail(test, &why);
+                return None;
+            }
+        };
+        network.server = Some(
+            OwnServer::start_durable_kafka(test, Some((&network.netns, &network.address))).await?,
+        );
+        Some(network)
+    }
+
     /// Claim a free `X` and build the network.
     fn create() -> Result<Self, String> {
         let pid = std::process::id();

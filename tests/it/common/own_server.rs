@@ -1,6 +1,7 @@
-//! Brokers of a test's own — NATS, Redis, RabbitMQ, Kafka (tansu) — on free ports, which the
-//! test can kill and start again to show that nothing is lost, or freeze and thaw. Never the
-//! machine's shared instances.
+//! Brokers of a test's own — NATS (one server, or a JetStream cluster of three), Redis,
+//! RabbitMQ, Kafka (tansu, its log in memory or in an object store that outlives it) — on free
+//! ports, which the test can kill and start again to show that nothing is lost, or freeze and
+//! thaw. Never the machine's shared instances.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -23,9 +24,23 @@ pub enum Broker {
     /// rabbitmq-server as a separate node with its own data directory.
     RabbitMq,
     /// tansu, a Kafka-protocol broker, as `scripts/kafka-broker` installs it. Its storage is in
-    /// memory: a killed tansu comes back empty, so tests freeze it instead ([`OwnServer::freeze`]).
+    /// memory: a killed tansu comes back empty, so tests freeze it instead ([`OwnServer::freeze`]),
+    /// unless it is started with a durable log ([`OwnServer::start_durable_kafka`]).
     Kafka,
 }
+
+/// The S3 server `scripts/kafka-broker` installs for a tansu with a durable log: its Python path.
+pub fn s3_store_path() -> PathBuf {
+    tansu_binary()
+        .parent()
+        .and_then(|bin| bin.parent())
+        .and_then(|package| package.parent())
+        .map(|dir| dir.join("store"))
+        .unwrap_or_default()
+}
+
+/// The bucket tansu keeps its log in.
+const BUCKET: &str = "tansu";
 
 /// The tansu binary `scripts/kafka-broker` installs.
 pub fn tansu_binary() -> PathBuf {
@@ -51,6 +66,11 @@ pub struct OwnServer {
     name: String,
     dir: PathBuf,
     child: Mutex<Option<Child>>,
+    /// A tansu with a durable log: the object store's port and process, which a kill of the
+    /// broker leaves running.
+    durable: bool,
+    store_port: u16,
+    store: Mutex<Option<Child>>,
 }
 
 fn free_port() -> Option<u16> {
@@ -66,7 +86,17 @@ fn free_port() -> Option<u16> {
 impl OwnServer {
     /// Start one, or `None` (after a loud message) when the broker cannot be started here.
     pub async fn start(broker: Broker, test: &str) -> Option<Self> {
-        Self::start_at(broker, test, None).await
+        Self::start_at(broker, test, None, false).await
+    }
+
+    /// Start a tansu whose log, offsets and producer state live in an S3 object store of the
+    /// test's own (moto's S3 server, which `scripts/kafka-broker` installs), started beside it
+    /// (in `netns` on `host` when given): the store outlives the broker, so a killed tansu
+    /// ([`stop`](Self::stop)) comes back with everything it confirmed
+    /// ([`resume`](Self::resume)). `None` after a loud message when it cannot start here.
+    pub async fn start_durable_kafka(test: &str, netns: Option<(&str, &str)>) -> Option<Self> {
+        let netns = netns.map(|(netns, host)| (netns.to_owned(), host.to_owned()));
+        Self::start_at(Broker::Kafka, test, netns, true).await
     }
 
     /// Start one inside the network namespace `netns`, listening on `host` (the namespace's
@@ -78,10 +108,21 @@ impl OwnServer {
         netns: &str,
         host: &str,
     ) -> Option<Self> {
-        Self::start_at(broker, test, Some((netns.to_owned(), host.to_owned()))).await
+        Self::start_at(
+            broker,
+            test,
+            Some((netns.to_owned(), host.to_owned())),
+            false,
+        )
+        .await
     }
 
-    async fn start_at(broker: Broker, test: &str, netns: Option<(String, String)>) -> Option<Self> {
+    async fn start_at(
+        broker: Broker,
+        test: &str,
+        netns: Option<(String, String)>,
+        durable: bool,
+    ) -> Option<Self> {
         let port = free_port()?;
         let name = format!(
             "outbox{}{port}",
@@ -103,7 +144,17 @@ impl OwnServer {
             name,
             dir,
             child: Mutex::new(None),
+            durable,
+            store_port: free_port()?,
+            store: Mutex::new(None),
         };
+        if durable && let Err(e) = server.start_store().await {
+            if services_required() {
+                panic!("cannot start the object store of a Kafka broker of the test's own: {e}");
+            }
+            eprintln!("\n*** SKIPPED {test}: cannot start tansu's object store ({e}) ***\n");
+            return None;
+        }
         if broker == Broker::RabbitMq {
             std::fs::write(server.dir.join("enabled_plugins"), "[].").ok()?;
             std::fs::write(
@@ -140,6 +191,41 @@ impl OwnServer {
             Broker::RabbitMq => format!("amqp://guest:guest@{}:{}/%2f", self.host, self.port),
             Broker::Kafka => format!("{}:{}", self.host, self.port),
         }
+    }
+
+    /// Start the object store of a tansu with a durable log and create its bucket.
+    async fn start_store(&self) -> Result<(), String> {
+        let path = s3_store_path();
+        if !path.join("moto").is_dir() {
+            return Err(format!(
+                "no S3 server in {} (`scripts/kafka-broker start` installs it)",
+                path.display()
+            ));
+        }
+        let mut c = self.program("python3");
+        c.args(["-m", "moto.server", "-H", &self.host, "-p"])
+            .arg(self.store_port.to_string())
+            .env("PYTHONPATH", &path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        *self.store.lock().unwrap() = Some(c.spawn().map_err(|e| e.to_string())?);
+        let address = std::net::SocketAddr::new(
+            self.host.parse().map_err(|e| format!("{e}"))?,
+            self.store_port,
+        );
+        // The server imports for a second or two before it listens.
+        let mut last = String::new();
+        for _ in 0..300 {
+            match create_bucket(address).await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(format!(
+            "the S3 server on {address} did not create the bucket: {last}"
+        ))
     }
 
     /// `program`, run in the server's network namespace if it has one.
@@ -204,6 +290,17 @@ impl OwnServer {
                 let listener = format!("tcp://{}:{}", self.host, self.port);
                 c.args(["broker", "--listener-url", &listener])
                     .args(["--advertised-listener-url", &listener]);
+                if self.durable {
+                    c.args(["--storage-engine", &format!("s3://{BUCKET}/")])
+                        .env(
+                            "AWS_ENDPOINT",
+                            format!("http://{}:{}", self.host, self.store_port),
+                        )
+                        .env("AWS_ALLOW_HTTP", "true")
+                        .env("AWS_ACCESS_KEY_ID", "outbox")
+                        .env("AWS_SECRET_ACCESS_KEY", "outbox")
+                        .env("AWS_DEFAULT_REGION", "us-east-1");
+                }
                 c
             }
         };
@@ -273,9 +370,45 @@ impl OwnServer {
     }
 }
 
+/// `PUT /{BUCKET}` on the S3 server at `address`: `Ok` once it answers 200 (created, or there).
+async fn create_bucket(address: std::net::SocketAddr) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .map_err(|e| e.to_string())?;
+        let request = format!(
+            "PUT /{BUCKET} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut answer = Vec::new();
+        stream
+            .read_to_end(&mut answer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = String::from_utf8_lossy(&answer);
+        let status = status.lines().next().unwrap_or_default().to_owned();
+        if status.contains(" 200") {
+            Ok(())
+        } else {
+            Err(format!("answered {status:?}"))
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+}
+
 impl Drop for OwnServer {
     fn drop(&mut self) {
         self.stop();
+        if let Some(mut store) = self.store.lock().unwrap().take() {
+            let _ = store.kill();
+            let _ = store.wait();
+        }
         if let Some(netns) = &self.netns {
             // What the broker left running in its namespace (a RabbitMQ node's epmd): deleting
             // the namespace would not end it.
@@ -290,5 +423,151 @@ impl Drop for OwnServer {
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A JetStream cluster of the test's own: `size` nats-server processes on loopback, each with its
+/// own client port, route port and store directory, joined by routes into one cluster. A node
+/// can be killed (SIGKILL) and started again on its store, as a host's crash and return.
+pub struct NatsCluster {
+    name: String,
+    nodes: Vec<ClusterNode>,
+    root: PathBuf,
+}
+
+struct ClusterNode {
+    /// The server's name, as JetStream reports a stream's leader.
+    name: String,
+    port: u16,
+    route_port: u16,
+    dir: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl NatsCluster {
+    /// Start `size` nodes and wait until each listens, or `None` (after a loud message) when
+    /// nats-server cannot be started here. JetStream elects its meta leader in the seconds
+    /// after: the first stream's creation may have to wait for it.
+    pub async fn start(test: &str, size: usize) -> Option<Self> {
+        let tag = test.replace(|c: char| !c.is_ascii_alphanumeric(), "");
+        let mut nodes = Vec::with_capacity(size);
+        for i in 0..size {
+            let (port, route_port) = (free_port()?, free_port()?);
+            nodes.push(ClusterNode {
+                name: format!("n{i}"),
+                port,
+                route_port,
+                dir: PathBuf::new(),
+                child: Mutex::new(None),
+            });
+        }
+        let name = format!("outbox{tag}{}", nodes[0].port);
+        let root = std::env::temp_dir().join(format!("outbox-cluster-{name}"));
+        let _ = std::fs::remove_dir_all(&root);
+        for node in &mut nodes {
+            node.dir = root.join(&node.name);
+            std::fs::create_dir_all(&node.dir).ok()?;
+        }
+        let cluster = NatsCluster { name, nodes, root };
+        for node in &cluster.nodes {
+            if let Err(e) = cluster.resume(&node.name).await {
+                if services_required() {
+                    panic!("cannot start a NATS cluster of the test's own: {e}");
+                }
+                eprintln!(
+                    "\n*** SKIPPED {test}: cannot start a NATS cluster of its own ({e}) ***\n"
+                );
+                return None;
+            }
+        }
+        Some(cluster)
+    }
+
+    /// Every node's client URL, comma-separated: what a client is given to reach any of them.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("nats://127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The nodes' server names.
+    pub fn names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// Whether the node runs (it was not killed, or was started again).
+    pub fn is_up(&self, name: &str) -> bool {
+        self.node(name)
+            .is_some_and(|n| n.child.lock().unwrap().is_some())
+    }
+
+    fn node(&self, name: &str) -> Option<&ClusterNode> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    fn command(&self, node: &ClusterNode) -> Command {
+        let routes: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|other| other.name != node.name)
+            .map(|other| format!("nats://127.0.0.1:{}", other.route_port))
+            .collect();
+        let mut c = Command::new("nats-server");
+        c.args(["-a", "127.0.0.1", "-p", &node.port.to_string()])
+            .args(["--server_name", &node.name])
+            .args(["-js", "-sd"])
+            .arg(&node.dir)
+            .args(["--cluster_name", &self.name])
+            .args([
+                "--cluster",
+                &format!("nats://127.0.0.1:{}", node.route_port),
+            ])
+            .args(["--routes", &routes.join(",")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    }
+
+    /// Kill a node (SIGKILL), like a host's crash.
+    pub fn kill(&self, name: &str) {
+        let Some(node) = self.node(name) else { return };
+        if let Some(mut child) = node.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start a node again on its port and store, and wait until it listens.
+    pub async fn resume(&self, name: &str) -> Result<(), String> {
+        let node = self.node(name).ok_or_else(|| format!("no node {name}"))?;
+        let child = self.command(node).spawn().map_err(|e| e.to_string())?;
+        *node.child.lock().unwrap() = Some(child);
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], node.port));
+        for _ in 0..600 {
+            let connect = tokio::net::TcpStream::connect(address);
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), connect).await {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!(
+            "node {name} did not listen on port {} within 30 s",
+            node.port
+        ))
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            if let Some(mut child) = node.child.lock().unwrap().take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
     }
 }

@@ -83,6 +83,10 @@ pub struct NatsConfig {
     /// two missed heartbeats are reported by [`Subscription::next`](crate::transport::Subscription::next).
     /// At most 15 s. Default [`DEFAULT_PULL_HEARTBEAT`] (10 s).
     pub(crate) pull_heartbeat: Duration,
+    /// Copies of the stream a JetStream cluster keeps, on as many servers (1 to 5); `None` leaves
+    /// it to the server (one copy). With 3, the stream survives the loss of one server: another
+    /// copy is elected leader within seconds and goes on storing. Default `None`.
+    pub(crate) replicas: Option<usize>,
 }
 
 impl Default for NatsConfig {
@@ -99,6 +103,7 @@ impl Default for NatsConfig {
             ping_interval: DEFAULT_PING_INTERVAL,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             pull_heartbeat: DEFAULT_PULL_HEARTBEAT,
+            replicas: None,
         }
     }
 }
@@ -170,6 +175,15 @@ impl NatsConfig {
         self
     }
 
+    /// Keep `replicas` copies of the stream on a JetStream cluster (1 to 5, at most the
+    /// cluster's servers). 3 is the choice for production: a server's loss moves the stream's
+    /// leadership to another copy, and publishes wait out the election instead of failing. An
+    /// existing stream with another count is scaled to it by [`setup`](crate::transport::Transport::setup).
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
+
     /// The duplicate window the stream is given: [`duplicate_window`](Self::duplicate_window),
     /// at most [`max_age`](Self::max_age).
     pub fn effective_duplicate_window(&self) -> Duration {
@@ -233,6 +247,8 @@ impl NatsTransportBuilder {
         request_timeout: Duration;
         /// Idle heartbeat interval of pending pull requests (at most 15 s). Default 10 s.
         pull_heartbeat: Duration;
+        /// Copies of the stream on a JetStream cluster (1 to 5). Default: the server's (one).
+        replicas: usize;
     }
 
     /// Replace every setting at once.
@@ -241,18 +257,31 @@ impl NatsTransportBuilder {
         self
     }
 
-    /// Connect to the server.
+    /// Connect to the server, or to one of the servers of a cluster.
     ///
-    /// The initial connection is tried once (a server that is down is an error, not a hang);
-    /// once connected, the client reconnects on its own after a connection loss.
+    /// The URL may list several servers separated by commas
+    /// (`nats://n1:4222,nats://n2:4222,nats://n3:4222`): the client connects to one of them and,
+    /// when it loses that one, reconnects to another (and to the servers the cluster announces).
+    /// Give every server of a cluster, so that a client started while one is down still
+    /// connects.
+    ///
+    /// The initial connection is tried once per server (servers that are all down are an error,
+    /// not a hang); once connected, the client reconnects on its own after a connection loss.
     pub async fn connect(self) -> Result<NatsTransport, TransportError> {
         validate_config(&self.config)?;
+        let servers = server_list(&self.url);
+        if servers.is_empty() {
+            return Err(TransportError::new(
+                TRANSPORT,
+                format!("no NATS server in `{}`", self.url),
+            ));
+        }
         let client = ConnectOptions::new()
             .name("outbox")
             .connection_timeout(self.config.connection_timeout)
             .ping_interval(self.config.ping_interval)
             .request_timeout(Some(self.config.request_timeout))
-            .connect(self.url.as_str())
+            .connect(servers.as_slice())
             .await
             .map_err(|err| {
                 TransportError::new(
@@ -262,6 +291,14 @@ impl NatsTransportBuilder {
             })?;
         NatsTransport::from_client(client, self.config)
     }
+}
+
+/// The servers of a comma-separated URL list, each trimmed, empty entries left out.
+pub(super) fn server_list(urls: &str) -> Vec<&str> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .collect()
 }
 
 /// Whether `name` can be a stream or consumer name.
@@ -303,6 +340,14 @@ pub(super) fn validate_config(config: &NatsConfig) -> Result<(), TransportError>
             ("pull_heartbeat", config.pull_heartbeat),
         ],
     )?;
+    if let Some(replicas) = config.replicas
+        && !(1..=5).contains(&replicas)
+    {
+        return Err(TransportError::new(
+            TRANSPORT,
+            format!("`replicas` must be 1 to 5 (JetStream's limit), got {replicas}"),
+        ));
+    }
     if config.pull_heartbeat > MAX_PULL_HEARTBEAT {
         return Err(TransportError::new(
             TRANSPORT,
@@ -362,6 +407,19 @@ mod tests {
             validate_config(&NatsConfig::default().pull_heartbeat(Duration::from_secs(20)))
                 .is_err()
         );
+        assert!(validate_config(&NatsConfig::default().replicas(0)).is_err());
+        assert!(validate_config(&NatsConfig::default().replicas(6)).is_err());
+        assert!(validate_config(&NatsConfig::default().replicas(3)).is_ok());
+    }
+
+    #[test]
+    fn a_url_may_list_the_servers_of_a_cluster() {
+        assert_eq!(
+            server_list("nats://a:4222, nats://b:4223,,nats://c:4224 "),
+            ["nats://a:4222", "nats://b:4223", "nats://c:4224"]
+        );
+        assert_eq!(server_list("nats://a:4222"), ["nats://a:4222"]);
+        assert!(server_list(" , ").is_empty());
     }
 
     #[test]

@@ -132,12 +132,14 @@ impl NatsTransport {
             max_age: config.max_age.unwrap_or_default(),
             retention: config.retention,
             storage: config.storage,
+            num_replicas: config.replicas.unwrap_or(0),
             ..Default::default()
         }
     }
 
     /// Checks an existing stream against the configuration: fails when it stores other
-    /// subjects, brings the duplicate window and max age in line when they differ.
+    /// subjects, brings the duplicate window, max age and (when set) replicas in line when they
+    /// differ.
     async fn reconcile_stream(&self, existing: stream::Config) -> Result<(), TransportError> {
         let wanted = self.stream_subject();
         if existing.subjects != [wanted.as_str()] {
@@ -164,17 +166,24 @@ impl NatsTransport {
                  JetStream cannot change them in place, keeping the stream as it is"
             );
         }
-        if existing.duplicate_window != duplicate_window || existing.max_age != max_age {
+        // The server reports one copy as 1 (or 0 from some versions): both mean one.
+        let replicas = config.replicas.unwrap_or(existing.num_replicas.max(1));
+        if existing.duplicate_window != duplicate_window
+            || existing.max_age != max_age
+            || existing.num_replicas.max(1) != replicas
+        {
             tracing::info!(
                 stream = %existing.name,
                 ?duplicate_window,
                 ?max_age,
-                "updating the stream's duplicate window and max age"
+                replicas,
+                "updating the stream's duplicate window, max age and replicas"
             );
             let name = existing.name.clone();
             let updated = stream::Config {
                 duplicate_window,
                 max_age,
+                num_replicas: replicas,
                 ..existing
             };
             self.inner
