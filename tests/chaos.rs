@@ -246,6 +246,27 @@ impl Settings {
         }
     }
 
+    /// The settings of a run on `broker`. On Kafka the rate defaults to 100/s and the time bound
+    /// to 40 s: the harness's tansu keeps its log in an S3 server written in Python, whose
+    /// listings grow with the log, so that it serves a few hundred messages a second.
+    fn for_broker(broker: ChaosBroker) -> Self {
+        let defaults = Settings::from_env();
+        match broker {
+            ChaosBroker::Kafka => Settings {
+                broker,
+                rate: env_u64("OUTBOX_CHAOS_RATE", 100),
+                max_secs: env_u64("OUTBOX_CHAOS_MAX_SECS", 40),
+                // Longer than the producers' delivery timeout (see `kafka_transport`).
+                broker_fault_secs: match defaults.broker_fault_secs {
+                    0 => 0,
+                    secs => secs.max(4),
+                },
+                ..defaults
+            },
+            _ => Settings { broker, ..defaults },
+        }
+    }
+
     /// The run's name: the broker's, with `-wal` for WAL relays and `-pgbouncer` through the
     /// pooler.
     fn name(&self) -> String {
@@ -266,10 +287,7 @@ impl Settings {
             "only" => Vec::new(),
             _ => ChaosBroker::selected()
                 .into_iter()
-                .map(|broker| Settings {
-                    broker,
-                    ..Settings::from_env()
-                })
+                .map(Settings::for_broker)
                 .collect(),
         };
         if std::env::var("OUTBOX_CHAOS_POOLER").unwrap_or_default() != "0"
@@ -589,14 +607,20 @@ async fn transport(
 }
 
 /// Kafka: the consumers' session is short, so that a killed consumer's partitions go to
-/// another instance within seconds.
+/// another instance within seconds. The publish timeout (the producer's delivery timeout) is
+/// shorter than the broker's outage: tansu 0.6 on its S3 engine acknowledges, without storing
+/// them, the retries an idempotent producer sends after its restart of batches it received before
+/// its kill, so the producer must have given up on them (and the transport replaced it, the relay
+/// publishing them again) before the broker is back. A Kafka broker keeps its producers' state
+/// with its log and needs no such setting.
 #[cfg(feature = "kafka")]
 async fn kafka_transport(url: String, namespace: String) -> Result<Arc<dyn Transport>, BoxError> {
     Ok(Arc::new(
         outbox::transport::kafka::KafkaTransport::builder(url)
             .namespace(namespace)
             .session_timeout(Duration::from_secs(6))
-            .request_timeout(Duration::from_secs(5))
+            .publish_timeout(Duration::from_secs(3))
+            .request_timeout(Duration::from_secs(3))
             .connect()
             .await?,
     ))

@@ -15,6 +15,15 @@
 //! window (default two minutes) and still acknowledges it: a relay that crashed between the
 //! broker's confirmation and marking the row `SENT` does not create a second copy.
 //!
+//! # On a cluster
+//!
+//! Give every server's URL, comma-separated, and keep the stream on three servers
+//! ([`NatsConfig::replicas`]): when a server dies the client goes on through another, and when
+//! it led the stream a publish waits out the election of the next leader (seconds) and sends its
+//! messages again within its publish timeout ([`ELECTION_PATIENCE`]); the duplicate window drops
+//! the copies the old leader did store. An election is neither the message's failure (no
+//! attempt is counted) nor an outage (the relay's breaker stays closed).
+//!
 //! # Consuming
 //!
 //! [`subscribe`] binds a durable pull consumer named after the consumer group (see
@@ -42,9 +51,21 @@
 //! [`publish`]: Transport::publish
 //! [`subscribe`]: Transport::subscribe
 
-use std::{fmt, sync::Arc};
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
-use async_nats::{Client, connection::State, jetstream};
+use async_nats::{
+    Client,
+    connection::State,
+    jetstream::{self, ErrorCode, context::GetStreamErrorKind},
+};
+use tokio::time::Instant;
 
 use super::{
     OutgoingMessage, PublishError, SubscribeOptions, Subscription, Transport, TransportError,
@@ -68,6 +89,7 @@ pub use config::{
     DEFAULT_PUBLISH_TIMEOUT, DEFAULT_PULL_HEARTBEAT, DEFAULT_REQUEST_TIMEOUT, NatsConfig,
     NatsTransportBuilder,
 };
+pub use publish::ELECTION_PATIENCE;
 pub use subscription::durable_name;
 
 use config::validate_config;
@@ -84,7 +106,41 @@ struct Inner {
     jetstream: jetstream::Context,
     config: NatsConfig,
     stream_name: String,
+    /// The stream is kept by a cluster (JetStream reports its leader): publishes watch for
+    /// elections.
+    clustered: AtomicBool,
+    /// What JetStream last said of the stream's leader, and when.
+    leader: tokio::sync::Mutex<LeaderView>,
 }
+
+/// The stream's leader as last asked.
+#[derive(Default)]
+struct LeaderView {
+    leader: Option<String>,
+    answer: Option<(Instant, Leadership)>,
+}
+
+/// What JetStream says of the stream's leader, against what it said before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Leadership {
+    /// The leader named before (it is the one storing).
+    Same,
+    /// A leader not named before (the first answer counts as one).
+    Changed,
+    /// No leader (an election), or no answer from JetStream in time.
+    NoLeader,
+    /// A stream on a single server: no elections.
+    Standalone,
+    /// No such stream.
+    Missing,
+}
+
+/// How long an answer about the stream's leader is reused: the confirmations of a batch that
+/// waited out an election ask once.
+const LEADERSHIP_REUSED_FOR: Duration = Duration::from_millis(250);
+
+/// How long the question about the stream's leader may take.
+const LEADERSHIP_QUESTION: Duration = Duration::from_secs(1);
 
 impl fmt::Debug for NatsTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -121,14 +177,66 @@ impl NatsTransport {
             .backpressure_on_inflight(false)
             .build(client.clone());
         let stream_name = config.resolved_stream_name();
+        let clustered = AtomicBool::new(config.replicas.is_some_and(|r| r > 1));
         Ok(NatsTransport {
             inner: Arc::new(Inner {
                 client,
                 jetstream,
                 config,
                 stream_name,
+                clustered,
+                leader: tokio::sync::Mutex::new(LeaderView::default()),
             }),
         })
+    }
+
+    /// Whether the stream is kept by a cluster, as far as the transport knows.
+    pub(super) fn clustered(&self) -> bool {
+        self.inner.clustered.load(Ordering::Relaxed)
+    }
+
+    /// Record whether the stream is kept by a cluster (from its info).
+    pub(super) fn set_clustered(&self, clustered: bool) {
+        self.inner.clustered.store(clustered, Ordering::Relaxed);
+    }
+
+    /// Ask JetStream who leads the stream (an answer less than [`LEADERSHIP_REUSED_FOR`] old is
+    /// reused).
+    pub(super) async fn leadership(&self) -> Leadership {
+        let mut view = self.inner.leader.lock().await;
+        if let Some((asked, answer)) = view.answer
+            && asked.elapsed() < LEADERSHIP_REUSED_FOR
+        {
+            return answer;
+        }
+        let ask = self.inner.jetstream.get_stream(&self.inner.stream_name);
+        let answer = match tokio::time::timeout(LEADERSHIP_QUESTION, ask).await {
+            Ok(Ok(stream)) => match &stream.cached_info().cluster {
+                Some(cluster) => {
+                    self.set_clustered(true);
+                    match cluster.leader.as_deref().filter(|l| !l.is_empty()) {
+                        Some(leader) if view.leader.as_deref() == Some(leader) => Leadership::Same,
+                        Some(leader) => {
+                            view.leader = Some(leader.to_owned());
+                            Leadership::Changed
+                        }
+                        None => Leadership::NoLeader,
+                    }
+                }
+                None => Leadership::Standalone,
+            },
+            Ok(Err(err)) => match err.kind() {
+                GetStreamErrorKind::JetStream(api)
+                    if api.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    Leadership::Missing
+                }
+                _ => Leadership::NoLeader,
+            },
+            Err(_elapsed) => Leadership::NoLeader,
+        };
+        view.answer = Some((Instant::now(), answer));
+        answer
     }
 
     /// The JetStream context, for inspecting streams and consumers.

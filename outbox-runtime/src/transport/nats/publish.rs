@@ -1,9 +1,22 @@
 //! Publishing: every message sent with its `Nats-Msg-Id` without waiting, then each JetStream
 //! `PubAck` awaited, and the mapping of publish errors to per-message results.
+//!
+//! # Leader elections
+//!
+//! On a JetStream cluster one server leads each stream and stores what is published to it. When
+//! that server dies, the others elect a new leader, which takes seconds; meanwhile nothing
+//! answers a publish ("no responders"), and a message the dead leader took is never confirmed.
+//! None of that is the message's fault, nor an outage of the broker: a publish waits the election
+//! out, within its publish timeout, and sends the message again (its `Nats-Msg-Id` makes a copy
+//! the old leader did store a duplicate the stream drops). It does so when nothing serves the
+//! stream's subjects while the stream exists, when the connection was lost and the client is on
+//! another server of the cluster, and, on a clustered stream, when no confirmation came for
+//! [`ELECTION_PATIENCE`] and JetStream names no leader or another leader than before. Only a
+//! message still unconfirmed at its deadline fails, as a timeout.
 
 use crate::transport::CONTENT_TYPE;
 use crate::transport::publish_results;
-use std::collections::VecDeque;
+use std::{collections::VecDeque, future::IntoFuture, sync::atomic::Ordering, time::Duration};
 
 use async_nats::{
     HeaderMap,
@@ -17,7 +30,7 @@ use async_nats::{
 };
 use tokio::time::Instant;
 
-use super::{NatsTransport, config::is_valid_subject};
+use super::{Leadership, NatsTransport, config::is_valid_subject};
 use crate::transport::{OutgoingMessage, PublishError};
 
 /// Publishes one [`Transport::publish`](crate::transport::Transport::publish) call keeps
@@ -29,6 +42,23 @@ const PUBLISH_WINDOW: usize = 4_096;
 /// publish fails at once with [`PublishError::Rejected`] (to be retried) instead of waiting,
 /// which could deadlock calls that each hold unawaited acknowledgements.
 pub(super) const MAX_ACKS_IN_FLIGHT: usize = 65_536;
+
+/// On a clustered stream, how long a publish waits for its confirmation before it asks whether
+/// the stream's leader changed (and then sends the message again).
+pub const ELECTION_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The first pause before a message is sent again during an election; it doubles up to
+/// [`MAX_RESEND_PAUSE`].
+const FIRST_RESEND_PAUSE: Duration = Duration::from_millis(100);
+const MAX_RESEND_PAUSE: Duration = Duration::from_secs(1);
+
+/// What one wait for a confirmation came to.
+enum Waited {
+    Confirmed,
+    /// The message must be sent again: the stream's leader is being elected or changed.
+    Resend,
+    Failed(PublishError),
+}
 
 impl NatsTransport {
     /// [`Transport::publish`](crate::transport::Transport::publish): sends the batch, at most
@@ -45,7 +75,7 @@ impl NatsTransport {
             if pending.len() >= PUBLISH_WINDOW
                 && let Some((i, subject, ack, deadline)) = pending.pop_front()
             {
-                results[i] = Some(self.confirm(subject, ack, deadline).await);
+                results[i] = Some(self.confirm(&messages[i], subject, ack, deadline).await);
             }
             match self.send_one(message).await {
                 Ok(ack) => pending.push_back((
@@ -58,7 +88,7 @@ impl NatsTransport {
             }
         }
         for (i, subject, ack, deadline) in pending {
-            results[i] = Some(self.confirm(subject, ack, deadline).await);
+            results[i] = Some(self.confirm(&messages[i], subject, ack, deadline).await);
         }
         publish_results(results)
     }
@@ -110,8 +140,7 @@ impl NatsTransport {
                  keep payloads smaller)"
             )),
             PublishErrorKind::StreamNotFound => PublishError::Rejected(format!(
-                "no JetStream stream stores `{subject}` (has `setup()` run for stream `{}`?): \
-                 {err}",
+                "{NO_STREAM} `{subject}` (has `setup()` run for stream `{}`?): {err}",
                 self.inner.stream_name
             )),
             PublishErrorKind::BrokenPipe => {
@@ -142,18 +171,116 @@ impl NatsTransport {
         }
     }
 
-    /// Awaits one `PubAck`, until `deadline`.
+    /// Awaits one `PubAck`, until `deadline`, sending the message again while its stream's
+    /// leader is being elected (see the module's documentation).
     async fn confirm(
         &self,
+        message: &OutgoingMessage,
         subject: String,
         ack: PublishAckFuture,
         deadline: Instant,
     ) -> Result<(), PublishError> {
-        match tokio::time::timeout_at(deadline, ack).await {
-            // `duplicate: true` means the stream already stored this event id: still stored.
-            Ok(Ok(_ack)) => Ok(()),
-            Ok(Err(err)) => Err(self.map_publish_error(&subject, err)),
-            Err(_elapsed) => Err(PublishError::Timeout(self.inner.config.publish_timeout)),
+        let mut ack = ack.into_future();
+        let mut sent_on = self.connects();
+        let mut pause = FIRST_RESEND_PAUSE;
+        loop {
+            match self.wait(&subject, &mut ack, sent_on, deadline).await {
+                Waited::Confirmed => return Ok(()),
+                Waited::Failed(error) => return Err(error),
+                Waited::Resend => {}
+            }
+            // Send again after a pause, as long as the deadline leaves time for it.
+            let now = Instant::now();
+            if now + pause >= deadline {
+                return Err(PublishError::Timeout(self.inner.config.publish_timeout));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RESEND_PAUSE);
+            sent_on = self.connects();
+            match self.send_one(message).await {
+                Ok(again) => ack = again.into_future(),
+                Err(error) if self.election_may_explain(&error).await => {
+                    // Not sent: wait for the next try as if it had found no leader.
+                    ack = Box::pin(std::future::ready(Err(
+                        jetstream::context::PublishError::new(PublishErrorKind::BrokenPipe),
+                    )));
+                }
+                Err(error) => return Err(error),
+            }
         }
     }
+
+    /// One wait for a confirmation: until `deadline`, or on a clustered stream until
+    /// [`ELECTION_PATIENCE`] passed without one and the leader may have changed.
+    async fn wait(
+        &self,
+        subject: &str,
+        ack: &mut <PublishAckFuture as IntoFuture>::IntoFuture,
+        sent_on: u64,
+        deadline: Instant,
+    ) -> Waited {
+        loop {
+            let patience = match self.clustered() {
+                true => deadline.min(Instant::now() + ELECTION_PATIENCE),
+                false => deadline,
+            };
+            match tokio::time::timeout_at(patience, &mut *ack).await {
+                // `duplicate: true` means the stream already stored this event id: still stored.
+                Ok(Ok(_ack)) => return Waited::Confirmed,
+                Ok(Err(err)) => {
+                    let error = self.map_publish_error(subject, err);
+                    return match self.election_may_explain(&error).await {
+                        true => Waited::Resend,
+                        false => Waited::Failed(error),
+                    };
+                }
+                Err(_elapsed) if Instant::now() >= deadline => {
+                    return Waited::Failed(PublishError::Timeout(
+                        self.inner.config.publish_timeout,
+                    ));
+                }
+                Err(_elapsed) => {
+                    // A confirmation sent over a connection since lost never comes.
+                    if self.connects() != sent_on {
+                        return Waited::Resend;
+                    }
+                    match self.leadership().await {
+                        Leadership::Changed | Leadership::NoLeader => return Waited::Resend,
+                        // The same leader is still storing: keep waiting for this one.
+                        Leadership::Same | Leadership::Standalone | Leadership::Missing => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `error` may come from an election rather than from the message or an outage:
+    /// nothing served the stream's subjects though the stream exists, or the connection was lost
+    /// while the client has servers of a cluster to go to.
+    async fn election_may_explain(&self, error: &PublishError) -> bool {
+        match error {
+            PublishError::Rejected(_) if self.no_responders(error) => {
+                !matches!(self.leadership().await, Leadership::Missing)
+            }
+            PublishError::Connection(_) => self.clustered(),
+            _ => false,
+        }
+    }
+
+    /// Whether a rejection says that nothing served the subject ("no responders").
+    fn no_responders(&self, error: &PublishError) -> bool {
+        matches!(error, PublishError::Rejected(message) if message.starts_with(NO_STREAM))
+    }
+
+    /// Times the client connected (a reconnect to the same or another server counts).
+    fn connects(&self) -> u64 {
+        self.inner
+            .client
+            .statistics()
+            .connects
+            .load(Ordering::Relaxed)
+    }
 }
+
+/// How a rejection for want of a stream serving the subject begins.
+const NO_STREAM: &str = "no JetStream stream stores";

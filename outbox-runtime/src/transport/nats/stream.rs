@@ -50,6 +50,7 @@ impl NatsTransport {
         let name = &self.inner.stream_name;
         match js.get_stream(name).await {
             Ok(stream) => {
+                self.set_clustered(stream.cached_info().cluster.is_some());
                 return Ok(self
                     .reconcile_stream(stream.cached_info().config.clone())
                     .await?);
@@ -67,7 +68,8 @@ impl NatsTransport {
             },
         }
         match js.create_stream(self.stream_config()).await {
-            Ok(_) => {
+            Ok(stream) => {
+                self.set_clustered(stream.cached_info().cluster.is_some());
                 tracing::info!(stream = %name, subjects = %self.stream_subject(), "created the stream");
                 Ok(())
             }
