@@ -32,6 +32,9 @@ mod operating {}
 #[doc = include_str!("../book/src/many-databases.md")]
 mod many_databases {}
 
+#[doc = include_str!("../book/src/topologies.md")]
+mod topologies {}
+
 #[doc = include_str!("../book/src/console.md")]
 mod console {}
 

@@ -37,6 +37,8 @@ mod delayed;
 #[cfg(feature = "testing")]
 mod failure_groups;
 mod fast_path;
+#[cfg(all(feature = "postgres-wal", feature = "nats"))]
+mod failover;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "kafka"))]
 mod fleet;
 mod fleet_budget;

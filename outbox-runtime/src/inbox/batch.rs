@@ -80,6 +80,20 @@ impl Consumer {
                 crate::telemetry::consumed(self.system, self.name, run.len());
                 drop(spans);
                 failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
+                if let Some(why) = self.standbys_lag().await {
+                    tracing::warn!(consumer = self.name, reason = %why, deliveries = run.len(), "handled deliveries are not acked yet; the broker redelivers them");
+                    let nacks = run.into_iter().map(|inline| {
+                        inline
+                            .delivery
+                            .nack(Some(std::time::Duration::from_secs(1)))
+                    });
+                    for settled in futures_util::future::join_all(nacks).await {
+                        if let Err(e) = settled {
+                            tracing::warn!(consumer = self.name, error = %e, "could not settle a delivery with the broker");
+                        }
+                    }
+                    return;
+                }
                 let acks = run.into_iter().map(|inline| inline.delivery.ack());
                 for settled in futures_util::future::join_all(acks).await {
                     if let Err(e) = settled {

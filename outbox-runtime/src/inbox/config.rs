@@ -19,6 +19,7 @@ pub struct InboxConfig {
     pub(crate) subscribe: SubscribeOptions,
     pub(crate) resubscribe: Backoff,
     pub(crate) commit_batch: usize,
+    pub(crate) wait_for_standbys: u32,
     /// Failures injected into handlers' attempts (the test kit's).
     #[cfg(feature = "testing")]
     pub(crate) faults: Option<crate::testing::HandlerFaults>,
@@ -42,6 +43,7 @@ impl Default for InboxConfig {
                 jitter: 0.2,
             },
             commit_batch: 32,
+            wait_for_standbys: 0,
             #[cfg(feature = "testing")]
             faults: None,
         }
@@ -94,6 +96,15 @@ crate::util::setters! {
         /// 1 commits each delivery on its own. A batch never waits for more deliveries: it takes
         /// what has arrived.
         commit_batch: usize,
+
+        /// PostgreSQL with streaming standbys: ack a delivery only once this many standbys have
+        /// flushed the log past the commit that recorded it (`pg_stat_replication.flush_lsn`);
+        /// one they do not hold within 5 s, or whose primary stops answering, is nacked, and
+        /// the broker's redelivery finds it recorded (a duplicate) or records it again on the
+        /// new primary. Without it, a failover to an asynchronous standby can take back a
+        /// handled message the broker has already forgotten. The role must see the standbys'
+        /// positions (`pg_monitor`). Default 0: ack at once.
+        wait_for_standbys: u32,
     }
 }
 

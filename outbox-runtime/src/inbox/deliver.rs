@@ -46,6 +46,8 @@ const RECORD_RETRY_FIRST: Duration = Duration::from_millis(50);
 const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
 /// Attempts to record a delivery when the error is neither a lost connection nor a deadlock.
 const RECORD_ATTEMPTS_ON_OTHER_ERRORS: u32 = 3;
+/// How long a handled delivery waits for the standbys before it is nacked.
+const STANDBY_WAIT: Duration = Duration::from_secs(5);
 
 impl Consumer {
     /// The consumer span of recording `delivery` (`envelope`: decoded, when it could be).
@@ -94,6 +96,10 @@ impl Consumer {
             {
                 Ok(()) => {
                     failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
+                    if let Some(why) = self.standbys_lag().await {
+                        tracing::warn!(consumer = self.name, reason = %why, "a handled delivery is not acked yet; the broker redelivers it");
+                        break delivery.nack(Some(Duration::from_secs(1))).await;
+                    }
                     break delivery.ack().await;
                 }
                 Err(e) => e,
@@ -123,6 +129,24 @@ impl Consumer {
         };
         if let Err(e) = settle {
             tracing::warn!(consumer = self.name, error = %e, "could not settle a delivery with the broker");
+        }
+    }
+
+    /// With [`InboxConfig::wait_for_standbys`](super::InboxConfig::wait_for_standbys), why
+    /// what was just committed must not be acked (it may not be on enough standbys); `None` to
+    /// ack.
+    pub(super) async fn standbys_lag(&self) -> Option<String> {
+        let wanted = self.config.wait_for_standbys;
+        if wanted == 0 {
+            return None;
+        }
+        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT).await {
+            Ok(store::standby::Held::Held) => None,
+            Ok(store::standby::Held::NotYet { position, standbys }) => Some(format!(
+                "{standbys} of {wanted} standby(s) flushed the log past {position} within \
+                 {STANDBY_WAIT:?}"
+            )),
+            Err(e) => Some(format!("could not ask the primary about its standbys: {e}")),
         }
     }
 

@@ -23,6 +23,7 @@ pub struct RelayConfig {
     pub(crate) heartbeat: Duration,
     pub(crate) fast_path: bool,
     pub(crate) fast_path_lease: Duration,
+    pub(crate) wait_for_standbys: u32,
 }
 
 impl Default for RelayConfig {
@@ -48,6 +49,7 @@ impl Default for RelayConfig {
             heartbeat: Duration::from_secs(10),
             fast_path: true,
             fast_path_lease: Duration::from_secs(15),
+            wait_for_standbys: 0,
         }
     }
 }
@@ -130,6 +132,16 @@ crate::util::setters! {
         /// after the commit, another relay publishes them once this has passed. Longer than a
         /// publish can take (the transports' confirmation timeouts are 10 s). Default 15 s.
         fast_path_lease: Duration,
+
+        /// PostgreSQL with streaming standbys: publish a batch only once this many standbys
+        /// have flushed the log past it (`pg_stat_replication.flush_lsn`), so that no event is
+        /// announced that a failover to an asynchronous standby could take back with its
+        /// business rows. Applies to every road (claim loop, fast path, WAL relay); a batch the
+        /// standbys do not hold within 5 s is handed back (no attempt spent) and published by a
+        /// later round. The role must see the standbys' positions (`pg_monitor`). Costs a round
+        /// trip or two and the standby's flush delay per batch (`docs/BENCHMARKS.md`). Default
+        /// 0: publish at once.
+        wait_for_standbys: u32,
     }
 }
 

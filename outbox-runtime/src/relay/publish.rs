@@ -271,6 +271,13 @@ impl Relay {
             outage: None,
         };
         let settlement = &mut published.settlement;
+        if let Some(why) = self.standbys_lag().await {
+            // Nothing is announced that a failover could take back: handed back, no attempt
+            // spent, published once the standbys hold it.
+            decide::release(settlement, claim.events.iter());
+            published.transient_error = Some(why);
+            return published;
+        }
         let mut waves = decide::Waves::new(&claim.events, self.config.ordering);
         let routing = transport.routing();
         if self.pauses.any_destination() {
@@ -529,6 +536,29 @@ impl Source {
 }
 
 /// What publishing a claim decided.
+/// How long a batch waits for the standbys ([`RelayConfig::wait_for_standbys`]) before it is
+/// handed back for a later round.
+const STANDBY_WAIT: Duration = Duration::from_secs(5);
+
+impl Relay {
+    /// With [`RelayConfig::wait_for_standbys`], why the batch must not be published yet (its
+    /// commits may not be on enough standbys); `None` to publish.
+    async fn standbys_lag(&self) -> Option<String> {
+        let wanted = self.config.wait_for_standbys;
+        if wanted == 0 {
+            return None;
+        }
+        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT).await {
+            Ok(store::standby::Held::Held) => None,
+            Ok(store::standby::Held::NotYet { position, standbys }) => Some(format!(
+                "waiting for {wanted} standby(s) to flush the log past {position} ({standbys} \
+                 had after {STANDBY_WAIT:?}; see pg_stat_replication)"
+            )),
+            Err(e) => Some(format!("could not ask the primary about its standbys: {e}")),
+        }
+    }
+}
+
 pub(super) struct Published {
     pub(super) settlement: Settlement,
     /// The first failure a retry may cure.

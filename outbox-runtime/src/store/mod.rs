@@ -52,6 +52,7 @@ pub mod schema;
 pub mod sent;
 pub mod sql;
 pub mod sqlite;
+pub mod standby;
 pub mod stats;
 pub mod status;
 pub mod tx;

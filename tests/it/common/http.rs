@@ -106,10 +106,12 @@ pub async fn send(
 }
 
 /// A TCP proxy to `target` that can be cut: while down, open connections are closed and new
-/// ones are closed as soon as they are accepted.
+/// ones are closed as soon as they are accepted. It can be pointed at another server, as a
+/// failover moves a database's address.
 pub struct Proxy {
     pub addr: SocketAddr,
     up: Arc<AtomicBool>,
+    target: Arc<Mutex<SocketAddr>>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accept: JoinHandle<()>,
 }
@@ -119,9 +121,11 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let up = Arc::new(AtomicBool::new(true));
+        let target = Arc::new(Mutex::new(target));
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let accept = tokio::spawn({
             let up = up.clone();
+            let target = target.clone();
             let connections = connections.clone();
             async move {
                 while let Ok((mut inbound, _)) = listener.accept().await {
@@ -129,6 +133,7 @@ impl Proxy {
                         drop(inbound);
                         continue;
                     }
+                    let target = *target.lock().unwrap();
                     let task = tokio::spawn(async move {
                         if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
                             let _ =
@@ -142,6 +147,7 @@ impl Proxy {
         Proxy {
             addr,
             up,
+            target,
             connections,
             accept,
         }
@@ -158,6 +164,11 @@ impl Proxy {
     /// The database is back.
     pub fn up(&self) {
         self.up.store(true, Ordering::SeqCst);
+    }
+
+    /// New connections go to `target` from now on (open ones are left as they are).
+    pub fn point_to(&self, target: SocketAddr) {
+        *self.target.lock().unwrap() = target;
     }
 }
 

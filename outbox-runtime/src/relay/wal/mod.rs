@@ -183,6 +183,9 @@ pub(crate) struct WalMode {
     pub(crate) config: WalConfig,
     /// The slot is gone or cannot be streamed from: the relay polls the table.
     fallen_back: AtomicBool,
+    /// The server's timeline when the slot was last made or found (see
+    /// [`store::wal::timeline`]).
+    timeline: std::sync::Mutex<Option<String>>,
 }
 
 impl WalMode {
@@ -190,6 +193,7 @@ impl WalMode {
         WalMode {
             config,
             fallen_back: AtomicBool::new(false),
+            timeline: std::sync::Mutex::new(None),
         }
     }
 
@@ -399,6 +403,19 @@ impl Relay {
                     // A missing or invalidated slot cannot be streamed from again.
                     let state = store::wal::slot(&self.db, &mode.config.slot).await;
                     match &state {
+                        Ok(None) if self.promoted_since(mode).await => {
+                            tracing::warn!(
+                                relay = %relay_id, slot = %mode.config.slot, error = %error,
+                                "the server was promoted since the slot was made (a failover): \
+                                 making the slot anew on it; the claim loop publishes what the \
+                                 old slot had not"
+                            );
+                            if let Err(e) = self.prepare_slot(mode).await {
+                                return self.fall_back(mode, &e);
+                            }
+                            failures = 0;
+                            continue;
+                        }
                         Ok(None) => {
                             return self.fall_back(
                                 mode,
@@ -445,6 +462,20 @@ impl Relay {
         mode.fall_back(&self.config.relay_id, reason);
     }
 
+    /// Whether the server's timeline moved on since the slot was made or found: a standby
+    /// was promoted, and the slot stayed behind on the old primary.
+    async fn promoted_since(&self, mode: &WalMode) -> bool {
+        let known = mode
+            .timeline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match (known, store::wal::timeline(&self.db).await) {
+            (Some(known), Ok(now)) => known != now,
+            _ => false,
+        }
+    }
+
     /// The publication and the slot, created where missing.
     async fn prepare_slot(&self, mode: &WalMode) -> Result<(), String> {
         let slot = &mode.config.slot;
@@ -463,6 +494,10 @@ impl Relay {
                 "the server runs with wal_level = {level}; the WAL relay needs wal_level = logical"
             ));
         }
+        let timeline = store::wal::timeline(&self.db)
+            .await
+            .map_err(|e| e.to_string())?;
+        *mode.timeline.lock().unwrap_or_else(|p| p.into_inner()) = Some(timeline);
         store::wal::ensure_publication(&self.db, &mode.config.publication)
             .await
             .map_err(|e| e.to_string())?;
