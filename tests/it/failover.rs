@@ -299,6 +299,20 @@ async fn run(mode: Mode) -> Option<Books> {
                 == 0
     })
     .await;
+    // The WAL relay made its slot anew on the new primary and streams from it.
+    let streams_again = eventually(Duration::from_secs(30), || async {
+        scalar(
+            &check,
+            "SELECT COUNT(*) FROM pg_replication_slots WHERE slot_name = 'outbox_failover' AND active",
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert!(
+        streams_again,
+        "{mode:?}: the WAL relay streams again after the promotion"
+    );
     // Late redeliveries, if any, arrive before the count.
     tokio::time::sleep(Duration::from_secs(if all_handled { 2 } else { 5 })).await;
     service.shutdown().await;

@@ -75,6 +75,7 @@ impl Consumer {
             .iter()
             .map(|inline| self.receive_span(&inline.delivery, Some(&inline.envelope)))
             .collect();
+        self.learn_timeline().await;
         match self.process_batch(&run).await {
             Ok(()) => {
                 crate::telemetry::consumed(self.system, self.name, run.len());

@@ -57,6 +57,8 @@ pub(crate) struct Consumer {
     pub(super) mode: HandlerMode,
     pub(crate) config: InboxConfig,
     pub(super) db: DatabaseConnection,
+    /// The server's timeline, for [`InboxConfig::wait_for_standbys`](super::InboxConfig::wait_for_standbys).
+    pub(super) timeline: crate::store::standby::Timeline,
     pub(crate) outbox: Outbox,
     pub(crate) wake: Arc<Notify>,
     pub(crate) stats: Arc<ConsumerStats>,
@@ -145,6 +147,7 @@ impl Consumer {
             mode,
             config,
             db,
+            timeline: Default::default(),
             outbox,
             wake,
             stats: Arc::default(),

@@ -86,6 +86,7 @@ impl Consumer {
     ) {
         telemetry::consumed(self.system, self.name, 1);
         let span = self.receive_span(&delivery, decoded.as_ref().ok());
+        self.learn_timeline().await;
         let mut delay = RECORD_RETRY_FIRST;
         let mut other_errors = 0;
         let settle = loop {
@@ -132,6 +133,17 @@ impl Consumer {
         }
     }
 
+    /// Before recording what [`standbys_lag`](Self::standbys_lag) will wait for: learn the
+    /// server's timeline once, so that a promotion in between is seen.
+    pub(super) async fn learn_timeline(&self) {
+        if self.config.wait_for_standbys > 0
+            && self.timeline.unknown()
+            && let Err(e) = self.timeline.learn(&self.db).await
+        {
+            tracing::debug!(consumer = self.name, error = %e, "could not ask the primary for its timeline");
+        }
+    }
+
     /// With [`InboxConfig::wait_for_standbys`](super::InboxConfig::wait_for_standbys), why
     /// what was just committed must not be acked (it may not be on enough standbys); `None` to
     /// ack.
@@ -140,8 +152,17 @@ impl Consumer {
         if wanted == 0 {
             return None;
         }
-        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT).await {
+        if self.timeline.unknown() {
+            self.learn_timeline().await;
+            return Some("the server's timeline was not known when it was recorded".into());
+        }
+        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT, &self.timeline)
+            .await
+        {
             Ok(store::standby::Held::Held) => None,
+            Ok(store::standby::Held::Promoted { was, now }) => Some(format!(
+                "the server was promoted (timeline {was} to {now}) since the delivery was recorded"
+            )),
             Ok(store::standby::Held::NotYet { position, standbys }) => Some(format!(
                 "{standbys} of {wanted} standby(s) flushed the log past {position} within \
                  {STANDBY_WAIT:?}"

@@ -122,6 +122,8 @@ pub struct Relay {
     floor: Arc<std::sync::Mutex<store::floor::Floor>>,
     /// What the listener of other processes' commits heard (see `store/notify.rs`).
     heard: Arc<store::notify::Heard>,
+    /// The server's timeline, for [`RelayConfig::wait_for_standbys`].
+    timeline: Arc<store::standby::Timeline>,
     /// The paused destinations (see `pause.rs`), shared with the runtime's consumers.
     pauses: Arc<crate::pause::Pauses>,
     /// Event types met in a claim whose destination was paused, with their aggregate type:
@@ -161,6 +163,7 @@ impl Relay {
             promoted_at: Default::default(),
             floor: Default::default(),
             heard: Default::default(),
+            timeline: Default::default(),
             pauses: Default::default(),
             held_seen: Default::default(),
             database: None,
@@ -185,6 +188,7 @@ impl Relay {
             promoted_at: Default::default(),
             floor: Default::default(),
             heard: Default::default(),
+            timeline: Default::default(),
             pauses: Default::default(),
             held_seen: Default::default(),
             database: None,

@@ -548,8 +548,21 @@ impl Relay {
         if wanted == 0 {
             return None;
         }
-        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT).await {
+        if self.timeline.unknown() {
+            // Not learnt at the start (the database was away): this batch waits for the next.
+            return match self.timeline.learn(&self.db).await {
+                Ok(()) => Some("learning the server's timeline first".into()),
+                Err(e) => Some(format!("could not ask the primary for its timeline: {e}")),
+            };
+        }
+        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT, &self.timeline)
+            .await
+        {
             Ok(store::standby::Held::Held) => None,
+            Ok(store::standby::Held::Promoted { was, now }) => Some(format!(
+                "the server was promoted (timeline {was} to {now}) since the batch was read; \
+                 read again"
+            )),
             Ok(store::standby::Held::NotYet { position, standbys }) => Some(format!(
                 "waiting for {wanted} standby(s) to flush the log past {position} ({standbys} \
                  had after {STANDBY_WAIT:?}; see pg_stat_replication)"

@@ -176,6 +176,11 @@ impl Relay {
         health: &LoopHealth,
     ) -> Result<(), RelayError> {
         let mut beside = self.start_beside(&shutdown).await?;
+        if self.config.wait_for_standbys > 0
+            && let Err(e) = self.timeline.learn(&self.db).await
+        {
+            tracing::warn!(relay = %self.config.relay_id, error = %e, "could not ask the primary for its timeline; the first batch waits for it");
+        }
         // Beside the WAL stream, commits are the stream's: the claim loop only polls.
         // A relay that only runs the fast path (`fast_path_only`) neither wakes nor listens.
         let mut wake: Option<WakeReceiver> = match self.wal_mode() || !self.claims {

@@ -4,6 +4,10 @@
 //! position no later than the log's current end, so once enough standbys have flushed past the
 //! position read after it, a failover cannot take it back.
 //!
+//! A standby promoted between the work and the wait could hold the position without holding
+//! the work (its own log went on from where it forked): the server's timeline, which moves on at
+//! every promotion, is compared with the one seen before the work ([`Timeline`]).
+//!
 //! The role that reads `pg_stat_replication` must see its positions: a superuser, or a member of
 //! `pg_monitor` (`pg_read_all_stats`); for others they read NULL and no standby ever counts.
 
@@ -27,15 +31,73 @@ pub enum Held {
         /// How many standbys had flushed past it.
         standbys: i64,
     },
+    /// The server answering is on another timeline than the one last seen: a standby was
+    /// promoted in between, and what was read or written before may not be on it.
+    Promoted {
+        /// The timeline seen before.
+        was: String,
+        /// The timeline now.
+        now: String,
+    },
+}
+
+/// The server's timeline last seen by a relay or a consumer: a commit, or a read, made before
+/// a promotion is not known to be on the promoted server, so a change of timeline between the
+/// work and the wait is never "held".
+#[derive(Debug, Default)]
+pub struct Timeline(std::sync::Mutex<Option<String>>);
+
+impl Timeline {
+    /// Learn the timeline now, before any work that will be waited for.
+    pub async fn learn(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
+        let now = timeline(db).await?;
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+        Ok(())
+    }
+
+    /// Whether no timeline was seen yet.
+    pub fn unknown(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
+    /// Whether `now` is the timeline seen before (or the first seen); remembers it.
+    fn same(&self, now: &str) -> Result<(), (String, String)> {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match known.replace(now.to_owned()) {
+            Some(was) if was != now => Err((was, now.to_owned())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The timeline of the server answering (the first eight hex digits of the current log
+/// segment's name; it moves on at every promotion).
+const TIMELINE: &str = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)";
+
+/// Standbys only: a logical replication connection (a WAL relay's, a CDC tool's) is listed
+/// beside them but holds nothing a promotion keeps.
+const PHYSICAL: &str = "pid NOT IN (SELECT active_pid FROM pg_replication_slots \
+                        WHERE slot_type = 'logical' AND active_pid IS NOT NULL)";
+
+async fn timeline(db: &DatabaseConnection) -> Result<String, DbErr> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("SELECT {TIMELINE} AS timeline"),
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom("no answer about the timeline".into()))?;
+    row.try_get("", "timeline")
 }
 
 /// Wait until `standbys` standbys have flushed the log past its current end (read now), for at
-/// most `timeout`. An error (the primary gone, a failover under way) is the caller's to treat as
-/// "not held".
+/// most `timeout`, on the timeline `seen` last saw (a change is [`Held::Promoted`]). An error
+/// (the primary gone, a failover under way) is the caller's to treat as "not held".
 pub async fn wait_for_standbys(
     db: &DatabaseConnection,
     standbys: u32,
     timeout: Duration,
+    seen: &Timeline,
 ) -> Result<Held, DbErr> {
     if db.get_database_backend() != DbBackend::Postgres {
         return Err(DbErr::Custom(
@@ -46,18 +108,26 @@ pub async fn wait_for_standbys(
     let first = db
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
-            "SELECT pg_current_wal_lsn()::text AS position, (SELECT COUNT(*) FROM \
-             pg_stat_replication WHERE flush_lsn >= pg_current_wal_lsn() AND pid NOT IN \
-             (SELECT active_pid FROM pg_replication_slots WHERE slot_type = 'logical' \
-             AND active_pid IS NOT NULL)) AS standbys",
+            format!(
+                "SELECT pg_current_wal_lsn()::text AS position, {TIMELINE} AS timeline, \
+                 (SELECT COUNT(*) FROM pg_stat_replication WHERE flush_lsn >= \
+                 pg_current_wal_lsn() AND {PHYSICAL}) AS standbys"
+            ),
         ))
         .await?
         .ok_or_else(|| DbErr::Custom("no answer about the standbys".into()))?;
     let position: String = first.try_get("", "position")?;
+    let mut on: String = first.try_get("", "timeline")?;
     let mut held: i64 = first.try_get("", "standbys")?;
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pause = LOOK_FIRST;
-    while held < wanted {
+    loop {
+        if let Err((was, now)) = seen.same(&on) {
+            return Ok(Held::Promoted { was, now });
+        }
+        if held >= wanted {
+            return Ok(Held::Held);
+        }
         if tokio::time::Instant::now() + pause > deadline {
             return Ok(Held::NotYet {
                 position,
@@ -66,24 +136,22 @@ pub async fn wait_for_standbys(
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(LOOK_CAP);
-        held = flushed_past(db, &position).await?;
+        (on, held) = flushed_past(db, &position).await?;
     }
-    Ok(Held::Held)
 }
 
-/// How many standbys have flushed past `position`. A logical replication connection (a WAL
-/// relay's, a CDC tool's) is listed beside the standbys but holds nothing a promotion keeps: it
-/// is left out.
-async fn flushed_past(db: &DatabaseConnection, position: &str) -> Result<i64, DbErr> {
+/// The timeline, and how many standbys have flushed past `position`.
+async fn flushed_past(db: &DatabaseConnection, position: &str) -> Result<(String, i64), DbErr> {
     let row = db
         .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            "SELECT COUNT(*) AS standbys FROM pg_stat_replication WHERE flush_lsn >= $1::pg_lsn \
-             AND pid NOT IN (SELECT active_pid FROM pg_replication_slots WHERE slot_type = \
-             'logical' AND active_pid IS NOT NULL)",
+            format!(
+                "SELECT {TIMELINE} AS timeline, (SELECT COUNT(*) FROM pg_stat_replication \
+                 WHERE flush_lsn >= $1::pg_lsn AND {PHYSICAL}) AS standbys"
+            ),
             [position.into()],
         ))
         .await?
         .ok_or_else(|| DbErr::Custom("no answer about the standbys".into()))?;
-    row.try_get("", "standbys")
+    Ok((row.try_get("", "timeline")?, row.try_get("", "standbys")?))
 }

@@ -158,7 +158,9 @@ impl NatsTransport {
         Self::builder(url).connect().await
     }
 
-    /// Configure a transport that connects to `url`.
+    /// Configure a transport that connects to `url`: one server, or the servers of a cluster
+    /// separated by commas (`nats://n1:4222,nats://n2:4222,nats://n3:4222`; see
+    /// [`NatsTransportBuilder::connect`]).
     pub fn builder(url: impl Into<String>) -> NatsTransportBuilder {
         NatsTransportBuilder {
             url: url.into(),
