@@ -46,8 +46,6 @@ const RECORD_RETRY_FIRST: Duration = Duration::from_millis(50);
 const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
 /// Attempts to record a delivery when the error is neither a lost connection nor a deadlock.
 const RECORD_ATTEMPTS_ON_OTHER_ERRORS: u32 = 3;
-/// How long a handled delivery waits for the standbys before it is nacked.
-const STANDBY_WAIT: Duration = Duration::from_secs(5);
 
 impl Consumer {
     /// The consumer span of recording `delivery` (`envelope`: decoded, when it could be).
@@ -148,27 +146,7 @@ impl Consumer {
     /// what was just committed must not be acked (it may not be on enough standbys); `None` to
     /// ack.
     pub(super) async fn standbys_lag(&self) -> Option<String> {
-        let wanted = self.config.wait_for_standbys;
-        if wanted == 0 {
-            return None;
-        }
-        if self.timeline.unknown() {
-            self.learn_timeline().await;
-            return Some("the server's timeline was not known when it was recorded".into());
-        }
-        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT, &self.timeline)
-            .await
-        {
-            Ok(store::standby::Held::Held) => None,
-            Ok(store::standby::Held::Promoted { was, now }) => Some(format!(
-                "the server was promoted (timeline {was} to {now}) since the delivery was recorded"
-            )),
-            Ok(store::standby::Held::NotYet { position, standbys }) => Some(format!(
-                "{standbys} of {wanted} standby(s) flushed the log past {position} within \
-                 {STANDBY_WAIT:?}"
-            )),
-            Err(e) => Some(format!("could not ask the primary about its standbys: {e}")),
-        }
+        store::standby::not_held(&self.db, self.config.wait_for_standbys, &self.timeline).await
     }
 
     async fn process_delivery(

@@ -271,7 +271,9 @@ impl Relay {
             outage: None,
         };
         let settlement = &mut published.settlement;
-        if let Some(why) = self.standbys_lag().await {
+        if let Some(why) =
+            store::standby::not_held(&self.db, self.config.wait_for_standbys, &self.timeline).await
+        {
             // Nothing is announced that a failover could take back: handed back, no attempt
             // spent, published once the standbys hold it.
             decide::release(settlement, claim.events.iter());
@@ -536,42 +538,6 @@ impl Source {
 }
 
 /// What publishing a claim decided.
-/// How long a batch waits for the standbys ([`RelayConfig::wait_for_standbys`]) before it is
-/// handed back for a later round.
-const STANDBY_WAIT: Duration = Duration::from_secs(5);
-
-impl Relay {
-    /// With [`RelayConfig::wait_for_standbys`], why the batch must not be published yet (its
-    /// commits may not be on enough standbys); `None` to publish.
-    async fn standbys_lag(&self) -> Option<String> {
-        let wanted = self.config.wait_for_standbys;
-        if wanted == 0 {
-            return None;
-        }
-        if self.timeline.unknown() {
-            // Not learnt at the start (the database was away): this batch waits for the next.
-            return match self.timeline.learn(&self.db).await {
-                Ok(()) => Some("learning the server's timeline first".into()),
-                Err(e) => Some(format!("could not ask the primary for its timeline: {e}")),
-            };
-        }
-        match store::standby::wait_for_standbys(&self.db, wanted, STANDBY_WAIT, &self.timeline)
-            .await
-        {
-            Ok(store::standby::Held::Held) => None,
-            Ok(store::standby::Held::Promoted { was, now }) => Some(format!(
-                "the server was promoted (timeline {was} to {now}) since the batch was read; \
-                 read again"
-            )),
-            Ok(store::standby::Held::NotYet { position, standbys }) => Some(format!(
-                "waiting for {wanted} standby(s) to flush the log past {position} ({standbys} \
-                 had after {STANDBY_WAIT:?}; see pg_stat_replication)"
-            )),
-            Err(e) => Some(format!("could not ask the primary about its standbys: {e}")),
-        }
-    }
-}
-
 pub(super) struct Published {
     pub(super) settlement: Settlement,
     /// The first failure a retry may cure.

@@ -15,6 +15,10 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 
+/// How long a relay's batch, or a consumer's delivery, waits for the standbys before it is
+/// handed back (published by a later round) or nacked (redelivered).
+pub const WAIT: Duration = Duration::from_secs(5);
+
 /// The first pause between two looks at the standbys; doubled up to [`LOOK_CAP`].
 const LOOK_FIRST: Duration = Duration::from_millis(2);
 const LOOK_CAP: Duration = Duration::from_millis(50);
@@ -154,4 +158,31 @@ async fn flushed_past(db: &DatabaseConnection, position: &str) -> Result<(String
         .await?
         .ok_or_else(|| DbErr::Custom("no answer about the standbys".into()))?;
     Ok((row.try_get("", "timeline")?, row.try_get("", "standbys")?))
+}
+
+/// Why what `seen`'s owner just read or wrote must not be announced yet (published, acked):
+/// `None` once `wanted` standbys hold it, else a reason for the log. With the timeline not
+/// known yet (the server was away when the work began), it is learnt now and this work waits
+/// for the next round.
+pub async fn not_held(db: &DatabaseConnection, wanted: u32, seen: &Timeline) -> Option<String> {
+    if wanted == 0 {
+        return None;
+    }
+    if seen.unknown() {
+        return Some(match seen.learn(db).await {
+            Ok(()) => "the server's timeline was not known before the work; learnt now".into(),
+            Err(e) => format!("could not ask the primary for its timeline: {e}"),
+        });
+    }
+    match wait_for_standbys(db, wanted, WAIT, seen).await {
+        Ok(Held::Held) => None,
+        Ok(Held::Promoted { was, now }) => Some(format!(
+            "the server was promoted (timeline {was} to {now}) since the work was done"
+        )),
+        Ok(Held::NotYet { position, standbys }) => Some(format!(
+            "{standbys} of {wanted} standby(s) flushed the log past {position} within {WAIT:?} \
+             (see pg_stat_replication)"
+        )),
+        Err(e) => Some(format!("could not ask the primary about its standbys: {e}")),
+    }
 }
