@@ -28,8 +28,23 @@
 //! goes on until both faults are over; the report says when each began and ended.
 //! With Kafka the broker is tansu (`scripts/kafka-broker`), which keeps its log in memory: the
 //! second fault freezes it (SIGSTOP) for as long instead of killing it, so every connection
-//! hangs and nothing is answered; the consumers' session is 6 s, so a killed consumer's
-//! partitions move to another instance within seconds.
+//! hangs and nothing is answered. With `OUTBOX_CHAOS_KAFKA_LOG=s3` tansu keeps its log, offsets
+//! and producer state in an S3 server of the harness's own beside it (moto's), which outlives
+//! the broker, and the second fault kills tansu (SIGKILL) and starts it again on that log; the
+//! S3 server is slow (a few hundred messages a second), so that run goes at 100 events/s for at
+//! most 40 s unless told otherwise, and tansu's S3 engine loses some of what it acknowledged
+//! (see `kafka_durable_log`). The consumers' session is 6 s, so a killed consumer's partitions
+//! move to another instance within seconds.
+//!
+//! The NATS cluster run (`OUTBOX_CHAOS_BROKER=nats-cluster`) runs three nats-server processes
+//! of the harness's own on loopback as one JetStream cluster (`common::own_server::NatsCluster`),
+//! the stream kept on all three (`NatsConfig::replicas(3)`), every client given the three URLs.
+//! During production the supervisor asks JetStream which server leads the stream
+//! (`$JS.API.STREAM.INFO`), kills that server (SIGKILL), starts it again 1 to 4 s after another
+//! was elected, waits until its copy is current, and does it again
+//! (`OUTBOX_CHAOS_LEADER_KILLS`, default 3). Beside the usual checks, the leader changes must
+//! open no relay's breaker; the report counts the publish attempts they spent and lists each
+//! change (the server killed, the one elected, the election's and the restart's durations).
 //!
 //! Each child life arms the failpoints of its role still short of their kill target (the
 //! `failpoints` feature) to panic after a random number of passes; a panic hook aborts the
@@ -68,7 +83,8 @@
 //!
 //! Figures are printed as a table and written as JSON to `OUTBOX_CHAOS_REPORT` (default
 //! `target/chaos-report-<broker>.json`). Without a broker named, the harness runs once per
-//! broker it was built for (NATS, and Kafka with the `kafka` feature). The chaos database runs with `synchronous_commit = off`: only
+//! broker it was built for (NATS, the NATS cluster, and Kafka with the `kafka` feature). The
+//! chaos database runs with `synchronous_commit = off`: only
 //! client processes are killed here, never the database server, so a commit the server
 //! acknowledged is never lost, and the harness gets more events through per minute.
 //!
@@ -246,13 +262,13 @@ impl Settings {
         }
     }
 
-    /// The settings of a run on `broker`. On Kafka the rate defaults to 100/s and the time bound
-    /// to 40 s: the harness's tansu keeps its log in an S3 server written in Python, whose
-    /// listings grow with the log, so that it serves a few hundred messages a second.
+    /// The settings of a run on `broker`. On Kafka with tansu's log in S3
+    /// (`OUTBOX_CHAOS_KAFKA_LOG=s3`) the rate defaults to 100/s and the time bound to 40 s: the
+    /// S3 server is written in Python and serves a few hundred messages a second.
     fn for_broker(broker: ChaosBroker) -> Self {
         let defaults = Settings::from_env();
         match broker {
-            ChaosBroker::Kafka => Settings {
+            ChaosBroker::Kafka if kafka_durable_log() => Settings {
                 broker,
                 rate: env_u64("OUTBOX_CHAOS_RATE", 100),
                 max_secs: env_u64("OUTBOX_CHAOS_MAX_SECS", 40),
@@ -369,6 +385,15 @@ impl ChaosBroker {
         }
     }
 
+    /// The second broker fault: the broker killed (SIGKILL) and started again on its log, or on
+    /// Kafka with tansu's log in memory, frozen (SIGSTOP) for as long instead.
+    fn outage(self) -> &'static str {
+        match self {
+            ChaosBroker::Kafka if !kafka_durable_log() => "frozen",
+            _ => "outage",
+        }
+    }
+
     /// NATS JetStream, on one server or a cluster.
     fn is_nats(self) -> bool {
         matches!(self, ChaosBroker::Nats | ChaosBroker::NatsCluster)
@@ -393,7 +418,13 @@ impl ChaosBroker {
                 common::netns::Partitionable::with_broker(common::own_server::Broker::Nats, test)
                     .await
             }
-            ChaosBroker::Kafka => common::netns::Partitionable::with_durable_kafka(test).await,
+            ChaosBroker::Kafka if kafka_durable_log() => {
+                common::netns::Partitionable::with_durable_kafka(test).await
+            }
+            ChaosBroker::Kafka => {
+                common::netns::Partitionable::with_broker(common::own_server::Broker::Kafka, test)
+                    .await
+            }
         }
     }
 }
@@ -593,11 +624,13 @@ async fn transport(
                 .connect()
                 .await?,
         ),
-        // Every server's URL, and the stream on all three.
+        // Every server's URL, the stream on all three, and a publish timeout twice the longest
+        // election seen here (10 s), as docs/RELIABILITY.md says to choose it.
         ChaosBroker::NatsCluster => Arc::new(
             NatsTransport::builder(url)
                 .namespace(namespace)
                 .replicas(3)
+                .publish_timeout(Duration::from_secs(20))
                 .connection_timeout(Duration::from_secs(5))
                 .connect()
                 .await?,
@@ -606,24 +639,37 @@ async fn transport(
     })
 }
 
+/// Whether the Kafka run's tansu keeps its log in an S3 server beside it, which outlives it
+/// (`OUTBOX_CHAOS_KAFKA_LOG=s3`), so that the second fault kills it and starts it again; by
+/// default its log is in memory and the second fault freezes it.
+///
+/// Not the default because tansu's S3 engine loses records it acknowledged: in 2 of 5 runs,
+/// 7 and 8 events confirmed to the relays were on no topic when the run drained (the harness
+/// says so when the drain stalls), and the retries an idempotent producer sends after the
+/// broker's restart, of batches it received before its kill, are acknowledged and not stored.
+fn kafka_durable_log() -> bool {
+    env_str("OUTBOX_CHAOS_KAFKA_LOG", "memory") == "s3"
+}
+
 /// Kafka: the consumers' session is short, so that a killed consumer's partitions go to
-/// another instance within seconds. The publish timeout (the producer's delivery timeout) is
-/// shorter than the broker's outage: tansu 0.6 on its S3 engine acknowledges, without storing
-/// them, the retries an idempotent producer sends after its restart of batches it received before
-/// its kill, so the producer must have given up on them (and the transport replaced it, the relay
-/// publishing them again) before the broker is back. A Kafka broker keeps its producers' state
-/// with its log and needs no such setting.
+/// another instance within seconds. With tansu's log in S3, the publish timeout (the producer's
+/// delivery timeout) is shorter than the broker's outage, so that the producer gave up on its
+/// batches (and the transport replaced it, the relay publishing them again) before the broker is
+/// back: tansu acknowledges without storing them the retries it would send after the restart
+/// (see [`kafka_durable_log`]). A Kafka broker keeps its producers' state with its log and needs
+/// no such setting.
 #[cfg(feature = "kafka")]
 async fn kafka_transport(url: String, namespace: String) -> Result<Arc<dyn Transport>, BoxError> {
-    Ok(Arc::new(
-        outbox::transport::kafka::KafkaTransport::builder(url)
-            .namespace(namespace)
-            .session_timeout(Duration::from_secs(6))
+    let builder = outbox::transport::kafka::KafkaTransport::builder(url)
+        .namespace(namespace)
+        .session_timeout(Duration::from_secs(6));
+    let builder = match kafka_durable_log() {
+        true => builder
             .publish_timeout(Duration::from_secs(3))
-            .request_timeout(Duration::from_secs(3))
-            .connect()
-            .await?,
-    ))
+            .request_timeout(Duration::from_secs(3)),
+        false => builder.request_timeout(Duration::from_secs(5)),
+    };
+    Ok(Arc::new(builder.connect().await?))
 }
 
 #[cfg(not(feature = "kafka"))]
@@ -886,7 +932,21 @@ async fn relay(dir: &Path) -> Result<(), BoxError> {
         .start()
         .await?;
     let mut reported = Instant::now();
+    let mut last_errors: HashMap<String, Option<String>> = HashMap::new();
     loop {
+        // Every error a loop reports, once, in the relay's log.
+        for l in runtime.health().loops.iter() {
+            let seen = last_errors.entry(l.name.to_string()).or_default();
+            if l.last_error.is_some() && *seen != l.last_error {
+                eprintln!(
+                    "relay {}: loop {}: {}",
+                    std::process::id(),
+                    l.name,
+                    l.last_error.as_deref().unwrap_or_default()
+                );
+            }
+            *seen = l.last_error.clone();
+        }
         if reported.elapsed() > Duration::from_secs(5) {
             reported = Instant::now();
             for l in runtime.health().loops.iter().filter(|l| !l.healthy) {
@@ -1569,12 +1629,12 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
     let mut producer_done = false;
     let mut stop_written = false;
     // Broker faults: a silent partition from 3 s, the broker killed (SIGKILL) from 3 s after it
-    // healed and started again on its log after as long.
+    // healed and started again on its log after as long (tansu with its log in memory: frozen).
     let fault = Duration::from_secs(h.settings.broker_fault_secs);
     let mut faults = if h.network.is_some() {
         vec![
             ("partition", Duration::from_secs(3)),
-            ("outage", Duration::from_secs(6) + fault),
+            (h.settings.broker.outage(), Duration::from_secs(6) + fault),
         ]
     } else {
         Vec::new()
@@ -1589,6 +1649,7 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
                 Some((name, since)) if since.elapsed() >= fault => {
                     match name {
                         "partition" => network.heal(),
+                        "frozen" => network.server().thaw(),
                         _ => network.server().resume().await?,
                     }
                     let began = (since - started).as_secs_f64();
@@ -1603,6 +1664,7 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
                     let (name, _) = faults.pop().expect("a fault");
                     match name {
                         "partition" => network.partition(),
+                        "frozen" => network.server().freeze(),
                         _ => network.server().stop(),
                     }
                     fault_on = Some((name, Instant::now()));
@@ -1722,8 +1784,10 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
             last_progress = (Instant::now(), effects);
         } else if last_progress.0.elapsed() > Duration::from_secs(90) {
             return Err(format!(
-                "no progress for 90 s while draining: {effects} of {} effects, {open} rows not SENT/DONE",
-                orders * CONSUMERS.len() as i64
+                "no progress for 90 s while draining: {effects} of {} effects, {open} rows not \
+                 SENT/DONE; {}",
+                orders * CONSUMERS.len() as i64,
+                unhandled_on_stream(h, &db).await
             ));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1734,6 +1798,44 @@ async fn run(h: &mut Harness, started: Instant) -> Result<serde_json::Value, Str
     h.terminate_all();
 
     verify(h, &db, orders, produced_secs, drain_secs, started).await
+}
+
+/// Whether the orders no consumer handled are on the stream: told apart, a broker that lost
+/// what it confirmed and consumers that passed over what it holds.
+async fn unhandled_on_stream(h: &Harness, db: &DatabaseConnection) -> String {
+    let sql = "SELECT o.id FROM chaos_order o WHERE NOT EXISTS \
+               (SELECT 1 FROM chaos_effect e WHERE e.order_id = o.id) ORDER BY o.id LIMIT 1000";
+    let unhandled: Vec<i64> = match db
+        .query_all_raw(Statement::from_string(DbBackend::Postgres, sql.to_owned()))
+        .await
+    {
+        Ok(rows) => rows
+            .iter()
+            .filter_map(|row| row.try_get_by_index::<i64>(0).ok())
+            .collect(),
+        Err(e) => return format!("the unhandled orders could not be read: {e}"),
+    };
+    let stream = match h.settings.broker {
+        ChaosBroker::Nats | ChaosBroker::NatsCluster => {
+            read_stream(&h.broker_url, &h.namespace).await
+        }
+        ChaosBroker::Kafka => read_topics(&h.broker_url, &h.namespace).await,
+    };
+    match stream {
+        Ok(stream) => {
+            let on_stream: std::collections::HashSet<i64> =
+                stream.iter().map(|(order, _, _)| *order).collect();
+            let missing: Vec<&i64> = unhandled
+                .iter()
+                .filter(|order| !on_stream.contains(order))
+                .collect();
+            format!(
+                "orders handled by no consumer: {unhandled:?}, of which not on the stream: \
+                 {missing:?}"
+            )
+        }
+        Err(e) => format!("orders handled by no consumer: {unhandled:?} (stream unread: {e})"),
+    }
 }
 
 async fn verify(
@@ -1856,6 +1958,19 @@ async fn verify(
     };
     let breaker_openings = relay_counter("outages");
     let attempts_spent = relay_counter("retried") + relay_counter("dead");
+    if h.cluster.is_some() {
+        // A leader change is no broker outage: publishes wait out the election and send again.
+        // The attempts spent are reported (0 in most runs of three changes; a few dozen over
+        // ten, not yet explained).
+        if h.leader_changes.is_empty() {
+            problems.push("no leader change happened on the NATS cluster".into());
+        }
+        if breaker_openings > 0 {
+            problems.push(format!(
+                "leader changes opened the relays' breakers {breaker_openings} times (must be 0)"
+            ));
+        }
+    }
     let panics = std::fs::read_to_string(h.dir.join("panics.log")).unwrap_or_default();
     if !panics.is_empty() {
         problems.push(format!("unexpected panics:\n{panics}"));

@@ -110,23 +110,16 @@ struct Inner {
     /// elections.
     clustered: AtomicBool,
     /// What JetStream last said of the stream's leader, and when.
-    leader: tokio::sync::Mutex<LeaderView>,
+    leader: std::sync::Mutex<Option<(Instant, Leadership)>>,
+    /// Held while JetStream is asked, so that concurrent publishes ask once.
+    asking: tokio::sync::Mutex<()>,
 }
 
-/// The stream's leader as last asked.
-#[derive(Default)]
-struct LeaderView {
-    leader: Option<String>,
-    answer: Option<(Instant, Leadership)>,
-}
-
-/// What JetStream says of the stream's leader, against what it said before.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What JetStream says of the stream's leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Leadership {
-    /// The leader named before (it is the one storing).
-    Same,
-    /// A leader not named before (the first answer counts as one).
-    Changed,
+    /// The server leading the stream.
+    Leader(String),
     /// No leader (an election), or no answer from JetStream in time.
     NoLeader,
     /// A stream on a single server: no elections.
@@ -187,7 +180,8 @@ impl NatsTransport {
                 config,
                 stream_name,
                 clustered,
-                leader: tokio::sync::Mutex::new(LeaderView::default()),
+                leader: std::sync::Mutex::new(None),
+                asking: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -202,14 +196,22 @@ impl NatsTransport {
         self.inner.clustered.store(clustered, Ordering::Relaxed);
     }
 
+    /// The server that led the stream at the last answer, without asking.
+    pub(super) fn known_leader(&self) -> Option<String> {
+        match &*self.inner.leader.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((_, Leadership::Leader(leader))) => Some(leader.clone()),
+            _ => None,
+        }
+    }
+
     /// Ask JetStream who leads the stream (an answer less than [`LEADERSHIP_REUSED_FOR`] old is
     /// reused).
     pub(super) async fn leadership(&self) -> Leadership {
-        let mut view = self.inner.leader.lock().await;
-        if let Some((asked, answer)) = view.answer
+        let _asking = self.inner.asking.lock().await;
+        if let Some((asked, answer)) = &*self.inner.leader.lock().unwrap_or_else(|p| p.into_inner())
             && asked.elapsed() < LEADERSHIP_REUSED_FOR
         {
-            return answer;
+            return answer.clone();
         }
         let ask = self.inner.jetstream.get_stream(&self.inner.stream_name);
         let answer = match tokio::time::timeout(LEADERSHIP_QUESTION, ask).await {
@@ -217,11 +219,7 @@ impl NatsTransport {
                 Some(cluster) => {
                     self.set_clustered(true);
                     match cluster.leader.as_deref().filter(|l| !l.is_empty()) {
-                        Some(leader) if view.leader.as_deref() == Some(leader) => Leadership::Same,
-                        Some(leader) => {
-                            view.leader = Some(leader.to_owned());
-                            Leadership::Changed
-                        }
+                        Some(leader) => Leadership::Leader(leader.to_owned()),
                         None => Leadership::NoLeader,
                     }
                 }
@@ -237,7 +235,8 @@ impl NatsTransport {
             },
             Err(_elapsed) => Leadership::NoLeader,
         };
-        view.answer = Some((Instant::now(), answer));
+        *self.inner.leader.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), answer.clone()));
         answer
     }
 

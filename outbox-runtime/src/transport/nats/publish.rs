@@ -9,8 +9,9 @@
 //! None of that is the message's fault, nor an outage of the broker: a publish waits the election
 //! out, within its publish timeout, and sends the message again (its `Nats-Msg-Id` makes a copy
 //! the old leader did store a duplicate the stream drops). It does so when nothing serves the
-//! stream's subjects while the stream exists, when the connection was lost and the client is on
-//! another server of the cluster, and, on a clustered stream, when no confirmation came for
+//! stream's subjects while the stream exists, when JetStream answers that it is temporarily
+//! unavailable (code 503), when the connection was lost and the client is on another server of
+//! the cluster, and, on a clustered stream, when no confirmation came for
 //! [`ELECTION_PATIENCE`] and JetStream names no leader or another leader than before. Only a
 //! message still unconfirmed at its deadline fails, as a timeout.
 
@@ -159,6 +160,11 @@ impl NatsTransport {
                              {api}"
                         ))
                     }
+                    // "JetStream system temporarily unavailable", a stream or a cluster not ready:
+                    // the broker's state, not the message's.
+                    Some(api) if api.code() == 503 => {
+                        PublishError::Rejected(format!("{UNAVAILABLE} `{subject}`: {api}"))
+                    }
                     Some(api) => {
                         PublishError::Rejected(format!("stream refused `{subject}`: {api}"))
                     }
@@ -181,10 +187,10 @@ impl NatsTransport {
         deadline: Instant,
     ) -> Result<(), PublishError> {
         let mut ack = ack.into_future();
-        let mut sent_on = self.connects();
+        let mut sent = (self.connects(), self.known_leader());
         let mut pause = FIRST_RESEND_PAUSE;
         loop {
-            match self.wait(&subject, &mut ack, sent_on, deadline).await {
+            match self.wait(&subject, &mut ack, &sent, deadline).await {
                 Waited::Confirmed => return Ok(()),
                 Waited::Failed(error) => return Err(error),
                 Waited::Resend => {}
@@ -196,7 +202,7 @@ impl NatsTransport {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_RESEND_PAUSE);
-            sent_on = self.connects();
+            sent = (self.connects(), self.known_leader());
             match self.send_one(message).await {
                 Ok(again) => ack = again.into_future(),
                 Err(error) if self.election_may_explain(&error).await => {
@@ -211,14 +217,16 @@ impl NatsTransport {
     }
 
     /// One wait for a confirmation: until `deadline`, or on a clustered stream until
-    /// [`ELECTION_PATIENCE`] passed without one and the leader may have changed.
+    /// [`ELECTION_PATIENCE`] passed without one and the leader may have changed since the message
+    /// was sent (`sent`: the client's connections then, and the leader known then).
     async fn wait(
         &self,
         subject: &str,
         ack: &mut <PublishAckFuture as IntoFuture>::IntoFuture,
-        sent_on: u64,
+        sent: &(u64, Option<String>),
         deadline: Instant,
     ) -> Waited {
+        let (sent_on, sent_under) = sent;
         loop {
             let patience = match self.clustered() {
                 true => deadline.min(Instant::now() + ELECTION_PATIENCE),
@@ -241,13 +249,15 @@ impl NatsTransport {
                 }
                 Err(_elapsed) => {
                     // A confirmation sent over a connection since lost never comes.
-                    if self.connects() != sent_on {
+                    if self.connects() != *sent_on {
                         return Waited::Resend;
                     }
                     match self.leadership().await {
-                        Leadership::Changed | Leadership::NoLeader => return Waited::Resend,
-                        // The same leader is still storing: keep waiting for this one.
-                        Leadership::Same | Leadership::Standalone | Leadership::Missing => {}
+                        // The leader it was sent to still leads: keep waiting for this one.
+                        Leadership::Leader(now) if sent_under.as_deref() == Some(now.as_str()) => {}
+                        Leadership::Standalone | Leadership::Missing => {}
+                        // No leader, or another (or none was known when it was sent).
+                        Leadership::Leader(_) | Leadership::NoLeader => return Waited::Resend,
                     }
                 }
             }
@@ -255,10 +265,12 @@ impl NatsTransport {
     }
 
     /// Whether `error` may come from an election rather than from the message or an outage:
-    /// nothing served the stream's subjects though the stream exists, or the connection was lost
-    /// while the client has servers of a cluster to go to.
+    /// nothing served the stream's subjects though the stream exists, JetStream answered that it
+    /// is temporarily unavailable (code 503), or the connection was lost while the client has
+    /// servers of a cluster to go to.
     async fn election_may_explain(&self, error: &PublishError) -> bool {
         match error {
+            PublishError::Rejected(message) if message.starts_with(UNAVAILABLE) => true,
             PublishError::Rejected(_) if self.no_responders(error) => {
                 !matches!(self.leadership().await, Leadership::Missing)
             }
@@ -284,3 +296,6 @@ impl NatsTransport {
 
 /// How a rejection for want of a stream serving the subject begins.
 const NO_STREAM: &str = "no JetStream stream stores";
+
+/// How a rejection JetStream answered with "temporarily unavailable" (code 503) begins.
+const UNAVAILABLE: &str = "JetStream is temporarily unavailable for";
