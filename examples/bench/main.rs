@@ -44,6 +44,11 @@
 //!   Only with `--only p12` (it creates and drops `outbox_bench_p12_*`; `BENCH_P12_DATABASES`,
 //!   `BENCH_P12_INSTANCES`, `BENCH_P12_SECONDS` (20), `BENCH_P12_POOL` and `BENCH_P12_LANES`
 //!   narrow it down).
+//! - P13 the standby wait: commit → published latency (p50, p99) and throughput of the relay's
+//!   fast path and claim loop, and the inbox's handling latency and backlog throughput, with
+//!   `wait_for_standbys(0)` and `(1)`, on a primary with an asynchronous streaming standby that
+//!   `scripts/pg-failover up async` starts (as root; skipped when it cannot). Only with
+//!   `--only p13` (`BENCH_P13_RATE`, default 1000, and `BENCH_P13_SECONDS`, default 10).
 //!
 //! `BENCH_P3_MODES` (`raw,wake,poll,relay,consumer,rawrelay`) and `BENCH_P3_RATES` (`200,1000,5000`)
 //! narrow P3 down to some modes and offered loads. `BENCH_INBOX_ROTATION=off` switches the
@@ -60,6 +65,8 @@ mod p1;
 mod p10;
 mod p11;
 mod p12;
+mod p13;
+mod p13_cluster;
 mod p2;
 mod p3;
 mod p4;
@@ -76,12 +83,12 @@ use std::time::Instant;
 use report::Measures;
 use support::{BoxError, Ctx};
 
-const SCENARIOS: [&str; 12] = [
-    "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11", "p12",
+const SCENARIOS: [&str; 13] = [
+    "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9", "p10", "p11", "p12", "p13",
 ];
 /// What runs without `--only`: every scenario but P9, which takes 45 minutes, P10 and P11,
-/// which need `pg_stat_statements`, and P12, which creates databases (the smoke run takes them
-/// all, in seconds).
+/// which need `pg_stat_statements`, P12, which creates databases, and P13, which starts a primary
+/// and a standby of its own (the smoke run takes them all, in seconds).
 const DEFAULT: [&str; 8] = ["p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
 
 #[derive(Debug)]
@@ -170,6 +177,7 @@ async fn main() -> Result<(), BoxError> {
                 "p10" => p10::run(&ctx).await,
                 "p11" => p11::run(&ctx).await,
                 "p12" => p12::run(&ctx).await,
+                "p13" => p13::run(&ctx).await,
                 _ => unreachable!("checked when parsing"),
             };
             let got = got.map_err(|e| format!("{scenario} failed: {e}"))?;

@@ -437,7 +437,11 @@ async fn wait_seen(
 
 /// Open-loop load: start `op` at `rate` per second for `window`, each in its own task (at most
 /// 64 at once); the orders committed and when each commit returned (what `op` returns).
-async fn offer<F, Fut>(rate: u64, window: Duration, op: F) -> Result<Vec<(i64, Instant)>, BoxError>
+pub(crate) async fn offer<F, Fut>(
+    rate: u64,
+    window: Duration,
+    op: F,
+) -> Result<Vec<(i64, Instant)>, BoxError>
 where
     F: Fn(i64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<Instant, BoxError>> + Send + 'static,

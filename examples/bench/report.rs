@@ -181,6 +181,7 @@ pub(crate) fn build(
             "p10" => crate::p10::specs(ctx),
             "p11" => crate::p11::specs(),
             "p12" => crate::p12::specs(ctx),
+            "p13" => crate::p13::specs(),
             _ => Vec::new(),
         });
     }
