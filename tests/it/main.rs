@@ -34,11 +34,11 @@ mod console;
 mod console_set;
 mod dashboards;
 mod delayed;
+#[cfg(all(feature = "postgres-wal", feature = "nats"))]
+mod failover;
 #[cfg(feature = "testing")]
 mod failure_groups;
 mod fast_path;
-#[cfg(all(feature = "postgres-wal", feature = "nats"))]
-mod failover;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "kafka"))]
 mod fleet;
 mod fleet_budget;
