@@ -25,7 +25,7 @@ const LOOK_CAP: Duration = Duration::from_millis(50);
 
 /// What [`wait_for_standbys`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Held {
+pub enum Standbys {
     /// `standbys` standbys have flushed past the position.
     Held,
     /// Fewer had by the deadline.
@@ -95,14 +95,14 @@ async fn timeline(db: &DatabaseConnection) -> Result<String, DbErr> {
 }
 
 /// Wait until `standbys` standbys have flushed the log past its current end (read now), for at
-/// most `timeout`, on the timeline `seen` last saw (a change is [`Held::Promoted`]). An error
+/// most `timeout`, on the timeline `seen` last saw (a change is [`Standbys::Promoted`]). An error
 /// (the primary gone, a failover under way) is the caller's to treat as "not held".
 pub async fn wait_for_standbys(
     db: &DatabaseConnection,
     standbys: u32,
     timeout: Duration,
     seen: &Timeline,
-) -> Result<Held, DbErr> {
+) -> Result<Standbys, DbErr> {
     if db.get_database_backend() != DbBackend::Postgres {
         return Err(DbErr::Custom(
             "waiting for standbys needs PostgreSQL's streaming replication".into(),
@@ -127,13 +127,13 @@ pub async fn wait_for_standbys(
     let mut pause = LOOK_FIRST;
     loop {
         if let Err((was, now)) = seen.same(&on) {
-            return Ok(Held::Promoted { was, now });
+            return Ok(Standbys::Promoted { was, now });
         }
         if held >= wanted {
-            return Ok(Held::Held);
+            return Ok(Standbys::Held);
         }
         if tokio::time::Instant::now() + pause > deadline {
-            return Ok(Held::NotYet {
+            return Ok(Standbys::NotYet {
                 position,
                 standbys: held,
             });
@@ -175,11 +175,11 @@ pub async fn not_held(db: &DatabaseConnection, wanted: u32, seen: &Timeline) -> 
         });
     }
     match wait_for_standbys(db, wanted, WAIT, seen).await {
-        Ok(Held::Held) => None,
-        Ok(Held::Promoted { was, now }) => Some(format!(
+        Ok(Standbys::Held) => None,
+        Ok(Standbys::Promoted { was, now }) => Some(format!(
             "the server was promoted (timeline {was} to {now}) since the work was done"
         )),
-        Ok(Held::NotYet { position, standbys }) => Some(format!(
+        Ok(Standbys::NotYet { position, standbys }) => Some(format!(
             "{standbys} of {wanted} standby(s) flushed the log past {position} within {WAIT:?} \
              (see pg_stat_replication)"
         )),
