@@ -469,31 +469,20 @@ pub(crate) fn specs() -> Vec<Spec> {
         for standbys in STANDBYS {
             let key = format!("p13.{what}.s{standbys}");
             let config = format!("{road}, wait {standbys}");
-            for (q, label) in [("p50", "p50"), ("p99", "p99")] {
-                let row = spec(
-                    "P13",
-                    format!("{config}: {measure} {label}"),
-                    format!("{key}.{q}"),
-                );
+            // Each figure of a wait against the same figure without one.
+            let figures = [
+                ("p50", format!("{measure} p50"), "p50"),
+                ("p99", format!("{measure} p99"), "p99"),
+                ("throughput", "events/s".to_owned(), "events/s"),
+            ];
+            for (q, name, label) in figures {
+                let row = spec("P13", format!("{config}: {name}"), format!("{key}.{q}"));
                 specs.push(if standbys == 0 {
                     row
                 } else {
                     row.against(format!("{road}, wait 0 {label}"), format!("{base}.{q}"))
                 });
             }
-            let row = spec(
-                "P13",
-                format!("{config}: events/s"),
-                format!("{key}.throughput"),
-            );
-            specs.push(if standbys == 0 {
-                row
-            } else {
-                row.against(
-                    format!("{road}, wait 0 events/s"),
-                    format!("{base}.throughput"),
-                )
-            });
             for (q, label) in [("flush_lag_p50", "p50"), ("flush_lag_max", "max")] {
                 specs.push(spec(
                     "P13",
