@@ -560,13 +560,7 @@ async fn create_databases(ctx: &Ctx, n: usize) -> Result<Vec<String>, BoxError> 
         let url = format!("{server}/{name}{query}");
         let db = Database::connect(url.as_str()).await?;
         outbox::migrate(&db).await?;
-        db.execute_unprepared(
-            "CREATE TABLE bench_order (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, \
-             total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
-             CREATE TABLE bench_effect (order_id BIGINT PRIMARY KEY, consumer TEXT NOT NULL, \
-             total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-        )
-        .await?;
+        db.execute_unprepared(crate::support::BENCH_TABLES).await?;
         db.close().await?;
         urls.push(url);
     }

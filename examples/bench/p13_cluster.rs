@@ -76,13 +76,7 @@ impl Primary {
         database_ddl(&admin, "CREATE DATABASE %I", DATABASE).await?;
         let db = pool(&format!("{server}/{DATABASE}"), 32).await?;
         outbox::migrate(&db).await?;
-        db.execute_unprepared(
-            "CREATE TABLE bench_order (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, \
-             total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now());
-             CREATE TABLE bench_effect (order_id BIGINT PRIMARY KEY, consumer TEXT NOT NULL, \
-             total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-        )
-        .await?;
+        db.execute_unprepared(crate::support::BENCH_TABLES).await?;
         Ok(Primary { db, admin })
     }
 
@@ -104,10 +98,7 @@ impl Primary {
     /// Empty the outbox, the inbox and the bench's tables.
     pub(crate) async fn reset(&self) -> Result<(), BoxError> {
         self.db
-            .execute_unprepared(
-                "TRUNCATE outbox_event, outbox_sent, outbox_key, inbox_event, inbox_done, \
-                 inbox_key, inbox_aggregate_version, bench_order, bench_effect",
-            )
+            .execute_unprepared(crate::support::TRUNCATE_ALL)
             .await?;
         Ok(())
     }

@@ -172,12 +172,7 @@ impl Ctx {
 
     /// Empty the outbox, the inbox and the bench's tables.
     pub(crate) async fn reset(&self) -> Result<(), BoxError> {
-        self.db
-            .execute_unprepared(
-                "TRUNCATE outbox_event, outbox_sent, outbox_key, inbox_event, inbox_done, \
-                 inbox_key, inbox_aggregate_version, bench_order, bench_effect",
-            )
-            .await?;
+        self.db.execute_unprepared(TRUNCATE_ALL).await?;
         self.db
             .execute_unprepared("VACUUM ANALYZE outbox_event")
             .await?;
@@ -656,3 +651,14 @@ pub(crate) fn env_list(name: &str, default: &[u64]) -> Result<Vec<u64>, BoxError
         Err(_) => Ok(default.to_vec()),
     }
 }
+
+/// The bench's business tables (PostgreSQL): an order per event, an effect per handling.
+pub(crate) const BENCH_TABLES: &str = "CREATE TABLE bench_order (id BIGINT PRIMARY KEY, \
+     customer TEXT NOT NULL, total_cents BIGINT NOT NULL, \
+     created_at TIMESTAMPTZ NOT NULL DEFAULT now());
+     CREATE TABLE bench_effect (order_id BIGINT PRIMARY KEY, consumer TEXT NOT NULL, \
+     total_cents BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())";
+
+/// Empties the outbox, the inbox and the bench's tables.
+pub(crate) const TRUNCATE_ALL: &str = "TRUNCATE outbox_event, outbox_sent, outbox_key, \
+     inbox_event, inbox_done, inbox_key, inbox_aggregate_version, bench_order, bench_effect";

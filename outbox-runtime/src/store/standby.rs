@@ -83,7 +83,7 @@ const TIMELINE: &str = "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)";
 const PHYSICAL: &str = "pid NOT IN (SELECT active_pid FROM pg_replication_slots \
                         WHERE slot_type = 'logical' AND active_pid IS NOT NULL)";
 
-async fn timeline(db: &DatabaseConnection) -> Result<String, DbErr> {
+pub(crate) async fn timeline(db: &DatabaseConnection) -> Result<String, DbErr> {
     let row = db
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,

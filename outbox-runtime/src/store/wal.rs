@@ -40,13 +40,7 @@ pub async fn wal_level(db: &DatabaseConnection) -> Result<String, DbErr> {
 /// primary (PostgreSQL 15 and 16 do not carry logical slots over), and a new timeline tells that
 /// apart from a slot an operator dropped.
 pub async fn timeline(db: &DatabaseConnection) -> Result<String, DbErr> {
-    let mut sql = Sql::new(Dialect::of(db));
-    sql.push("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS timeline");
-    let row = db
-        .query_one_raw(sql.build())
-        .await?
-        .ok_or_else(|| DbErr::Custom("the timeline query returned nothing".into()))?;
-    row.try_get("", "timeline")
+    super::standby::timeline(db).await
 }
 
 /// Create the publication of the outbox's inserts unless it exists. `name` must be
