@@ -26,15 +26,15 @@
 //! that it is killed (SIGKILL) for 4 s and started again on its data
 //! (`OUTBOX_CHAOS_BROKER_FAULT_SECS`, 0 for no broker faults on the machine's NATS). Production
 //! goes on until both faults are over; the report says when each began and ended.
-//! With Kafka the broker is tansu (`scripts/kafka-broker`), which keeps its log in memory: the
-//! second fault freezes it (SIGSTOP) for as long instead of killing it, so every connection
-//! hangs and nothing is answered. With `OUTBOX_CHAOS_KAFKA_LOG=s3` tansu keeps its log, offsets
-//! and producer state in an S3 server of the harness's own beside it (moto's), which outlives
-//! the broker, and the second fault kills tansu (SIGKILL) and starts it again on that log; the
-//! S3 server is slow (a few hundred messages a second), so that run goes at 100 events/s for at
-//! most 40 s unless told otherwise, and tansu's S3 engine loses some of what it acknowledged
-//! (see `kafka_durable_log`). The consumers' session is 6 s, so a killed consumer's partitions
-//! move to another instance within seconds.
+//! With Kafka the broker is nisshi (tansu's later releases) on its SQLite engine
+//! (`scripts/kafka-broker durable-path`), which keeps its log, consumer offsets and idempotent
+//! producers' state in a file beside it: the second fault kills it (SIGKILL) and starts it again
+//! on that file, as with NATS. Publishes time out after 3 s, within both faults, so the
+//! producers bump their epochs and the relays publish again. With
+//! `OUTBOX_CHAOS_KAFKA_LOG=memory` it is the machine's tansu build, whose log is in memory and
+//! which a kill would empty, so the second fault freezes it (SIGSTOP) for as long instead: every
+//! connection hangs and nothing is answered. The consumers' session is 6 s, so a killed
+//! consumer's partitions move to another instance within seconds.
 //!
 //! The NATS cluster run (`OUTBOX_CHAOS_BROKER=nats-cluster`) runs three nats-server processes
 //! of the harness's own on loopback as one JetStream cluster (`common::own_server::NatsCluster`),
@@ -262,24 +262,11 @@ impl Settings {
         }
     }
 
-    /// The settings of a run on `broker`. On Kafka with tansu's log in S3
-    /// (`OUTBOX_CHAOS_KAFKA_LOG=s3`) the rate defaults to 100/s and the time bound to 40 s: the
-    /// S3 server is written in Python and serves a few hundred messages a second.
+    /// The settings of a run on `broker`.
     fn for_broker(broker: ChaosBroker) -> Self {
-        let defaults = Settings::from_env();
-        match broker {
-            ChaosBroker::Kafka if kafka_durable_log() => Settings {
-                broker,
-                rate: env_u64("OUTBOX_CHAOS_RATE", 100),
-                max_secs: env_u64("OUTBOX_CHAOS_MAX_SECS", 40),
-                // Longer than the producers' delivery timeout (see `kafka_transport`).
-                broker_fault_secs: match defaults.broker_fault_secs {
-                    0 => 0,
-                    secs => secs.max(4),
-                },
-                ..defaults
-            },
-            _ => Settings { broker, ..defaults },
+        Settings {
+            broker,
+            ..Settings::from_env()
         }
     }
 
@@ -409,8 +396,8 @@ impl ChaosBroker {
         }
     }
 
-    /// The harness's own broker in a network namespace: a NATS server on its store, or a tansu
-    /// whose log is in an object store beside it, so that both come back from a kill with what
+    /// The harness's own broker in a network namespace: a NATS server on its store, or a Kafka
+    /// broker whose log is a SQLite file beside it, so that both come back from a kill with what
     /// they confirmed.
     async fn own_network(self, test: &str) -> Option<common::netns::Partitionable> {
         match self {
@@ -639,37 +626,29 @@ async fn transport(
     })
 }
 
-/// Whether the Kafka run's tansu keeps its log in an S3 server beside it, which outlives it
-/// (`OUTBOX_CHAOS_KAFKA_LOG=s3`), so that the second fault kills it and starts it again; by
-/// default its log is in memory and the second fault freezes it.
-///
-/// Not the default because tansu's S3 engine loses records it acknowledged: in 2 of 5 runs,
-/// 7 and 8 events confirmed to the relays were on no topic when the run drained (the harness
-/// says so when the drain stalls), and the retries an idempotent producer sends after the
-/// broker's restart, of batches it received before its kill, are acknowledged and not stored.
+/// Whether the Kafka run's broker keeps its log in a SQLite file beside it, which outlives it,
+/// so that the second fault kills it and starts it again (the default); with
+/// `OUTBOX_CHAOS_KAFKA_LOG=memory` its log is in memory and the second fault freezes it.
 fn kafka_durable_log() -> bool {
-    env_str("OUTBOX_CHAOS_KAFKA_LOG", "memory") == "s3"
+    env_str("OUTBOX_CHAOS_KAFKA_LOG", "sqlite") != "memory"
 }
 
 /// Kafka: the consumers' session is short, so that a killed consumer's partitions go to
-/// another instance within seconds. With tansu's log in S3, the publish timeout (the producer's
-/// delivery timeout) is shorter than the broker's outage, so that the producer gave up on its
-/// batches (and the transport replaced it, the relay publishing them again) before the broker is
-/// back: tansu acknowledges without storing them the retries it would send after the restart
-/// (see [`kafka_durable_log`]). A Kafka broker keeps its producers' state with its log and needs
-/// no such setting.
+/// another instance within seconds. A request left unanswered fails after 3 s (the connection is
+/// replaced and the batch sent again with its sequence numbers), and a publish gives up after
+/// 3 s, shorter than the broker's faults (4 s): publishes time out during them, the producer
+/// bumps its epoch on its own (KIP-360) and the relay publishes the events again, whose order
+/// per customer and single handling the checks then hold.
 #[cfg(feature = "kafka")]
 async fn kafka_transport(url: String, namespace: String) -> Result<Arc<dyn Transport>, BoxError> {
-    let builder = outbox::transport::kafka::KafkaTransport::builder(url)
+    let transport = outbox::transport::kafka::KafkaTransport::builder(url)
         .namespace(namespace)
-        .session_timeout(Duration::from_secs(6));
-    let builder = match kafka_durable_log() {
-        true => builder
-            .publish_timeout(Duration::from_secs(3))
-            .request_timeout(Duration::from_secs(3)),
-        false => builder.request_timeout(Duration::from_secs(5)),
-    };
-    Ok(Arc::new(builder.connect().await?))
+        .session_timeout(Duration::from_secs(6))
+        .request_timeout(Duration::from_secs(3))
+        .publish_timeout(Duration::from_secs(3))
+        .connect()
+        .await?;
+    Ok(Arc::new(transport))
 }
 
 #[cfg(not(feature = "kafka"))]

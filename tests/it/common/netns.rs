@@ -92,7 +92,7 @@ impl Partitionable {
         Some(network)
     }
 
-    /// A fresh namespace with a tansu inside whose log outlives it
+    /// A fresh namespace with a Kafka broker inside whose log outlives it
     /// ([`OwnServer::start_durable_kafka`]): killed and started again, it still has what it
     /// confirmed. `None` (after a loud message) as [`with_broker`](Self::with_broker).
     pub async fn with_durable_kafka(test: &str) -> Option<Self> {

