@@ -1,7 +1,7 @@
 //! Brokers of a test's own — NATS (one server, or a JetStream cluster of three), Redis,
 //! RabbitMQ, Kafka (tansu with its log in memory, or nisshi with its log in a SQLite file that
-//! outlives it) — on free ports, which the test can kill and start again to show that nothing is lost, or freeze and
-//! thaw. Never the machine's shared instances.
+//! outlives it) — on free ports, which the test can kill and start again to show that nothing is
+//! lost, or freeze and thaw. Never the machine's shared instances.
 
 #![allow(dead_code, unreachable_pub)]
 
