@@ -69,6 +69,15 @@ async fn outage_kafka(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<
     record_line(tx, &event).await
 }
 
+#[cfg(feature = "kafka")]
+#[inbox_handler(consumer = "outage-kafka-killed", backoff = "50ms", backoff_cap = "1s")]
+async fn outage_kafka_killed(
+    tx: &InboxTransaction,
+    event: Event<LineAdded>,
+) -> Result<(), HandlerError> {
+    record_line(tx, &event).await
+}
+
 #[inbox_handler(consumer = "outage-redis", backoff = "50ms", backoff_cap = "1s")]
 async fn outage_redis(tx: &InboxTransaction, event: Event<LineAdded>) -> Result<(), HandlerError> {
     record_line(tx, &event).await
@@ -280,8 +289,19 @@ fn watch(
     })
 }
 
+/// How a test's broker goes away for [`OUTAGE`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Killed (SIGKILL) and started again on its data.
+    Kill,
+    /// Frozen (SIGSTOP) and let go on (SIGCONT): its connections stay open and silent. The
+    /// in-memory Kafka broker's outage, which a kill would empty.
+    Freeze,
+}
+
 async fn survives_a_20s_broker_outage(
     broker: Broker,
+    fault: Fault,
     consumer: &'static str,
     test: &str,
     metrics: Metrics,
@@ -291,7 +311,12 @@ async fn survives_a_20s_broker_outage(
         return;
     };
     let started_db = db_now(&t.db).await;
-    let Some(server) = OwnServer::start(broker, test).await else {
+    // A Kafka broker that is killed keeps its log in a file (nisshi on SQLite).
+    let server = match (broker, fault) {
+        (Broker::Kafka, Fault::Kill) => OwnServer::start_durable_kafka(test, None).await,
+        _ => OwnServer::start(broker, test).await,
+    };
+    let Some(server) = server else {
         return;
     };
     let transport = connect(broker, server.url()).await;
@@ -337,11 +362,9 @@ async fn survives_a_20s_broker_outage(
     let committed_before = producer.committed();
     let killed_at = Instant::now();
     mark(&t.db, test, started_db, "broker stopped").await;
-    if broker == Broker::Kafka {
-        // tansu keeps its log in memory (a killed one comes back empty): frozen instead.
-        server.freeze();
-    } else {
-        server.stop(); // SIGKILL
+    match fault {
+        Fault::Kill => server.stop(), // SIGKILL
+        Fault::Freeze => server.freeze(),
     }
     // Once the relay has seen the outage, it claims nothing until the broker is back.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -357,10 +380,9 @@ async fn survives_a_20s_broker_outage(
     let health_while_down = runtime.health();
     let status_while_down = outbox::admin::status(&t.db).await.unwrap();
     resumed.store(true, Ordering::Relaxed);
-    if broker == Broker::Kafka {
-        server.thaw();
-    } else {
-        server.resume().await.unwrap();
+    match fault {
+        Fault::Kill => server.resume().await.unwrap(),
+        Fault::Freeze => server.thaw(),
     }
     let restarted_after = killed_at.elapsed();
     mark(&t.db, test, started_db, "broker back").await;
@@ -551,7 +573,13 @@ fn summary(report: &RuntimeReport) -> String {
 #[test]
 fn nats_broker_killed_for_20s() {
     with_own_metrics(|metrics| {
-        survives_a_20s_broker_outage(Broker::Nats, "outage-nats", "outages_nats", metrics)
+        survives_a_20s_broker_outage(
+            Broker::Nats,
+            Fault::Kill,
+            "outage-nats",
+            "outages_nats",
+            metrics,
+        )
     });
 }
 
@@ -560,6 +588,7 @@ fn rabbitmq_broker_killed_for_20s() {
     with_own_metrics(|metrics| {
         survives_a_20s_broker_outage(
             Broker::RabbitMq,
+            Fault::Kill,
             "outage-rabbitmq",
             "outages_rabbitmq",
             metrics,
@@ -567,19 +596,47 @@ fn rabbitmq_broker_killed_for_20s() {
     });
 }
 
-/// Frozen (SIGSTOP) for 20 s rather than killed: see `survives_a_20s_broker_outage`.
+/// The in-memory broker (tansu), frozen (SIGSTOP) for 20 s: a hung host.
 #[cfg(feature = "kafka")]
 #[test]
 fn kafka_broker_frozen_for_20s() {
     with_own_metrics(|metrics| {
-        survives_a_20s_broker_outage(Broker::Kafka, "outage-kafka", "outages_kafka", metrics)
+        survives_a_20s_broker_outage(
+            Broker::Kafka,
+            Fault::Freeze,
+            "outage-kafka",
+            "outages_kafka",
+            metrics,
+        )
+    });
+}
+
+/// A broker with its log in a file (nisshi on SQLite), killed (SIGKILL) for 20 s and started
+/// again on it.
+#[cfg(feature = "kafka")]
+#[test]
+fn kafka_broker_killed_for_20s() {
+    with_own_metrics(|metrics| {
+        survives_a_20s_broker_outage(
+            Broker::Kafka,
+            Fault::Kill,
+            "outage-kafka-killed",
+            "outages_kafka_killed",
+            metrics,
+        )
     });
 }
 
 #[test]
 fn redis_broker_killed_for_20s() {
     with_own_metrics(|metrics| {
-        survives_a_20s_broker_outage(Broker::Redis, "outage-redis", "outages_redis", metrics)
+        survives_a_20s_broker_outage(
+            Broker::Redis,
+            Fault::Kill,
+            "outage-redis",
+            "outages_redis",
+            metrics,
+        )
     });
 }
 
