@@ -262,14 +262,6 @@ impl Settings {
         }
     }
 
-    /// The settings of a run on `broker`.
-    fn for_broker(broker: ChaosBroker) -> Self {
-        Settings {
-            broker,
-            ..Settings::from_env()
-        }
-    }
-
     /// The run's name: the broker's, with `-wal` for WAL relays and `-pgbouncer` through the
     /// pooler.
     fn name(&self) -> String {
@@ -290,7 +282,10 @@ impl Settings {
             "only" => Vec::new(),
             _ => ChaosBroker::selected()
                 .into_iter()
-                .map(Settings::for_broker)
+                .map(|broker| Settings {
+                    broker,
+                    ..Settings::from_env()
+                })
                 .collect(),
         };
         if std::env::var("OUTBOX_CHAOS_POOLER").unwrap_or_default() != "0"
