@@ -323,17 +323,27 @@ pub(crate) trait Handover: Send + Sync {
     /// The claim a commit's INSERT writes its events under.
     fn claim(&self) -> FastClaim<'_>;
 
-    /// What signals events written PENDING so far (see `FastPath::signals`), read before a
-    /// commit; `None` when some would go unseen.
-    fn signals(&self) -> Option<u64>;
+    /// What it knows before a commit, to hand over with the commit's events.
+    fn before_commit(&self) -> BeforeCommit;
 
     /// Take the events a commit wrote claimed, in id order, right after COMMIT, with what
-    /// [`signals`](Self::signals) said before it. `false` when it stopped meanwhile: it hands
-    /// the rows back to PENDING itself.
+    /// [`before_commit`](Self::before_commit) said before it. `false` when it stopped
+    /// meanwhile: it hands the rows back to PENDING itself.
     fn hand_over(
         &self,
         db: &DatabaseConnection,
         events: Vec<ClaimedEvent>,
-        signals: Option<u64>,
+        before: BeforeCommit,
     ) -> bool;
+}
+
+/// What a fast path knew before a commit (see [`Handover::before_commit`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BeforeCommit {
+    /// What signals events written PENDING so far (see `FastPath::signals`); `None` when some
+    /// would go unseen.
+    pub(crate) signals: Option<u64>,
+    /// The server's timeline as its relay knew it, for the standby wait: a promotion between
+    /// this and the wait is seen.
+    pub(crate) timeline: crate::store::standby::Seen,
 }

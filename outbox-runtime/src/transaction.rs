@@ -478,15 +478,15 @@ impl OutboxTransaction {
             None
         };
         let (outbox, db) = (self.outbox.clone(), self.db.clone());
-        let signals = fast.as_ref().and_then(|f| f.signals());
+        let before = fast.as_ref().map(|f| f.before_commit());
         let Committed {
             report,
             owned,
             after_commit,
         } = self.commit_with(fast.as_ref().map(|f| f.claim())).await?;
-        if let Some(fast) = fast
+        if let Some((fast, before)) = fast.zip(before)
             && !owned.is_empty()
-            && !fast.hand_over(&db, owned, signals)
+            && !fast.hand_over(&db, owned, before)
         {
             // The relay stopped meanwhile and hands the rows back to PENDING: wake the next.
             outbox.committed(&db);

@@ -561,6 +561,7 @@ fn fast_claim() -> Claim {
         dead: Vec::new(),
         unreadable: 0,
         claimed_at: None,
+        before: Default::default(),
     }
 }
 
@@ -1102,6 +1103,7 @@ impl OutboxModel {
             dead: Vec::new(),
             unreadable: 0,
             claimed_at: None,
+            before: Default::default(),
         };
         let settlement = self.decide(&claim, outcomes);
         self.record_publications(&settlement.sent, before)?;

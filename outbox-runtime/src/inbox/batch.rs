@@ -75,13 +75,13 @@ impl Consumer {
             .iter()
             .map(|inline| self.receive_span(&inline.delivery, Some(&inline.envelope)))
             .collect();
-        self.learn_timeline().await;
+        let before = self.learn_timeline().await;
         match self.process_batch(&run).await {
             Ok(()) => {
                 crate::telemetry::consumed(self.system, self.name, run.len());
                 drop(spans);
                 failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
-                if let Some(why) = self.standbys_lag().await {
+                if let Some(why) = self.standbys_lag(before).await {
                     tracing::warn!(consumer = self.name, reason = %why, deliveries = run.len(), "handled deliveries are not acked yet; the broker redelivers them");
                     let nacks = run.into_iter().map(|inline| {
                         inline

@@ -84,7 +84,7 @@ impl Consumer {
     ) {
         telemetry::consumed(self.system, self.name, 1);
         let span = self.receive_span(&delivery, decoded.as_ref().ok());
-        self.learn_timeline().await;
+        let before = self.learn_timeline().await;
         let mut delay = RECORD_RETRY_FIRST;
         let mut other_errors = 0;
         let settle = loop {
@@ -95,7 +95,7 @@ impl Consumer {
             {
                 Ok(()) => {
                     failpoint!(crate::failpoints::INBOX_AFTER_COMMIT, ());
-                    if let Some(why) = self.standbys_lag().await {
+                    if let Some(why) = self.standbys_lag(before).await {
                         tracing::warn!(consumer = self.name, reason = %why, "a handled delivery is not acked yet; the broker redelivers it");
                         break delivery.nack(Some(Duration::from_secs(1))).await;
                     }
@@ -131,22 +131,30 @@ impl Consumer {
         }
     }
 
-    /// Before recording what [`standbys_lag`](Self::standbys_lag) will wait for: learn the
-    /// server's timeline once, so that a promotion in between is seen.
-    pub(super) async fn learn_timeline(&self) {
+    /// Before recording what [`standbys_lag`](Self::standbys_lag) will wait for: what is known
+    /// of the server's timeline (learnt first if nothing is), so that a promotion in between is
+    /// seen.
+    pub(super) async fn learn_timeline(&self) -> store::standby::Seen {
         if self.config.wait_for_standbys > 0
-            && self.timeline.unknown()
+            && self.timeline.seen() == store::standby::Seen::UNKNOWN
             && let Err(e) = self.timeline.learn(&self.db).await
         {
             tracing::debug!(consumer = self.name, error = %e, "could not ask the primary for its timeline");
         }
+        self.timeline.seen()
     }
 
     /// With [`InboxConfig::wait_for_standbys`](super::InboxConfig::wait_for_standbys), why
-    /// what was just committed must not be acked (it may not be on enough standbys); `None` to
-    /// ack.
-    pub(super) async fn standbys_lag(&self) -> Option<String> {
-        store::standby::not_held(&self.db, self.config.wait_for_standbys, &self.timeline).await
+    /// what was just committed, having known `before` of the timeline beforehand, must not be
+    /// acked (it may not be on enough standbys); `None` to ack.
+    pub(super) async fn standbys_lag(&self, before: store::standby::Seen) -> Option<String> {
+        store::standby::not_held(
+            &self.db,
+            self.config.wait_for_standbys,
+            &self.timeline,
+            before,
+        )
+        .await
     }
 
     async fn process_delivery(

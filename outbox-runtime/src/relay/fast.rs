@@ -47,7 +47,7 @@ use uuid::Uuid;
 
 use super::{Relay, RoundReport, Source};
 use crate::{
-    outbox::{Handover, Outbox, WakeReceiver},
+    outbox::{BeforeCommit, Handover, Outbox, WakeReceiver},
     store::{
         self,
         outbox::FastClaim,
@@ -83,6 +83,8 @@ pub(super) struct FastPath {
     commits: WakeReceiver,
     /// What the relay's listener heard of other processes' commits.
     heard: Arc<store::notify::Heard>,
+    /// The relay's knowledge of the server's timeline, for its standby wait.
+    timeline: Arc<store::standby::Timeline>,
 }
 
 /// Events a commit owns, handed to the fast path.
@@ -94,6 +96,8 @@ pub(super) struct Handoff {
     committed: Instant,
     /// What [`FastPath::signals`] said before the commit.
     signals: Option<u64>,
+    /// What the relay knew of the server's timeline before the commit.
+    timeline: store::standby::Seen,
 }
 
 impl FastPath {
@@ -116,6 +120,7 @@ impl FastPath {
             floor: relay.floor.clone(),
             commits: outbox.subscribe(),
             heard: relay.heard.clone(),
+            timeline: relay.timeline.clone(),
         };
         (Arc::new(fast), receiver)
     }
@@ -123,6 +128,13 @@ impl FastPath {
     /// The fast path took `n` handed-over events up.
     fn taken(&self, n: usize) {
         self.queued.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Every wake-up so far that may announce events written PENDING: commits through the
+    /// handle, and what the listener heard; `None` while other processes' commits go unheard.
+    fn signals(&self) -> Option<u64> {
+        let heard = self.heard.count()?;
+        Some(heard.wrapping_add(self.commits.count()))
     }
 }
 
@@ -143,25 +155,26 @@ impl Handover for FastPath {
         }
     }
 
-    /// Every wake-up so far that may announce events written PENDING: commits through the
-    /// handle, and what the listener heard; `None` while other processes' commits go unheard.
-    fn signals(&self) -> Option<u64> {
-        let heard = self.heard.count()?;
-        Some(heard.wrapping_add(self.commits.count()))
+    fn before_commit(&self) -> BeforeCommit {
+        BeforeCommit {
+            signals: self.signals(),
+            timeline: self.timeline.seen(),
+        }
     }
 
     fn hand_over(
         &self,
         db: &DatabaseConnection,
         events: Vec<ClaimedEvent>,
-        signals: Option<u64>,
+        before: BeforeCommit,
     ) -> bool {
         let n = events.len();
         self.queued.fetch_add(n, Ordering::Relaxed);
         let handoff = Handoff {
             events,
             committed: Instant::now(),
-            signals,
+            signals: before.signals,
+            timeline: before.timeline,
         };
         match self.handoff.send(handoff) {
             Ok(()) => true,
@@ -293,6 +306,7 @@ impl Relay {
             events: batch.events,
             dead: Vec::new(),
             unreadable: 0,
+            before: batch.timeline,
         };
         let report = RoundReport {
             claimed: ids.len(),
@@ -351,6 +365,7 @@ fn gather(
                 batch.committed = batch.committed.min(more.committed);
                 // The earliest: counts only grow.
                 batch.signals = batch.signals.zip(more.signals).map(|(a, b)| a.min(b));
+                batch.timeline = batch.timeline.and(more.timeline);
                 batch.events.extend(more.events);
             }
             Err(_) => break,

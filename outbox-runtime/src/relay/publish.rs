@@ -100,12 +100,15 @@ impl Relay {
         })
         .await;
         let started = Instant::now();
-        let claim = with_transient_retries(|| {
+        // Before the claim reads anything: a promotion after this is seen by the standby wait.
+        let before = self.timeline.seen();
+        let mut claim = with_transient_retries(|| {
             store::relay::claim_held(&self.db, &params, pending_age, floor, &held)
         })
         .instrument(tracing::debug_span!("outbox.claim", relay = %self.config.relay_id))
         .await?;
         crate::metrics::claim_duration(transport.name(), started.elapsed());
+        claim.before = before;
         let report = RoundReport {
             claimed: claim.events.len(),
             dead: claim.dead.len() + claim.unreadable,
@@ -271,8 +274,13 @@ impl Relay {
             outage: None,
         };
         let settlement = &mut published.settlement;
-        if let Some(why) =
-            store::standby::not_held(&self.db, self.config.wait_for_standbys, &self.timeline).await
+        if let Some(why) = store::standby::not_held(
+            &self.db,
+            self.config.wait_for_standbys,
+            &self.timeline,
+            claim.before,
+        )
+        .await
         {
             // Nothing is announced that a failover could take back: handed back, no attempt
             // spent, published once the standbys hold it.

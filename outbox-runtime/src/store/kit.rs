@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DbErr, QueryResult};
+use sea_orm::{
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    IsolationLevel, QueryResult, TransactionTrait,
+};
 
 use super::{
     DbTime, Dialect, INBOX_TABLE, OUTBOX_TABLE, get_i64, get_opt_i64,
@@ -15,6 +18,24 @@ use super::{
     sql::Sql,
     status::{InboxStatus, OutboxStatus},
 };
+
+/// A read transaction that sees one moment of `db`: reads that span tables or states (an
+/// event moving from `outbox_event` to `outbox_sent`, a handler's inbox row and the events it
+/// commits) see each row once and every cascade's next step, never a row between statements.
+/// REPEATABLE READ on PostgreSQL and MySQL/MariaDB; on SQLite a deferred transaction reads one
+/// snapshot already (in WAL mode; a rollback journal holds writers off while it reads).
+pub async fn snapshot(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+    match db.get_database_backend() {
+        DbBackend::Sqlite => db.begin().await,
+        _ => {
+            db.begin_with_config(
+                Some(IsolationLevel::RepeatableRead),
+                Some(AccessMode::ReadOnly),
+            )
+            .await
+        }
+    }
+}
 
 /// The highest ids of the SDK's tables at one moment: rows above them came later.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -110,6 +110,9 @@ pub struct Claim {
     /// The database's time when the claim found its rows (`None` when it found none): what the
     /// events' ages are measured against.
     pub claimed_at: Option<DateTime<Utc>>,
+    /// What the relay knew of the server's timeline before it read these events (for its
+    /// standby wait); the claim loop sets it, the store leaves it unknown.
+    pub before: super::standby::Seen,
 }
 
 /// A claimed row as read, with its status before the claim.
@@ -224,6 +227,7 @@ pub async fn claim_held(
             dead: Vec::new(),
             unreadable,
             claimed_at,
+            before: super::standby::Seen::UNKNOWN,
         });
     }
     let Reclaims {
@@ -248,6 +252,7 @@ pub async fn claim_held(
         dead,
         unreadable,
         claimed_at,
+        before: super::standby::Seen::UNKNOWN,
     })
 }
 

@@ -35,42 +35,66 @@ pub enum Standbys {
         /// How many standbys had flushed past it.
         standbys: i64,
     },
-    /// The server answering is on another timeline than the one last seen: a standby was
-    /// promoted in between, and what was read or written before may not be on it.
+    /// The server's timeline moved on since the work began: a standby was promoted in between,
+    /// and what was read or written before may not be on the server answering now.
     Promoted {
-        /// The timeline seen before.
-        was: String,
         /// The timeline now.
         now: String,
     },
 }
 
-/// The server's timeline last seen by a relay or a consumer: a commit, or a read, made before
-/// a promotion is not known to be on the promoted server, so a change of timeline between the
-/// work and the wait is never "held".
+/// The server's timeline as a relay or a consumer last saw it, shared by all of its work: a
+/// commit, or a read, made before a promotion is not known to be on the promoted server, so a
+/// change of timeline between the work and the wait is never "held".
+///
+/// Each piece of work takes [`Timeline::seen`] before it touches the database and hands it to
+/// the wait. Comparing with the last timeline seen at the wait instead would let work done on
+/// the old primary pass once another piece of work had met the new one.
 #[derive(Debug, Default)]
-pub struct Timeline(std::sync::Mutex<Option<String>>);
+pub struct Timeline(std::sync::Mutex<Known>);
+
+#[derive(Debug, Default)]
+struct Known {
+    timeline: Option<String>,
+    /// Moves on at every timeline seen for the first time.
+    generation: u64,
+}
+
+/// What a [`Timeline`] knew before a piece of work began (see [`Timeline::seen`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Seen(u64);
+
+impl Seen {
+    /// Nothing known: the server was not asked yet.
+    pub const UNKNOWN: Seen = Seen(0);
+
+    /// What two pieces of work handled together knew: the older.
+    pub fn and(self, other: Seen) -> Seen {
+        self.min(other)
+    }
+}
 
 impl Timeline {
     /// Learn the timeline now, before any work that will be waited for.
     pub async fn learn(&self, db: &DatabaseConnection) -> Result<(), DbErr> {
         let now = timeline(db).await?;
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+        self.note(&now);
         Ok(())
     }
 
-    /// Whether no timeline was seen yet.
-    pub fn unknown(&self) -> bool {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    /// What is known now: to take before a piece of work that will be waited for.
+    pub fn seen(&self) -> Seen {
+        Seen(self.0.lock().unwrap_or_else(|p| p.into_inner()).generation)
     }
 
-    /// Whether `now` is the timeline seen before (or the first seen); remembers it.
-    fn same(&self, now: &str) -> Result<(), (String, String)> {
+    /// Remember `now` as the server's timeline; what is known then.
+    fn note(&self, now: &str) -> Seen {
         let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match known.replace(now.to_owned()) {
-            Some(was) if was != now => Err((was, now.to_owned())),
-            _ => Ok(()),
+        if known.timeline.as_deref() != Some(now) {
+            known.timeline = Some(now.to_owned());
+            known.generation += 1;
         }
+        Seen(known.generation)
     }
 }
 
@@ -95,13 +119,15 @@ pub(crate) async fn timeline(db: &DatabaseConnection) -> Result<String, DbErr> {
 }
 
 /// Wait until `standbys` standbys have flushed the log past its current end (read now), for at
-/// most `timeout`, on the timeline `seen` last saw (a change is [`Standbys::Promoted`]). An error
-/// (the primary gone, a failover under way) is the caller's to treat as "not held".
+/// most `timeout`, on the timeline `timeline` knew as `before` (taken before the work; a change
+/// since is [`Standbys::Promoted`]). An error (the primary gone, a failover under way) is the
+/// caller's to treat as "not held".
 pub async fn wait_for_standbys(
     db: &DatabaseConnection,
     standbys: u32,
     timeout: Duration,
-    seen: &Timeline,
+    timeline: &Timeline,
+    before: Seen,
 ) -> Result<Standbys, DbErr> {
     if db.get_database_backend() != DbBackend::Postgres {
         return Err(DbErr::Custom(
@@ -126,8 +152,8 @@ pub async fn wait_for_standbys(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pause = LOOK_FIRST;
     loop {
-        if let Err((was, now)) = seen.same(&on) {
-            return Ok(Standbys::Promoted { was, now });
+        if timeline.note(&on) != before {
+            return Ok(Standbys::Promoted { now: on });
         }
         if held >= wanted {
             return Ok(Standbys::Held);
@@ -160,29 +186,60 @@ async fn flushed_past(db: &DatabaseConnection, position: &str) -> Result<(String
     Ok((row.try_get("", "timeline")?, row.try_get("", "standbys")?))
 }
 
-/// Why what `seen`'s owner just read or wrote must not be announced yet (published, acked):
-/// `None` once `wanted` standbys hold it, else a reason for the log. With the timeline not
-/// known yet (the server was away when the work began), it is learnt now and this work waits
-/// for the next round.
-pub async fn not_held(db: &DatabaseConnection, wanted: u32, seen: &Timeline) -> Option<String> {
+/// Why what `timeline`'s owner just read or wrote, having known `before` of the timeline
+/// beforehand, must not be announced yet (published, acked): `None` once `wanted` standbys hold
+/// it, else a reason for the log. With the timeline not known before the work (the server was
+/// away when it began), it is learnt now and this work waits for the next round.
+pub async fn not_held(
+    db: &DatabaseConnection,
+    wanted: u32,
+    timeline: &Timeline,
+    before: Seen,
+) -> Option<String> {
     if wanted == 0 {
         return None;
     }
-    if seen.unknown() {
-        return Some(match seen.learn(db).await {
+    if before == Seen::UNKNOWN {
+        return Some(match timeline.learn(db).await {
             Ok(()) => "the server's timeline was not known before the work; learnt now".into(),
             Err(e) => format!("could not ask the primary for its timeline: {e}"),
         });
     }
-    match wait_for_standbys(db, wanted, WAIT, seen).await {
+    match wait_for_standbys(db, wanted, WAIT, timeline, before).await {
         Ok(Standbys::Held) => None,
-        Ok(Standbys::Promoted { was, now }) => Some(format!(
-            "the server was promoted (timeline {was} to {now}) since the work was done"
+        Ok(Standbys::Promoted { now }) => Some(format!(
+            "the server was promoted (its timeline is {now} now) since the work was done"
         )),
         Ok(Standbys::NotYet { position, standbys }) => Some(format!(
             "{standbys} of {wanted} standby(s) flushed the log past {position} within {WAIT:?} \
              (see pg_stat_replication)"
         )),
         Err(e) => Some(format!("could not ask the primary about its standbys: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_begun_before_a_new_timeline_is_never_held_after_it() {
+        let timeline = Timeline::default();
+        assert_eq!(timeline.seen(), Seen::UNKNOWN);
+        let first = timeline.note("00000001");
+        let before_a = timeline.seen();
+        let before_b = timeline.seen();
+        assert_eq!(before_a, first);
+        // The same timeline again: what began before it is still on it.
+        assert_eq!(timeline.note("00000001"), before_a);
+        // One piece of work meets the promoted server first ...
+        assert_ne!(timeline.note("00000002"), before_a);
+        // ... and the other, begun before the promotion, meets it after: not the same.
+        assert_ne!(timeline.note("00000002"), before_b);
+        // Work begun after the first meeting is.
+        let after = timeline.seen();
+        assert_eq!(timeline.note("00000002"), after);
+        // Two pieces handled together knew the older.
+        assert_eq!(before_b.and(after), before_b);
     }
 }

@@ -1,7 +1,7 @@
 //! A tracked session: commit something, then wait until the relay, the consumers and every
 //! cascade they trigger are quiet, and read what was published and handled.
 //!
-//! **Quiet**, read from the database in one pass: no event is PENDING or PROCESSING, no retry of
+//! **Quiet**, read from one snapshot of the database: no event is PENDING or PROCESSING, no retry of
 //! a publish is due, no delayed event is due, no inbox row is PENDING or PROCESSING, no handler
 //! retry is due, and every event sent since the session started has reached the inbox of every
 //! tracked consumer that handles its type (an event sent but not yet recorded is in flight on
@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sea_orm::DatabaseConnection;
+use sea_orm::{DatabaseConnection, DatabaseTransaction};
 use serde::de::DeserializeOwned;
 
 use super::{
@@ -225,14 +225,21 @@ impl Session {
             if self.skip_backoff {
                 store::kit::bring_forward(&self.db).await?;
             }
-            let moving = self.moving().await?;
+            // Every look reads one snapshot: read statement by statement, a handler's cascade
+            // committed between two of them (its inbox row settled, its events not yet seen)
+            // would look quiet.
+            let txn = store::kit::snapshot(&self.db).await?;
+            let moving = self.moving(&txn).await?;
             if moving.is_empty() {
-                return Ok(Quiet {
-                    events: self.events().await?,
-                    messages: self.messages().await?,
+                let quiet = Quiet {
+                    events: Events::from_rows(store::kit::events_since(&txn, &self.mark).await?),
+                    messages: messages_since(&txn, &self.mark).await?,
                     waited: started.elapsed(),
-                });
+                };
+                txn.commit().await?;
+                return Ok(quiet);
             }
+            txn.commit().await?;
             if started.elapsed() >= timeout {
                 return Err(KitError::NotQuiet(format!(
                     "not quiet after {timeout:?} ({:?} since the session started); still moving:\n{moving}",
@@ -245,22 +252,23 @@ impl Session {
 
     /// The events committed since the session started.
     pub async fn events(&self) -> Result<Events, KitError> {
-        Ok(Events::from_rows(
-            store::kit::events_since(&self.db, &self.mark).await?,
-        ))
+        let txn = store::kit::snapshot(&self.db).await?;
+        let events = Events::from_rows(store::kit::events_since(&txn, &self.mark).await?);
+        txn.commit().await?;
+        Ok(events)
     }
 
     /// The inbox rows recorded since the session started.
     pub async fn messages(&self) -> Result<Vec<Message>, KitError> {
-        Ok(store::kit::messages_since(&self.db, &self.mark, None)
-            .await?
-            .into_iter()
-            .map(Message::from_row)
-            .collect())
+        let txn = store::kit::snapshot(&self.db).await?;
+        let messages = messages_since(&txn, &self.mark).await?;
+        txn.commit().await?;
+        Ok(messages)
     }
 
-    async fn moving(&self) -> Result<Moving, KitError> {
-        let now = store::kit::moving(&self.db).await?;
+    /// What is still moving, read through `txn` (one snapshot).
+    async fn moving(&self, txn: &DatabaseTransaction) -> Result<Moving, KitError> {
+        let now = store::kit::moving(txn).await?;
         let mut moving = Moving {
             events: Events::from_rows(now.events),
             messages: now.messages.into_iter().map(Message::from_row).collect(),
@@ -269,12 +277,13 @@ impl Session {
         if self.consumers.is_empty() {
             return Ok(moving);
         }
-        let sent = self.events().await?.in_state(&EventState::Sent);
+        let sent = Events::from_rows(store::kit::events_since(txn, &self.mark).await?)
+            .in_state(&EventState::Sent);
         if sent.is_empty() {
             return Ok(moving);
         }
         let recorded: BTreeSet<(String, String)> =
-            store::kit::messages_since(&self.db, &self.mark, None)
+            store::kit::messages_since(txn, &self.mark, None)
                 .await?
                 .into_iter()
                 .map(|m| (m.consumer, m.message_id))
@@ -294,6 +303,18 @@ impl Session {
         }
         Ok(moving)
     }
+}
+
+/// The inbox rows above `mark`, read through `txn`.
+async fn messages_since(
+    txn: &DatabaseTransaction,
+    mark: &KitMark,
+) -> Result<Vec<Message>, KitError> {
+    Ok(store::kit::messages_since(txn, mark, None)
+        .await?
+        .into_iter()
+        .map(Message::from_row)
+        .collect())
 }
 
 /// What is still moving, for the error a session returns when it is not quiet in time.

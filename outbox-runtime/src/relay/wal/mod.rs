@@ -672,6 +672,8 @@ impl Relay {
     ) -> Result<bool, String> {
         let read = Instant::now();
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        // Before the table is read: a promotion after this is seen by the standby wait.
+        let before = self.timeline.seen();
         let checks = self.check_visible(&ids).await?;
         let (publish, left) = store::wal::choose(events, &checks, self.config.ordering);
         if left > 0 {
@@ -686,6 +688,7 @@ impl Relay {
             events: publish,
             dead: Vec::new(),
             unreadable: 0,
+            before,
         };
         let report = RoundReport {
             claimed: claim.events.len(),
