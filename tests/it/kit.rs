@@ -210,3 +210,107 @@ async fn postgres_schemas_are_migrated_ahead_and_others_migrations_dropped() {
     second.cleanup().await.unwrap();
     admin.close().await.ok();
 }
+
+// A consumer for the inbox row the snapshot test flips.
+#[inbox_handler(consumer = "t-kit")]
+async fn parcel_shipped(
+    _tx: &InboxTransaction,
+    _event: Event<ParcelShipped>,
+) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+/// Set the status of the kit's event and of `t-kit`'s inbox row in one transaction.
+async fn flip(db: &DatabaseConnection, event: &str, message: &str) {
+    use outbox::sea_orm::{
+        ConnectionTrait, TransactionTrait,
+        sea_query::{Alias, Expr, ExprTrait, Query},
+    };
+    let backend = db.get_database_backend();
+    let txn = db.begin().await.unwrap();
+    let outbox = Query::update()
+        .table(Alias::new("outbox_event"))
+        .value(Alias::new("status"), event)
+        .and_where(Expr::col(Alias::new("event_type")).eq("kit.parcel_shipped"))
+        .to_owned();
+    let inbox = Query::update()
+        .table(Alias::new("inbox_event"))
+        .value(Alias::new("status"), message)
+        .and_where(Expr::col(Alias::new("consumer")).eq("t-kit"))
+        .to_owned();
+    for update in [outbox, inbox] {
+        let done = txn.execute(&update).await.unwrap();
+        assert_eq!(done.rows_affected(), 1, "{}", backend.build(&update));
+    }
+    txn.commit().await.unwrap();
+}
+
+/// A step committed between two of a session's reads (an inbox row settled in the same commit
+/// as the event it produced) never looks quiet: each look reads one snapshot. Here an event and
+/// an inbox row trade being the one thing moving, in one transaction, over and over; read
+/// statement by statement, the outbox read after a flip and the inbox read before the next one
+/// would both find nothing.
+async fn a_step_between_two_reads_never_looks_quiet(backend: Backend) {
+    let Some((db, other)) = pair(backend).await else {
+        return;
+    };
+    ship(&db, 1).await;
+    let consumer = testing::TestConsumer::new("t-kit", &db).unwrap();
+    assert!(
+        consumer
+            .deliver_bytes(b"not an event")
+            .await
+            .unwrap()
+            .is_dead()
+    );
+    let session = testing::Session::start(&db).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (db, stop) = ((*db).clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut flips = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match flips % 2 {
+                    0 => flip(&db, "DEAD", "PENDING").await,
+                    _ => flip(&db, "PENDING", "DEAD").await,
+                }
+                flips += 1;
+                tokio::task::yield_now().await;
+            }
+            flips
+        })
+    };
+    let looked = session.quiet(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let flips = flipper.await.unwrap();
+    assert!(flips >= 20, "{backend:?}: only {flips} flips in 3 s");
+    match looked {
+        Err(testing::KitError::NotQuiet(moving)) => {
+            assert!(moving.contains("- 1 "), "{backend:?}: {moving}")
+        }
+        other => panic!(
+            "{backend:?}: quiet while one row moved at every moment ({flips} flips): {other:?}"
+        ),
+    }
+    // Once neither moves, it is quiet.
+    flip(&db, "DEAD", "DEAD").await;
+    let quiet = session.quiet(Duration::from_secs(3)).await.unwrap();
+    assert!(quiet.events.is_empty(), "{backend:?}: {:?}", quiet.events);
+    db.cleanup().await.unwrap();
+    other.cleanup().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_step_between_two_reads_never_looks_quiet_on_sqlite() {
+    a_step_between_two_reads_never_looks_quiet(Backend::SqliteMemory).await;
+}
+
+#[tokio::test]
+async fn a_step_between_two_reads_never_looks_quiet_on_postgres() {
+    a_step_between_two_reads_never_looks_quiet(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn a_step_between_two_reads_never_looks_quiet_on_mysql() {
+    a_step_between_two_reads_never_looks_quiet(Backend::MySql).await;
+}
