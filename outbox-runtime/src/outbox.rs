@@ -347,3 +347,14 @@ pub(crate) struct BeforeCommit {
     /// this and the wait is seen.
     pub(crate) timeline: crate::store::standby::Seen,
 }
+
+impl BeforeCommit {
+    /// What two commits handled together knew: the earlier of each (counts only grow, and
+    /// so do timelines).
+    pub(crate) fn and(self, other: BeforeCommit) -> BeforeCommit {
+        BeforeCommit {
+            signals: self.signals.zip(other.signals).map(|(a, b)| a.min(b)),
+            timeline: self.timeline.and(other.timeline),
+        }
+    }
+}

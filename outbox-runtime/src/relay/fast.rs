@@ -94,10 +94,8 @@ pub(super) struct Handoff {
     events: Vec<ClaimedEvent>,
     /// When the transaction committed, by this process's monotonic clock.
     committed: Instant,
-    /// What [`FastPath::signals`] said before the commit.
-    signals: Option<u64>,
-    /// What the relay knew of the server's timeline before the commit.
-    timeline: store::standby::Seen,
+    /// What the fast path knew before the commit.
+    before: BeforeCommit,
 }
 
 impl FastPath {
@@ -173,8 +171,7 @@ impl Handover for FastPath {
         let handoff = Handoff {
             events,
             committed: Instant::now(),
-            signals: before.signals,
-            timeline: before.timeline,
+            before,
         };
         match self.handoff.send(handoff) {
             Ok(()) => true,
@@ -289,7 +286,7 @@ impl Relay {
         shutdown: &CancellationToken,
     ) {
         let ids: Vec<i64> = batch.events.iter().map(|e| e.id).collect();
-        let signals = batch.signals;
+        let signals = batch.before.signals;
         // Where each event stands in its aggregate, to ask afterwards what waits behind it.
         let places: Vec<store::relay::Place> = batch
             .events
@@ -306,7 +303,7 @@ impl Relay {
             events: batch.events,
             dead: Vec::new(),
             unreadable: 0,
-            before: batch.timeline,
+            before: batch.before.timeline,
         };
         let report = RoundReport {
             claimed: ids.len(),
@@ -363,9 +360,7 @@ fn gather(
         match receiver.try_recv() {
             Ok(more) => {
                 batch.committed = batch.committed.min(more.committed);
-                // The earliest: counts only grow.
-                batch.signals = batch.signals.zip(more.signals).map(|(a, b)| a.min(b));
-                batch.timeline = batch.timeline.and(more.timeline);
+                batch.before = batch.before.and(more.before);
                 batch.events.extend(more.events);
             }
             Err(_) => break,

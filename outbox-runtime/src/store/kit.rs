@@ -155,8 +155,20 @@ fn event_row(
     })
 }
 
-/// Every event above `since`, in id order: unsent, sent, then still scheduled.
-pub async fn events_since<C: ConnectionTrait>(
+/// Every event above `since`, in id order: unsent, sent, then still scheduled; read from one
+/// [`snapshot`].
+pub async fn events_since(
+    db: &DatabaseConnection,
+    since: &KitMark,
+) -> Result<Vec<KitEventRow>, DbErr> {
+    let txn = snapshot(db).await?;
+    let events = events_since_in(&txn, since).await?;
+    txn.commit().await?;
+    Ok(events)
+}
+
+/// [`events_since`], read through `conn` (a snapshot the caller holds).
+pub async fn events_since_in<C: ConnectionTrait>(
     conn: &C,
     since: &KitMark,
 ) -> Result<Vec<KitEventRow>, DbErr> {
@@ -257,8 +269,21 @@ fn message_row(dialect: Dialect, row: &QueryResult, done: bool) -> Result<KitMes
     })
 }
 
-/// Every inbox row above `since`, in id order; only `consumer`'s when given.
-pub async fn messages_since<C: ConnectionTrait>(
+/// Every inbox row above `since`, in id order, only `consumer`'s when given; read from one
+/// [`snapshot`] (a row moving from `inbox_event` to `inbox_done` is seen once).
+pub async fn messages_since(
+    db: &DatabaseConnection,
+    since: &KitMark,
+    consumer: Option<&str>,
+) -> Result<Vec<KitMessageRow>, DbErr> {
+    let txn = snapshot(db).await?;
+    let messages = messages_since_in(&txn, since, consumer).await?;
+    txn.commit().await?;
+    Ok(messages)
+}
+
+/// [`messages_since`], read through `conn` (a snapshot the caller holds).
+pub async fn messages_since_in<C: ConnectionTrait>(
     conn: &C,
     since: &KitMark,
     consumer: Option<&str>,

@@ -401,9 +401,7 @@ impl TestConsumer {
         let row: Option<KitMessageRow> =
             store::kit::message(&self.db, self.consumer.name, message_id).await?;
         let counted = sub(&self.stats(), &before);
-        let txn = store::kit::snapshot(&self.db).await?;
-        let enqueued = Events::from_rows(store::kit::events_since(&txn, mark).await?);
-        txn.commit().await?;
+        let enqueued = Events::from_rows(store::kit::events_since(&self.db, mark).await?);
         Ok(Outcome {
             consumer: self.consumer.name.to_owned(),
             message_id: message_id.to_owned(),

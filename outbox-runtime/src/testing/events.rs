@@ -331,11 +331,7 @@ impl Mark {
 /// # Ok(()) }
 /// ```
 pub async fn events(db: &DatabaseConnection, since: &Mark) -> Result<Events, DbErr> {
-    // One snapshot: an event moving from `outbox_event` to `outbox_sent` between two reads
-    // would be missed.
-    let txn = store::kit::snapshot(db).await?;
-    let rows = store::kit::events_since(&txn, &since.0).await?;
-    txn.commit().await?;
+    let rows = store::kit::events_since(db, &since.0).await?;
     Ok(Events {
         events: rows.into_iter().map(CapturedEvent::from_row).collect(),
     })

@@ -229,15 +229,16 @@ impl Session {
             // committed between two of them (its inbox row settled, its events not yet seen)
             // would look quiet.
             let txn = store::kit::snapshot(&self.db).await?;
-            let moving = self.moving(&txn).await?;
+            let events = Events::from_rows(store::kit::events_since_in(&txn, &self.mark).await?);
+            let moving = self.moving(&txn, &events).await?;
             if moving.is_empty() {
-                let quiet = Quiet {
-                    events: Events::from_rows(store::kit::events_since(&txn, &self.mark).await?),
-                    messages: messages_since(&txn, &self.mark).await?,
-                    waited: started.elapsed(),
-                };
+                let messages = store::kit::messages_since_in(&txn, &self.mark, None).await?;
                 txn.commit().await?;
-                return Ok(quiet);
+                return Ok(Quiet {
+                    events,
+                    messages: messages.into_iter().map(Message::from_row).collect(),
+                    waited: started.elapsed(),
+                });
             }
             txn.commit().await?;
             if started.elapsed() >= timeout {
@@ -252,22 +253,23 @@ impl Session {
 
     /// The events committed since the session started.
     pub async fn events(&self) -> Result<Events, KitError> {
-        let txn = store::kit::snapshot(&self.db).await?;
-        let events = Events::from_rows(store::kit::events_since(&txn, &self.mark).await?);
-        txn.commit().await?;
-        Ok(events)
+        Ok(Events::from_rows(
+            store::kit::events_since(&self.db, &self.mark).await?,
+        ))
     }
 
     /// The inbox rows recorded since the session started.
     pub async fn messages(&self) -> Result<Vec<Message>, KitError> {
-        let txn = store::kit::snapshot(&self.db).await?;
-        let messages = messages_since(&txn, &self.mark).await?;
-        txn.commit().await?;
-        Ok(messages)
+        Ok(store::kit::messages_since(&self.db, &self.mark, None)
+            .await?
+            .into_iter()
+            .map(Message::from_row)
+            .collect())
     }
 
-    /// What is still moving, read through `txn` (one snapshot).
-    async fn moving(&self, txn: &DatabaseTransaction) -> Result<Moving, KitError> {
+    /// What is still moving, read through `txn` (one snapshot), in which `events` are the
+    /// events since the session started.
+    async fn moving(&self, txn: &DatabaseTransaction, events: &Events) -> Result<Moving, KitError> {
         let now = store::kit::moving(txn).await?;
         let mut moving = Moving {
             events: Events::from_rows(now.events),
@@ -277,13 +279,12 @@ impl Session {
         if self.consumers.is_empty() {
             return Ok(moving);
         }
-        let sent = Events::from_rows(store::kit::events_since(txn, &self.mark).await?)
-            .in_state(&EventState::Sent);
+        let sent = events.in_state(&EventState::Sent);
         if sent.is_empty() {
             return Ok(moving);
         }
         let recorded: BTreeSet<(String, String)> =
-            store::kit::messages_since(txn, &self.mark, None)
+            store::kit::messages_since_in(txn, &self.mark, None)
                 .await?
                 .into_iter()
                 .map(|m| (m.consumer, m.message_id))
@@ -303,18 +304,6 @@ impl Session {
         }
         Ok(moving)
     }
-}
-
-/// The inbox rows above `mark`, read through `txn`.
-async fn messages_since(
-    txn: &DatabaseTransaction,
-    mark: &KitMark,
-) -> Result<Vec<Message>, KitError> {
-    Ok(store::kit::messages_since(txn, mark, None)
-        .await?
-        .into_iter()
-        .map(Message::from_row)
-        .collect())
 }
 
 /// What is still moving, for the error a session returns when it is not quiet in time.
